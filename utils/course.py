@@ -1,0 +1,60 @@
+"""Facts about the course itself: where it lives, its notebooks, and the cells
+every notebook starts with. Tests use these to keep every notebook consistent,
+and ``tools/sync_notebooks.py`` writes them into the notebooks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["BRANCH", "REPO", "ROOT", "badges_markdown", "binder_url", "colab_url", "notebooks", "setup_source"]
+
+REPO = "spmd-course/spmd-sharding-course"
+"""GitHub owner/name of the course: the one place the address is written."""
+BRANCH = "main"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def notebooks() -> list[Path]:
+    """The course's notebooks, in course order (their names start with the number)."""
+    return sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def colab_url(name: str) -> str:
+    """'Open in Colab' address of a notebook, e.g. colab_url('00_setup.ipynb')."""
+    return f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/notebooks/{name}"
+
+
+def binder_url(name: str) -> str:
+    """'Launch Binder' address that opens a notebook in JupyterLab."""
+    return f"https://mybinder.org/v2/gh/{REPO}/{BRANCH}?urlpath=lab/tree/notebooks/{name}"
+
+
+def badges_markdown(name: str) -> str:
+    """The two launch badges a notebook (and its README row) carries."""
+    return (
+        f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(name)}) "
+        f"[![Launch Binder](https://mybinder.org/badge_logo.svg)]({binder_url(name)})"
+    )
+
+
+def setup_source(n_devices: int = 8) -> str:
+    """The setup cell: identical in every notebook (notebook 00 explains each line).
+
+    On Colab, where the notebook arrives alone, it first fetches the course
+    and installs its pinned requirements; everywhere it makes the course's
+    utils importable and asks for the devices before JAX starts.
+    """
+    return f"""\
+# Setup (the same cell opens every notebook; notebook 00 explains it).
+import sys
+from pathlib import Path
+
+if "google.colab" in sys.modules and not Path("spmd-course").exists():
+    !git clone -q --depth 1 https://github.com/{REPO} spmd-course
+    %pip install -q -r spmd-course/requirements.txt
+sys.path[:0] = [str(p) for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils").is_dir()]
+
+from utils import setup_devices
+
+SETUP = setup_devices({n_devices})"""
