@@ -5,11 +5,13 @@
     python tools/notebooks.py sync                                   # re-stamp badges + setup cell in all
     python tools/notebooks.py strip [PATH ...]                       # remove outputs and execution counts
     python tools/notebooks.py export notebooks/NN_name.ipynb         # notebook -> percent script on stdout
+    python tools/notebooks.py readme                                 # rewrite README's table of notebooks
 
 A notebook source in percent format separates cells with ``# %%`` (code) and
 ``# %% [markdown]`` (markdown; each line starts with ``# ``). The line
-``# %% setup`` stands for the course's setup cell, and the title cell's line
-``{{badges}}`` for the launch badges, both taken from ``utils/course.py``.
+``# %% setup`` (or ``# %% setup 64`` for another device count) stands for the
+course's setup cell, and the title cell's line ``{{badges}}`` for the launch
+badges, both taken from ``utils/course.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ sys.path.insert(0, str(ROOT))
 from utils.course import badges_markdown, notebooks, setup_source  # noqa: E402
 
 BADGE_LINE = re.compile(r"^\[!\[Open in Colab\].*$", re.M)
+
+
+def setup_devices_count(source: str) -> int | None:
+    """The N of ``SETUP = setup_devices(N)`` in a setup cell, else None."""
+    m = re.search(r"^SETUP = setup_devices\((\d+)\)$", source, re.M)
+    return int(m.group(1)) if m else None
 
 
 def _cell(kind: str, source: str) -> dict:
@@ -51,8 +59,9 @@ def parse_percent(text: str, name: str) -> list[dict]:
         if line.startswith("# %%"):
             flush()
             tag = line[4:].strip()
-            if tag == "setup":
-                cells.append(_cell("code", setup_source()))
+            if tag.split()[:1] == ["setup"]:  # "# %% setup" or "# %% setup 64" (device count)
+                n = int(tag.split()[1]) if len(tag.split()) > 1 else 8
+                cells.append(_cell("code", setup_source(n)))
                 kind, lines = None, []
                 continue
             kind, lines = ("markdown" if tag.startswith("[markdown]") else "code"), []
@@ -100,14 +109,44 @@ def export(path: Path) -> str:
     out = []
     for cell in nb["cells"]:
         body = "".join(cell["source"])
-        if cell["cell_type"] == "code" and body == setup_source():
-            out.append("# %% setup")
+        n = setup_devices_count(body)
+        if cell["cell_type"] == "code" and n is not None and body == setup_source(n):
+            out.append("# %% setup" + ("" if n == 8 else f" {n}"))
         elif cell["cell_type"] == "code":
             out.append("# %%\n" + body)
         else:
             body = BADGE_LINE.sub("{{badges}}", body)
             out.append("# %% [markdown]\n" + "\n".join(("# " + line).rstrip() for line in body.splitlines()))
     return "\n\n".join(out) + "\n"
+
+
+def title_and_promise(path: Path) -> tuple[str, str]:
+    """A notebook's title (without its number) and the first sentence of its promise."""
+    text = "".join(json.loads(path.read_text())["cells"][0]["source"])
+    title = text.splitlines()[0].lstrip("# ").split(" · ", 1)[-1].strip()
+    paragraphs = [p for p in text.split("\n\n")[1:] if p.strip() and not BADGE_LINE.match(p.strip())]
+    promise = " ".join(paragraphs[0].split()) if paragraphs else ""
+    first = re.split(r"(?<=[.!?])\s", promise, maxsplit=1)[0]
+    return title, first
+
+
+def readme_table() -> str:
+    rows = ["| # | notebook | what you learn | run it |", "|---|---|---|---|"]
+    for path in notebooks():
+        title, promise = title_and_promise(path)
+        badges = badges_markdown(path.name)
+        rows.append(f"| {path.name[:2]} | [{title}](notebooks/{path.name}) | {promise} | {badges} |")
+    return "\n".join(rows)
+
+
+def readme() -> None:
+    path = ROOT / "README.md"
+    text = path.read_text()
+    start, end = "<!-- notebooks:start -->", "<!-- notebooks:end -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{readme_table()}\n{end}{tail}")
+    print(f"rewrote the table of {len(notebooks())} notebooks in README.md")
 
 
 def sync() -> None:
@@ -117,7 +156,8 @@ def sync() -> None:
         title = "".join(cells[0]["source"])
         badges = badges_markdown(path.name)
         cells[0]["source"] = BADGE_LINE.sub(lambda _, b=badges: b, title).splitlines(keepends=True)
-        cells[1]["source"] = setup_source().splitlines(keepends=True)
+        n = setup_devices_count("".join(cells[1]["source"])) or 8
+        cells[1]["source"] = setup_source(n).splitlines(keepends=True)
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         print(f"synced {path.name}")
 
@@ -130,6 +170,8 @@ if __name__ == "__main__":
         sync()
     elif cmd == "export" and len(args) == 1:
         sys.stdout.write(export(Path(args[0])))
+    elif cmd == "readme":
+        readme()
     elif cmd == "strip":
         strip([Path(a) for a in args] or notebooks())
     else:

@@ -312,7 +312,7 @@ def _named_leaves(arrays: Any) -> list[tuple[str, Any, Any]]:
     """(name, array or shape, sharding) for every array in a mapping or pytree."""
     import jax
 
-    if isinstance(arrays, Mapping) and all(isinstance(v, tuple) and len(v) == 2 for v in arrays.values()):
+    if isinstance(arrays, Mapping) and arrays and all(isinstance(v, tuple) and len(v) == 2 for v in arrays.values()):
         return [(str(k), v[0], v[1]) for k, v in arrays.items()]
     leaves = jax.tree_util.tree_flatten_with_path(
         arrays, is_leaf=lambda v: isinstance(v, jax.Array | jax.ShapeDtypeStruct)

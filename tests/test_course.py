@@ -1,0 +1,103 @@
+"""The course's own facts, its notebook tooling, and the README and binder that point at them."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from utils.course import BRANCH, REPO, ROOT, badges_markdown, binder_url, colab_url, notebooks, setup_source
+
+TOOLS = ROOT / "tools" / "notebooks.py"
+
+
+def test_urls_use_the_one_repository_constant():
+    assert colab_url("00_setup.ipynb") == (
+        f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/notebooks/00_setup.ipynb")
+    assert binder_url("00_setup.ipynb") == (
+        f"https://mybinder.org/v2/gh/{REPO}/{BRANCH}?urlpath=lab/tree/notebooks/00_setup.ipynb")
+    badges = badges_markdown("00_setup.ipynb")
+    assert colab_url("00_setup.ipynb") in badges and binder_url("00_setup.ipynb") in badges
+
+
+def test_repository_address_is_written_nowhere_else():
+    """README, binder, notebooks: every GitHub address of the course is derived from REPO."""
+    for path in [ROOT / "README.md", *notebooks()]:
+        for owner_repo in re.findall(r"github(?:\.com)?/([\w.-]+/[\w.-]+?)(?:/|\.git|\s|\))", path.read_text()):
+            if owner_repo.startswith(("assets", "badge")):
+                continue
+            assert owner_repo == REPO, f"{path.name} names {owner_repo}, not utils.course.REPO"
+
+
+def test_setup_source_is_short_and_asks_for_devices():
+    src = setup_source()
+    assert src.endswith("SETUP = setup_devices(8)") and setup_source(64).endswith("setup_devices(64)")
+    assert f"https://github.com/{REPO}" in src
+    assert len(src.splitlines()) <= 15
+
+
+def test_notebooks_are_in_course_order():
+    names = [p.name for p in notebooks()]
+    assert names[0] == "00_setup.ipynb"
+    assert names == sorted(names)
+    assert len({n[:2] for n in names}) == len(names), "two notebooks share a number"
+
+
+def test_build_and_export_round_trip(tmp_path):
+    src = tmp_path / "src.py"
+    src.write_text("# %% [markdown]\n# # 99 · Demo\n#\n# {{badges}}\n\n# %% setup 64\n\n# %%\nx = 1\n")
+    out = tmp_path / "99_demo.ipynb"
+    subprocess.run([sys.executable, str(TOOLS), "build", str(src), str(out)], check=True, capture_output=True)
+    nb = json.loads(out.read_text())
+    assert [c["cell_type"] for c in nb["cells"]] == ["markdown", "code", "code"]
+    assert badges_markdown("99_demo.ipynb") in "".join(nb["cells"][0]["source"])
+    assert "".join(nb["cells"][1]["source"]) == setup_source(64)
+    back = subprocess.run([sys.executable, str(TOOLS), "export", str(out)], check=True, capture_output=True,
+                          text=True).stdout
+    assert "# %% setup 64" in back and "{{badges}}" in back and "x = 1" in back
+
+
+def test_strip_removes_outputs(tmp_path):
+    nb = tmp_path / "01_x.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {"tags": []}, "source": ["1"],
+                                         "execution_count": 3, "outputs": [{"output_type": "stream"}]}],
+                              "metadata": {"kernelspec": {"name": "python3"}, "widgets": {}},
+                              "nbformat": 4, "nbformat_minor": 5}))
+    subprocess.run([sys.executable, str(TOOLS), "strip", str(nb)], check=True, capture_output=True)
+    cell = json.loads(nb.read_text())["cells"][0]
+    assert cell["outputs"] == [] and cell["execution_count"] is None
+
+
+def test_tool_usage_errors_exit_nonzero():
+    r = subprocess.run([sys.executable, str(TOOLS), "bogus"], capture_output=True, text=True)
+    assert r.returncode == 2 and "build" in r.stdout
+
+
+def test_binder_installs_the_course_requirements():
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.12"
+    assert (ROOT / "binder" / "requirements.txt").read_text() == (ROOT / "requirements.txt").read_text()
+    start = (ROOT / "binder" / "start").read_text()
+    assert start.startswith("#!") and "JAX_NUM_CPU_DEVICES=8" in start and 'exec "$@"' in start
+
+
+def test_readme_lists_every_notebook_with_its_badges():
+    readme = (ROOT / "README.md").read_text()
+    for nb in notebooks():
+        assert f"notebooks/{nb.name}" in readme, f"README has no row for {nb.name}"
+        assert colab_url(nb.name) in readme and binder_url(nb.name) in readme
+    assert "make lab" in readme and "make test" in readme
+
+
+@pytest.mark.parametrize("line,expected", [("python3.11", "3.11"), ("python3", None)])
+def test_find_python_resolves_interpreters(line, expected):
+    r = subprocess.run([str(ROOT / "tools" / "find-python"), line], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    version = subprocess.run([r.stdout.strip(), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    assert expected is None or version == expected
+
+
+def test_find_python_says_what_to_do_when_nothing_runs():
+    r = subprocess.run([str(ROOT / "tools" / "find-python"), "python2.5"], capture_output=True, text=True)
+    assert r.returncode == 1 and "PYTHON=/path/to/python" in r.stderr
