@@ -16,7 +16,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONHASHSEED := 0
 export MPLBACKEND ?= Agg
 
-.PHONY: env lab test test-units test-notebooks lint bench strip clean help
+.PHONY: env lab test test-units test-notebooks lint bench strip clean help html
 help:
 	@echo "make lab    start JupyterLab on notebooks/ (creates $(VENV) on first use)"
 	@echo "make test   unit tests + every notebook through pytest --nbmake + ruff"
@@ -60,4 +60,8 @@ strip: $(STAMP)
 	$(BIN)/python tools/notebooks.py strip
 
 clean:
-	rm -rf .venv .venv-py3.11 .pytest_cache
+	rm -rf .venv .venv-py3.11 .pytest_cache site
+
+html: $(STAMP)
+	@echo ">> executing every notebook and writing the HTML edition to site/ (open site/index.html)"
+	$(BIN)/python tools/build_html.py --out site

@@ -7,7 +7,17 @@ import sys
 
 import pytest
 
-from utils.course import BRANCH, REPO, ROOT, badges_markdown, binder_url, colab_url, notebooks, setup_source
+from utils.course import (
+    BRANCH,
+    REPO,
+    ROOT,
+    badges_markdown,
+    binder_url,
+    colab_url,
+    notebooks,
+    setup_source,
+    title_and_promise,
+)
 
 TOOLS = ROOT / "tools" / "notebooks.py"
 
@@ -22,11 +32,13 @@ def test_urls_use_the_one_repository_constant():
 
 
 def test_repository_address_is_written_nowhere_else():
-    """README, binder, notebooks: every GitHub address of the course is derived from REPO."""
+    """Every launch badge and clone of the course, in README and notebooks, is derived from REPO."""
+    hosts = r"colab\.research\.google\.com/github|mybinder\.org/v2/gh|git clone [^\n]*github\.com"
+    pattern = rf"(?:{hosts})/([\w.-]+/[\w.-]+)"
     for path in [ROOT / "README.md", *notebooks()]:
-        for owner_repo in re.findall(r"github(?:\.com)?/([\w.-]+/[\w.-]+?)(?:/|\.git|\s|\))", path.read_text()):
-            if owner_repo.startswith(("assets", "badge")):
-                continue
+        found = re.findall(pattern, path.read_text())
+        assert found, f"{path.name} has no launch badge"
+        for owner_repo in found:
             assert owner_repo == REPO, f"{path.name} names {owner_repo}, not utils.course.REPO"
 
 
@@ -101,3 +113,33 @@ def test_find_python_resolves_interpreters(line, expected):
 def test_find_python_says_what_to_do_when_nothing_runs():
     r = subprocess.run([str(ROOT / "tools" / "find-python"), "python2.5"], capture_output=True, text=True)
     assert r.returncode == 1 and "PYTHON=/path/to/python" in r.stderr
+
+
+def _tiny_notebook(path, title, promise, code):
+    head = f"# {title}\n\n[![Open in Colab](x)](y)\n\n{promise}"
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": [head]},
+             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": [code]}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "P",
+                                                                           "language": "python"}},
+                                "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_title_and_promise(tmp_path):
+    nb = _tiny_notebook(tmp_path / "07_x.ipynb", "07 · Tensor parallelism", "Split the kernels. Then more.", "1")
+    assert title_and_promise(nb) == ("Tensor parallelism", "Split the kernels.")
+
+
+def test_html_edition_has_an_index_and_links_every_page(tmp_path):
+    a = _tiny_notebook(tmp_path / "00_a.ipynb", "00 · First", "Alpha promise.", "print(6 * 7)")
+    b = _tiny_notebook(tmp_path / "01_b.ipynb", "01 · Second", "Beta promise.", "print('b')")
+    out = tmp_path / "site"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "build_html.py"), "--out", str(out), str(a), str(b)],
+                   check=True, capture_output=True, timeout=300)
+    index = (out / "index.html").read_text()
+    assert index.index('href="00_a.html"') < index.index('href="01_b.html"')
+    assert "Alpha promise." in index and "01 · Second" in index
+    first, second = (out / "00_a.html").read_text(), (out / "01_b.html").read_text()
+    assert "42" in first, "pages are executed"
+    assert 'href="01_b.html"' in first and 'href="00_a.html"' in second and 'href="index.html"' in second
+    assert 'src="https://cdnjs' not in first

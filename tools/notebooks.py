@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from utils.course import badges_markdown, notebooks, setup_source  # noqa: E402
+from utils.course import badges_markdown, notebooks, setup_source, title_and_promise  # noqa: E402
 
 BADGE_LINE = re.compile(r"^\[!\[Open in Colab\].*$", re.M)
 
@@ -118,16 +118,6 @@ def export(path: Path) -> str:
             body = BADGE_LINE.sub("{{badges}}", body)
             out.append("# %% [markdown]\n" + "\n".join(("# " + line).rstrip() for line in body.splitlines()))
     return "\n\n".join(out) + "\n"
-
-
-def title_and_promise(path: Path) -> tuple[str, str]:
-    """A notebook's title (without its number) and the first sentence of its promise."""
-    text = "".join(json.loads(path.read_text())["cells"][0]["source"])
-    title = text.splitlines()[0].lstrip("# ").split(" · ", 1)[-1].strip()
-    paragraphs = [p for p in text.split("\n\n")[1:] if p.strip() and not BADGE_LINE.match(p.strip())]
-    promise = " ".join(paragraphs[0].split()) if paragraphs else ""
-    first = re.split(r"(?<=[.!?])\s", promise, maxsplit=1)[0]
-    return title, first
 
 
 def readme_table() -> str:

@@ -5,9 +5,21 @@ and ``tools/sync_notebooks.py`` writes them into the notebooks.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
-__all__ = ["BRANCH", "REPO", "ROOT", "badges_markdown", "binder_url", "colab_url", "notebooks", "setup_source"]
+__all__ = [
+    "BRANCH",
+    "REPO",
+    "ROOT",
+    "badges_markdown",
+    "binder_url",
+    "colab_url",
+    "notebooks",
+    "setup_source",
+    "title_and_promise",
+]
 
 REPO = "spmd-course/spmd-sharding-course"
 """GitHub owner/name of the course: the one place the address is written."""
@@ -48,6 +60,8 @@ def setup_source(n_devices: int = 8) -> str:
     return f"""\
 # Setup (the same cell opens every notebook; notebook 00 explains it).
 import sys
+import json
+import re
 from pathlib import Path
 
 if "google.colab" in sys.modules and not Path("spmd-course").exists():
@@ -58,3 +72,15 @@ sys.path[:0] = [str(p) for p in (Path.cwd().parent, Path("spmd-course")) if (p /
 from utils import setup_devices
 
 SETUP = setup_devices({n_devices})"""
+
+
+def title_and_promise(path: Path) -> tuple[str, str]:
+    """A notebook's title (without its number) and the first sentence of its promise paragraph.
+
+    The README's table and the HTML edition's index are built from these.
+    """
+    text = "".join(json.loads(Path(path).read_text())["cells"][0]["source"])
+    title = text.splitlines()[0].lstrip("# ").split(" · ", 1)[-1].strip()
+    paragraphs = [p for p in text.split("\n\n")[1:] if p.strip() and not p.strip().startswith("[![")]
+    promise = " ".join(paragraphs[0].split()) if paragraphs else ""
+    return title, re.split(r"(?<=[.!?])\s", promise, maxsplit=1)[0]
