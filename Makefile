@@ -33,9 +33,11 @@ $(STAMP): requirements.txt requirements-test.txt
 	@rm -f $(VENV)/.installed-*; touch $@
 	@echo ">> $(VENV) ready"
 
+# Extra JupyterLab options, e.g. `make lab LAB_ARGS="--no-browser --port 8890"`; root (containers) needs --allow-root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
 	@echo ">> starting JupyterLab on notebooks/ with $(VENV) (Ctrl-C to stop)"
-	cd notebooks && ../$(BIN)/jupyter lab
+	cd notebooks && ../$(BIN)/jupyter lab $(LAB_ARGS)
 
 test: $(STAMP)
 	@echo ">> Python $(PYVER), $(VENV): unit tests (ruff included), then every notebook through nbmake"
