@@ -60,8 +60,6 @@ def setup_source(n_devices: int = 8) -> str:
     return f"""\
 # Setup (the same cell opens every notebook; notebook 00 explains it).
 import sys
-import json
-import re
 from pathlib import Path
 
 if "google.colab" in sys.modules and not Path("spmd-course").exists():
