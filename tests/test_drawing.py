@@ -8,7 +8,15 @@ from jax.sharding import PartitionSpec as P
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
-from utils.drawing import device_color, device_label, draw_mesh, draw_sharding, draw_shardings, tile_labels
+from utils.drawing import (
+    device_color,
+    device_label,
+    draw_mesh,
+    draw_sharding,
+    draw_shardings,
+    mesh_labels,
+    tile_labels,
+)
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
@@ -144,6 +152,8 @@ def test_draw_shardings_accepts_shapes_with_shardings():
         (lambda: draw_shardings({}), ValueError, "found no arrays"),
         (lambda: draw_shardings({"a": jnp.ones(3)}, ncols=0), ValueError, "ncols"),
         (lambda: tile_labels("figure"), TypeError, "reads a Figure"),
+        (lambda: mesh_labels(None), TypeError, "reads a Figure"),
+        (lambda: mesh_labels(draw_sharding((8,), NamedSharding(MESH, P()))), ValueError, "no devices drawn"),
         (lambda: device_color(-1), ValueError, "device id"),
     ],
 )
@@ -158,3 +168,30 @@ def test_device_label_shortens_runs():
     assert device_label(range(8)) == "dev 0-7"
     assert device_label([0, 2, 4, 6]) == "dev 0,2,4,6"
     assert device_label([0, 1, 2, 5, 6]) == "dev 0-2,5,6"
+
+
+def test_mesh_labels_read_back_the_device_grid():
+    assert mesh_labels(draw_mesh(MESH)) == [MESH.device_ids.tolist()]
+    mesh3 = jax.make_mesh((2, 2, 2), ("data", "model", "pipeline"), axis_types=(AxisType.Auto,) * 3)
+    assert mesh_labels(draw_mesh(mesh3)) == mesh3.device_ids.tolist()
+    one = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    assert mesh_labels(draw_mesh(one)) == [[list(range(8))]]
+
+
+def test_draw_shardings_keeps_the_order_of_a_dict():
+    arrays = {"zeta": ((8, 8), NamedSharding(MESH, P())), "alpha": jax.device_put(jnp.ones(8)),
+              "mid": {"b": ((8,), NamedSharding(MESH, P("data"))), "a": ((8,), NamedSharding(MESH, P()))}}
+    titles = [ax.get_title().split("\n")[0] for ax in draw_shardings(arrays).axes]
+    assert titles == ["zeta", "alpha", "mid/a", "mid/b"]  # dict order outside, pytree order inside
+
+
+def test_draw_shardings_grows_panels_for_many_blocks():
+    small = draw_shardings({"w": ((8, 8), NamedSharding(MESH, P()))})
+    many = draw_shardings({"w": ((128, 512), NamedSharding(MESH, P(None, ("data", "model"))))})
+    assert many.get_size_inches()[0] > small.get_size_inches()[0]
+
+
+def test_uneven_label_sits_over_block_and_padding():
+    fig = draw_sharding((10,), NamedSharding(MESH, P("data")))
+    last = [t for t in fig.axes[0].texts if t.get_gid() == "tile-label"][-1]
+    assert round(last.get_position()[0], 6) == 0.9 + 0.3 / 2  # block 0.9..1.0 plus padding 1.0..1.2

@@ -11,7 +11,7 @@ and ``jax.device_put`` themselves).
 """
 
 from .devices import DeviceCountError, DeviceSetup, setup_devices
-from .drawing import device_color, draw_mesh, draw_sharding, draw_shardings, tile_labels
+from .drawing import device_color, draw_mesh, draw_sharding, draw_shardings, mesh_labels, tile_labels
 from .exercises import NOT_ANSWERED, Exercise
 from .inspecting import collectives, format_bytes, memory_per_device, shard_table
 from .layout import tiles, type_string
@@ -28,6 +28,7 @@ __all__ = [
     "draw_shardings",
     "format_bytes",
     "memory_per_device",
+    "mesh_labels",
     "setup_devices",
     "shard_table",
     "tile_labels",

@@ -30,7 +30,15 @@ from matplotlib.patches import Rectangle
 
 from .layout import Tile, as_layout, tiles, type_string
 
-__all__ = ["device_color", "device_label", "draw_mesh", "draw_sharding", "draw_shardings", "tile_labels"]
+__all__ = [
+    "device_color",
+    "device_label",
+    "draw_mesh",
+    "draw_sharding",
+    "draw_shardings",
+    "mesh_labels",
+    "tile_labels",
+]
 
 _BASE = [matplotlib.colormaps["tab10"](i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]
 _MORE = [matplotlib.colormaps["tab20b"](i) for i in range(20)] + [
@@ -174,9 +182,7 @@ def _draw_tiles(
             lines.append(_bytes(math.prod(t.shape) * itemsize))
         if t.is_uneven:
             lines.append("padded to " + str(t.padded).replace(",)", ")"))
-        cx, cy = x0 + (w if w else 0) / 2, y0 + h / 2
-        if w == 0 or h == 0:  # an empty block: label it inside its padding
-            cx, cy = x0 + max(w, xpad) / 2 + (w if w == 0 else 0), y0 + max(h, ypad) / 2
+        cx, cy = x0 + (w + xpad) / 2, y0 + (h + ypad) / 2  # uneven blocks: centred over data + padding
         ax.text(cx, cy, "\n".join(lines), ha="center", va="center", fontsize=fontsize, gid="tile-label",
                 bbox=dict(boxstyle="round,pad=0.15", facecolor="white", alpha=0.75, linewidth=0))
     ax.add_patch(Rectangle((0, 0), width, height, fill=False, edgecolor="black", linewidth=2.0, gid="array"))
@@ -308,25 +314,40 @@ def draw_mesh(mesh: Any, *, title: str | None = None) -> Figure:
     return fig
 
 
+def _is_shape_and_sharding(v: Any) -> bool:
+    from jax.sharding import Sharding
+
+    return isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], tuple | list) and isinstance(v[1], Sharding)
+
+
 def _named_leaves(arrays: Any) -> list[tuple[str, Any, Any]]:
-    """(name, array or shape, sharding) for every array in a mapping or pytree."""
+    """(name, array or shape, sharding) for every array in a mapping or pytree.
+
+    A mapping keeps its own order (a dict is drawn in the order it was written);
+    inside each value, pytree order applies.
+    """
     import jax
 
-    if isinstance(arrays, Mapping) and arrays and all(isinstance(v, tuple) and len(v) == 2 for v in arrays.values()):
-        return [(str(k), v[0], v[1]) for k, v in arrays.items()]
-    leaves = jax.tree_util.tree_flatten_with_path(
-        arrays, is_leaf=lambda v: isinstance(v, jax.Array | jax.ShapeDtypeStruct)
-    )[0]
-    out = []
-    for path, leaf in leaves:
-        parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
-        if len(parts) > 1 and parts[-1] == "value":  # an NNX Variable's payload: name it by its owner
-            parts = parts[:-1]
-        name = "/".join(parts)
-        out.append((name or "array", leaf, None))
-    if not out:
+    def flatten(prefix: list[str], tree: Any) -> list[tuple[str, Any, Any]]:
+        leaves = jax.tree_util.tree_flatten_with_path(
+            tree, is_leaf=lambda v: isinstance(v, jax.Array | jax.ShapeDtypeStruct) or _is_shape_and_sharding(v)
+        )[0]
+        out = []
+        for path, leaf in leaves:
+            parts = prefix + [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+            if len(parts) > 1 and parts[-1] == "value":  # an NNX Variable's payload: name it by its owner
+                parts = parts[:-1]
+            name = "/".join(parts) or "array"
+            out.append((name, *leaf) if _is_shape_and_sharding(leaf) else (name, leaf, None))
+        return out
+
+    if isinstance(arrays, Mapping):
+        items = [item for key, value in arrays.items() for item in flatten([str(key)], value)]
+    else:
+        items = flatten([], arrays)
+    if not items:
         raise ValueError("draw_shardings found no arrays: pass a dict of name -> sharded array, or a pytree of them")
-    return out
+    return items
 
 
 def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, show_bytes: bool = True) -> Figure:
@@ -342,14 +363,19 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
     items = _named_leaves(arrays)
     ncols = min(ncols, len(items))
     nrows = math.ceil(len(items) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.8 * ncols, 3.2 * nrows + 0.4), squeeze=False)
-    for ax, (name, x, sharding) in zip(axes.flat, items, strict=False):
+    views = []
+    for name, x, sharding in items:
         try:
             shape, dtype, sh = as_layout(x, sharding)
-        except TypeError as err:
-            raise TypeError(f"{name}: {err}") from None
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{name}: {err}") from None
         r, c = _panel_dims(len(shape), None)
-        panel_label, panel_tiles = _panels(shape, tiles(shape, sh), r, c)[0]
+        views.append((name, shape, dtype, sh, r, c, _panels(shape, tiles(shape, sh), r, c)[0]))
+    sizes = [_panel_inches(shape, panel[1], r, c) for _, shape, _, _, r, c, panel in views]
+    cell_w = max(3.8, *(w * 0.8 for w, _ in sizes))
+    cell_h = max(2.6, *(h * 0.8 + 1.0 for _, h in sizes))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(cell_w * ncols, cell_h * nrows + 0.4), squeeze=False)
+    for ax, (name, shape, dtype, sh, r, c, (panel_label, panel_tiles)) in zip(axes.flat, views, strict=False):
         _draw_tiles(ax, shape, panel_tiles, r, c, np.dtype(dtype).itemsize, show_bytes,
                     _fontsize(len(panel_tiles)))
         extra = f"\n(first block of {panel_label.split(' = ')[0]})" if panel_label else ""
@@ -372,3 +398,25 @@ def tile_labels(fig: Figure) -> list[str]:
     if not isinstance(fig, Figure):
         raise TypeError(f"tile_labels reads a Figure returned by draw_sharding(s); got {type(fig).__name__}")
     return [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
+
+
+def mesh_labels(fig: Figure) -> list[list[list[int]]]:
+    """The device ids a ``draw_mesh`` figure shows: one grid (rows of ids) per panel.
+
+    ``mesh_labels(draw_mesh(mesh))[0]`` equals ``mesh.device_ids.tolist()``
+    for a 2-D mesh, so a notebook can assert what its picture shows.
+    """
+    if not isinstance(fig, Figure):
+        raise TypeError(f"mesh_labels reads a Figure returned by draw_mesh; got {type(fig).__name__}")
+    grids = []
+    for ax in fig.axes:
+        cells = [(t.get_position(), int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label"]
+        if not cells:
+            continue
+        rows: dict[float, list[tuple[float, int]]] = {}
+        for (x, y), dev in cells:
+            rows.setdefault(y, []).append((x, dev))
+        grids.append([[dev for _, dev in sorted(row)] for _, row in sorted(rows.items())])
+    if not grids:
+        raise ValueError("this figure has no devices drawn: pass a Figure from draw_mesh")
+    return grids
