@@ -6,7 +6,15 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils.inspecting import COLLECTIVES, Collectives, collectives, format_bytes, memory_per_device, shard_table
+from utils.inspecting import (
+    COLLECTIVES,
+    Collectives,
+    collectives,
+    compile_with_log,
+    format_bytes,
+    memory_per_device,
+    shard_table,
+)
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
@@ -58,6 +66,7 @@ def test_text_input_and_every_replica_group_spelling():
                                              "collective-permute"]
     assert [op.group_size for op in found.ops] == [4, 2, 4, 8, 4]
     assert [op.result_bytes for op in found.ops] == [16 * 8 * 4, 64 * 4, 8 * 8 * 2, 2 * 4 * 4, 2 * 4]
+    assert [op.result_type for op in found.ops] == ["f32[16,8]", "f32[64]", "bf16[8,8]", "2 x f32[4]", "s32[2]"]
     assert found.counts["all-gather"] == 2  # the -done half is not counted
 
 
@@ -121,3 +130,22 @@ def test_shard_table_bad_input():
 def test_format_bytes():
     assert [format_bytes(n) for n in (0, 1023, 1536, 3 * 2**20, 5 * 2**30)] == [
         "0 B", "1023 B", "1.5 KiB", "3.0 MiB", "5.0 GiB"]
+
+
+def test_compile_with_log_captures_xla_warnings():
+    x = jax.device_put(jnp.ones((128, 512)), NamedSharding(MESH, P("data", None)))
+    to_model = NamedSharding(MESH, P(None, "model"))
+    lowered = jax.jit(lambda a: jax.lax.with_sharding_constraint(a * 3.0, to_model)).lower(x)
+    compiled, log = compile_with_log(lowered)
+    assert collectives(compiled).count("all-gather") >= 1
+    assert "Involuntary full rematerialization" in log
+
+
+def test_compile_with_log_is_quiet_when_xla_is():
+    compiled, log = compile_with_log(jax.jit(lambda a: a + 1).lower(jnp.ones(4)))
+    assert log == "" and compiled.as_text()
+
+
+def test_compile_with_log_bad_input():
+    with pytest.raises(TypeError, match="takes a Lowered program"):
+        compile_with_log(jax.jit(lambda a: a))

@@ -13,7 +13,7 @@ and ``jax.device_put`` themselves).
 from .devices import DeviceCountError, DeviceSetup, setup_devices
 from .drawing import device_color, draw_mesh, draw_sharding, draw_shardings, mesh_labels, tile_labels
 from .exercises import NOT_ANSWERED, Exercise
-from .inspecting import collectives, format_bytes, memory_per_device, shard_table
+from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
 from .layout import tiles, type_string
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "DeviceSetup",
     "Exercise",
     "collectives",
+    "compile_with_log",
     "device_color",
     "draw_mesh",
     "draw_sharding",

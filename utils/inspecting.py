@@ -3,12 +3,18 @@
 These read the *compiled* program (``jax.jit(f).lower(*args).compile()``),
 which is the partitioned, per-device program: the only place where the
 collectives that GSPMD/Shardy inserted can be seen and counted.
+
+On the CPU backend a reduce-scatter never appears: the partitioner emits an
+all-reduce followed by a dynamic-slice, and only the GPU and TPU compilers fuse
+that pair into a reduce-scatter. Count what the CPU program contains, and say so.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +30,7 @@ __all__ = [
     "ShardRow",
     "ShardTable",
     "collectives",
+    "compile_with_log",
     "format_bytes",
     "memory_per_device",
     "shard_table",
@@ -150,6 +157,17 @@ def _hlo_text(compiled: Any) -> str:
     return compiled.as_text()
 
 
+def _short_type(type_text: str) -> str:
+    """'f32[4,8]{1,0}' -> 'f32[4,8]'; a tuple of equal arrays -> '4 x f32[4,8]'."""
+    text = re.sub(r"\{[0-9,]*\}", "", type_text).strip()
+    if text.startswith("("):
+        parts = [p.strip() for p in text.strip("()").split(", ") if p.strip()]
+        if parts and len(set(parts)) == 1:
+            return f"{len(parts)} x {parts[0]}"
+        return " + ".join(parts)
+    return text
+
+
 def _type_bytes(type_text: str) -> int:
     total = 0
     for m in _ARRAY.finditer(type_text):
@@ -204,12 +222,39 @@ def collectives(compiled: Any) -> Collectives:
             CollectiveOp(
                 kind=hit.group("kind"),
                 name=hit.group("name"),
-                result_type=re.sub(r"\{[0-9,]*\}", "", hit.group("type")).strip(),
+                result_type=_short_type(hit.group("type")),
                 result_bytes=_type_bytes(hit.group("type")),
                 group_size=_group_size(line, total),
             )
         )
     return Collectives(tuple(ops))
+
+
+def compile_with_log(lowered: Any) -> tuple[Any, str]:
+    """Compile ``lowered`` and return ``(compiled, log)``: what XLA printed meanwhile.
+
+    XLA's C++ warnings (such as "Involuntary full rematerialization", printed
+    when a reshard goes through a full replica) bypass Python's ``warnings``
+    and ``sys.stderr``; they go straight to file descriptor 2. This captures
+    that descriptor during compilation so a notebook can show and assert them.
+    Each fresh compilation prints again; a cached one prints nothing.
+    """
+    import jax
+
+    if not isinstance(lowered, jax.stages.Lowered):
+        raise TypeError(
+            f"compile_with_log takes a Lowered program, e.g. jax.jit(f).lower(*args); got {type(lowered).__name__}"
+        )
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            compiled = lowered.compile()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return compiled, log.read().decode(errors="replace")
 
 
 @dataclass(frozen=True)
