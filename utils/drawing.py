@@ -372,10 +372,14 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
         r, c = _panel_dims(len(shape), None)
         views.append((name, shape, dtype, sh, r, c, _panels(shape, tiles(shape, sh), r, c)[0]))
     sizes = [_panel_inches(shape, panel[1], r, c) for _, shape, _, _, r, c, panel in views]
+    aspects = [min(max(h / w, 0.22), 1.0) for w, h in sizes]
     cell_w = max(3.8, *(w * 0.8 for w, _ in sizes))
-    cell_h = max(2.6, *(h * 0.8 + 1.0 for _, h in sizes))
+    cell_h = cell_w * max(aspects) + 1.0
     fig, axes = plt.subplots(nrows, ncols, figsize=(cell_w * ncols, cell_h * nrows + 0.4), squeeze=False)
-    for ax, (name, shape, dtype, sh, r, c, (panel_label, panel_tiles)) in zip(axes.flat, views, strict=False):
+    for ax, aspect, (name, shape, dtype, sh, r, c, (panel_label, panel_tiles)) in zip(
+        axes.flat, aspects, views, strict=False
+    ):
+        ax.set_box_aspect(aspect)  # each panel keeps its own proportions (a bias stays a thin strip)
         _draw_tiles(ax, shape, panel_tiles, r, c, np.dtype(dtype).itemsize, show_bytes,
                     _fontsize(len(panel_tiles)))
         extra = f"\n(first block of {panel_label.split(' = ')[0]})" if panel_label else ""
