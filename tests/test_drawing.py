@@ -195,3 +195,12 @@ def test_uneven_label_sits_over_block_and_padding():
     fig = draw_sharding((10,), NamedSharding(MESH, P("data")))
     last = [t for t in fig.axes[0].texts if t.get_gid() == "tile-label"][-1]
     assert round(last.get_position()[0], 6) == 0.9 + 0.3 / 2  # block 0.9..1.0 plus padding 1.0..1.2
+
+
+def test_draw_shardings_mixes_arrays_structs_and_shape_pairs():
+    arrays = {"array": jax.device_put(jnp.ones((8, 8)), NamedSharding(MESH, P("data"))),
+              "struct": jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=NamedSharding(MESH, P(None, "model"))),
+              "pair": ((8, 8), NamedSharding(MESH, P()))}
+    fig = draw_shardings(arrays)
+    assert [ax.get_title().split("\n")[0] for ax in fig.axes] == ["array", "struct", "pair"]
+    assert len(tile_labels(fig)) == 4 + 2 + 1

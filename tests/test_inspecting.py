@@ -28,7 +28,7 @@ def _matmul(x_spec, w_spec, m=128, k=512, n=1024):
 def test_no_collectives_when_no_contracting_dim_is_sharded():
     found = collectives(_matmul(P("data", None), P(None, "model")))
     assert found.count() == 0 and found.kinds == set() and found.moved_bytes == 0
-    assert str(found).startswith("no collectives")
+    assert str(found).startswith("no collectives: each device computes without talking to the others")
 
 
 def test_row_parallel_matmul_needs_one_all_reduce_over_model():
@@ -59,14 +59,17 @@ def test_text_input_and_every_replica_group_spelling():
         "  %d-start = (f32[4]{0}, f32[4]{0}) all-gather-start(%w), replica_groups={}",
         "  %d-done = f32[4]{0} all-gather-done(%d-start)",
         "  %e = s32[2]{0} collective-permute(%v), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}",
+        "  %g = s32[2]{0} collective-permute(%v), "
+        "source_target_pairs={{0,2},{2,4},{4,6},{6,0},{1,3},{3,5},{5,7},{7,1}}",
         "  %f = f32[8]{0} add(%p, %q)",
     ])
     found = collectives(text)
     assert [op.kind for op in found.ops] == ["all-reduce", "all-gather", "reduce-scatter", "all-gather",
-                                             "collective-permute"]
-    assert [op.group_size for op in found.ops] == [4, 2, 4, 8, 4]
-    assert [op.result_bytes for op in found.ops] == [16 * 8 * 4, 64 * 4, 8 * 8 * 2, 2 * 4 * 4, 2 * 4]
-    assert [op.result_type for op in found.ops] == ["f32[16,8]", "f32[64]", "bf16[8,8]", "2 x f32[4]", "s32[2]"]
+                                             "collective-permute", "collective-permute"]
+    assert [op.group_size for op in found.ops] == [4, 2, 4, 8, 4, 4]  # the last: two rings of 4
+    assert [op.result_bytes for op in found.ops] == [16 * 8 * 4, 64 * 4, 8 * 8 * 2, 2 * 4 * 4, 2 * 4, 2 * 4]
+    assert [op.result_type for op in found.ops] == ["f32[16,8]", "f32[64]", "bf16[8,8]", "2 x f32[4]", "s32[2]",
+                                                    "s32[2]"]
     assert found.counts["all-gather"] == 2  # the -done half is not counted
 
 

@@ -122,7 +122,7 @@ class Collectives:
 
     def __str__(self) -> str:
         if not self.ops:
-            return "no collectives: every device computes on its own blocks"
+            return "no collectives: each device computes without talking to the others"
         lines = [f"{'collective':<19}{'result (per device)':<28}{'group':>6}{'bytes moved':>14}"]
         for op in self.ops:
             lines.append(
@@ -195,11 +195,24 @@ def _group_size(line: str, total_devices: int | None) -> int:
     m = re.search(r"replica_groups=\{\{([^}]*)\}", line)
     if m:
         return len([v for v in m.group(1).split(",") if v.strip()])
-    # collective-permute: source_target_pairs={{0,1},{1,2}} -> a ring over those devices
-    m = re.search(r"source_target_pairs=\{(.*?)\}\}", line)
+    # collective-permute: source_target_pairs={{0,2},{2,4},...} -> the devices of one ring (a connected
+    # group of the pair graph); several independent rings run side by side.
+    m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", line)
     if m:
-        ids = {int(v) for v in re.findall(r"\d+", m.group(1))}
-        return max(len(ids), 2)
+        pairs = [(int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
+        group: dict[int, int] = {}
+
+        def root(v: int) -> int:
+            while group.setdefault(v, v) != v:
+                v = group[v]
+            return v
+
+        for a, b in pairs:
+            group[root(a)] = root(b)
+        sizes: dict[int, int] = {}
+        for v in list(group):
+            sizes[root(v)] = sizes.get(root(v), 0) + 1
+        return max(max(sizes.values(), default=2), 2)
     return total_devices or 1
 
 
