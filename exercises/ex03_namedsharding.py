@@ -1,0 +1,174 @@
+"""Exercises of notebook 03: bytes on the mesh, replica ids, and a sharding rule for a pytree."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from utils.exercises import NOT_ANSWERED, Exercise
+
+
+def _mesh_4x2() -> jax.sharding.Mesh:
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+
+
+# Exercise 1 ---------------------------------------------------------------------------------------------
+
+def _measured_mesh_bytes() -> int:
+    a = jax.device_put(np.zeros((512, 1024), jnp.bfloat16), NamedSharding(_mesh_4x2(), PartitionSpec(None, "model")))
+    return sum(s.data.nbytes for s in a.addressable_shards)
+
+
+def _check_mesh_bytes(n: object) -> None:
+    assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
+    array = 512 * 1024 * 2
+    truth = _measured_mesh_bytes()
+    assert truth == 4 * array  # the checker's own premise, measured
+    if n == array:
+        raise AssertionError(f"{n} bytes is the array once; but 'data' is not in the spec, so each block has copies")
+    if n == truth // 8:
+        raise AssertionError(f"{n} bytes is what one device holds; the question asks for all 8 together")
+    if n == 2 * truth:
+        raise AssertionError(f"{n} bytes counts 4 bytes per element; bfloat16 has 2")
+    assert n == truth, (
+        f"{n} bytes is not it: each of the 8 devices holds its own (512, 512) block of 2-byte elements"
+    )
+
+
+mesh_bytes = Exercise(
+    title="Exercise 1: bytes on the whole mesh",
+    checker=_check_mesh_bytes,
+    solution=4 * 512 * 1024 * 2,
+    wrong=(512 * 1024 * 2, 512 * 512 * 2, 8 * 512 * 1024 * 2, 2 * 512 * 1024 * 2),
+    hint="work out one device's block first (which dimension is split, over how many devices?), then add up all 8",
+    explanation=(
+        "Each device holds (512, 512) x 2 bytes = 512 KiB; 8 devices hold 4 MiB, 4x the 1 MiB array, "
+        "because the 4 devices along 'data' (not in the spec) each keep a copy of every block."
+    ),
+)
+
+
+# Exercise 2 ---------------------------------------------------------------------------------------------
+
+def _first_replicas_truth() -> set[int]:
+    a = jax.device_put(np.zeros((128, 512), np.float32), NamedSharding(_mesh_4x2(), PartitionSpec(None, "model")))
+    return {s.device.id for s in a.addressable_shards if s.replica_id == 0}
+
+
+def _check_first_replicas(ids: object) -> None:
+    assert isinstance(ids, set | frozenset | list | tuple), f"give a set of device ids such as {{0, 5}}; got {ids!r}"
+    assert all(isinstance(i, int) and not isinstance(i, bool) for i in ids), f"device ids are integers; got {ids!r}"
+    ids = set(ids)
+    truth = _first_replicas_truth()
+    if ids == {0, 2, 4, 6}:
+        raise AssertionError(
+            "{0, 2, 4, 6} all hold the same block (columns 0:256): they are replicas 0, 1, 2 and 3 of it, "
+            "and only one of them is replica 0"
+        )
+    if ids == {0}:
+        raise AssertionError("device 0 is replica 0 of columns 0:256; columns 256:512 have a replica 0 too")
+    assert ids == truth, (
+        f"{sorted(ids)} is not it: P(None, 'model') makes 2 blocks (column halves); "
+        "each block's copies are numbered 0, 1, 2, ... in device order"
+    )
+
+
+first_replicas = Exercise(
+    title="Exercise 2: which shards are replica 0",
+    checker=_check_first_replicas,
+    solution={0, 1},
+    wrong=({0, 2, 4, 6}, {0}, {0, 1, 2, 3}, {1, 3, 5, 7}),
+    hint="count the distinct blocks first; each block has exactly one replica 0",
+    explanation=(
+        "Columns 0:256 live on devices 0, 2, 4, 6 and columns 256:512 on 1, 3, 5, 7; the first copy of each "
+        "block is on device 0 and device 1. One replica 0 per distinct block: count them to count blocks."
+    ),
+)
+
+
+# Exercise 3 ---------------------------------------------------------------------------------------------
+
+def _test_tree() -> dict:
+    def z(shape):  # host arrays: the rule only looks at names and shapes
+        return np.zeros(shape, np.float32)
+
+    return {
+        "embed": {"embedding": z((1000, 64))},
+        "block": {
+            "attn": {"kernel": z((64, 192)), "bias": z((192,))},
+            "mlp": {"kernel": z((64, 256)), "bias": z((256,))},
+            "norm": {"scale": z((64,))},
+        },
+        "head": {"kernel": z((64, 10)), "bias": z((10,))},
+    }
+
+
+def _expected(path: tuple, leaf: jax.Array) -> PartitionSpec:
+    if getattr(path[-1], "key", None) == "kernel" and leaf.ndim == 2:
+        return PartitionSpec(None, "model")
+    return PartitionSpec()
+
+
+def _check_kernel_rule(rule: object) -> None:
+    assert callable(rule), f"give a function rule(path, leaf) that returns a PartitionSpec; got {rule!r}"
+    mesh = _mesh_4x2()
+    tree = _test_tree()
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    shardings = []
+    for path, leaf in leaves:
+        name = jax.tree_util.keystr(path)
+        spec = rule(path, leaf)
+        assert spec is not NOT_ANSWERED, f"rule returned NOT_ANSWERED for {name}: write its body"
+        if isinstance(spec, NamedSharding):  # accept a sharding too; only its spec is compared
+            spec = spec.spec
+        assert isinstance(spec, PartitionSpec), f"rule returned {spec!r} for {name}; return a PartitionSpec"
+        assert len(spec) <= leaf.ndim, (
+            f"{name} {tuple(leaf.shape)} has {leaf.ndim} dimension(s), but your rule gives it {spec} with "
+            f"{len(spec)} entries: give at most one entry per dimension"
+        )
+        want = NamedSharding(mesh, _expected(path, leaf))
+        have = NamedSharding(mesh, spec)  # raises if the spec names an axis the mesh lacks
+        assert have.is_equivalent_to(want, leaf.ndim), (
+            f"{name} {tuple(leaf.shape)}: your rule gives {spec}, expected {want.spec}"
+        )
+        shardings.append(have)
+    placed = jax.device_put(tree, jax.tree.unflatten(treedef, shardings))
+    assert placed["block"]["mlp"]["kernel"].sharding.shard_shape((64, 256)) == (64, 128)
+
+
+def _solution_rule(path, leaf):
+    if getattr(path[-1], "key", None) == "kernel" and leaf.ndim == 2:
+        return PartitionSpec(None, "model")
+    return PartitionSpec()
+
+
+def _wrong_by_rank(path, leaf):  # forgets the name: shards the embedding table too
+    return PartitionSpec(None, "model") if leaf.ndim == 2 else PartitionSpec()
+
+
+def _wrong_first_dim(path, leaf):  # splits the input dimension instead of the last one
+    return PartitionSpec("model", None) if leaf.ndim == 2 and path[-1].key == "kernel" else PartitionSpec()
+
+
+def _wrong_seed_threshold(path, leaf):  # the guide's test: only 'large' kernels by shape[0]
+    path_str = "/".join(str(p) for p in path)
+    return PartitionSpec(None, "model") if "kernel" in path_str and leaf.shape[0] > 256 else PartitionSpec()
+
+
+def _wrong_always(path, leaf):  # one spec for everything: breaks on 1-D leaves
+    return PartitionSpec(None, "model")
+
+
+kernel_rule = Exercise(
+    title="Exercise 3: a sharding rule for tree_map_with_path",
+    checker=_check_kernel_rule,
+    solution=_solution_rule,
+    wrong=(_wrong_by_rank, _wrong_first_dim, _wrong_seed_threshold, _wrong_always),
+    hint="the leaf's name is path[-1].key; test it and leaf.ndim, and return P(None, 'model') or P()",
+    explanation=(
+        "Kernels of shape (in, out) are split along 'out' over 'model'; the embedding table is 2-D but not "
+        "a kernel, so the name test keeps it replicated along with biases and norms."
+    ),
+)
