@@ -61,15 +61,16 @@ def test_text_input_and_every_replica_group_spelling():
         "  %e = s32[2]{0} collective-permute(%v), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}",
         "  %g = s32[2]{0} collective-permute(%v), "
         "source_target_pairs={{0,2},{2,4},{4,6},{6,0},{1,3},{3,5},{5,7},{7,1}}",
+        "  %h = (f32[1,8]{1,0}, /*index=1*/f32[1,8]{1,0}) all-to-all(%a, %b), replica_groups={{0,1}}",
         "  %f = f32[8]{0} add(%p, %q)",
     ])
     found = collectives(text)
     assert [op.kind for op in found.ops] == ["all-reduce", "all-gather", "reduce-scatter", "all-gather",
-                                             "collective-permute", "collective-permute"]
-    assert [op.group_size for op in found.ops] == [4, 2, 4, 8, 4, 4]  # the last: two rings of 4
-    assert [op.result_bytes for op in found.ops] == [16 * 8 * 4, 64 * 4, 8 * 8 * 2, 2 * 4 * 4, 2 * 4, 2 * 4]
+                                             "collective-permute", "collective-permute", "all-to-all"]
+    assert [op.group_size for op in found.ops] == [4, 2, 4, 8, 4, 4, 2]  # two rings of 4 in the 6th
+    assert [op.result_bytes for op in found.ops] == [16 * 8 * 4, 64 * 4, 8 * 8 * 2, 2 * 4 * 4, 2 * 4, 2 * 4, 64]
     assert [op.result_type for op in found.ops] == ["f32[16,8]", "f32[64]", "bf16[8,8]", "2 x f32[4]", "s32[2]",
-                                                    "s32[2]"]
+                                                    "s32[2]", "2 x f32[1,8]"]
     assert found.counts["all-gather"] == 2  # the -done half is not counted
 
 

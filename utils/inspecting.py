@@ -159,7 +159,7 @@ def _hlo_text(compiled: Any) -> str:
 
 def _short_type(type_text: str) -> str:
     """'f32[4,8]{1,0}' -> 'f32[4,8]'; a tuple of equal arrays -> '4 x f32[4,8]'."""
-    text = re.sub(r"\{[0-9,]*\}", "", type_text).strip()
+    text = re.sub(r"/\*.*?\*/", "", re.sub(r"\{[0-9,]*\}", "", type_text)).strip()  # drop layouts, comments
     if text.startswith("("):
         parts = [p.strip() for p in text.strip("()").split(", ") if p.strip()]
         if parts and len(set(parts)) == 1:
