@@ -153,3 +153,9 @@ def test_compile_with_log_is_quiet_when_xla_is():
 def test_compile_with_log_bad_input():
     with pytest.raises(TypeError, match="takes a Lowered program"):
         compile_with_log(jax.jit(lambda a: a))
+
+
+def test_table_summarises_long_fused_results():
+    text = "  %a = (f32[256]{0}, f32[256,64]{1,0}, f32[64]{0}, f32[64,10]{1,0}) all-reduce(%x), replica_groups={{0,1}}"
+    line = str(collectives(text)).splitlines()[1]
+    assert "4 arrays, 67.8 KiB" in line  # (256 + 256*64 + 64 + 64*10) * 4 bytes

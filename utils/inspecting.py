@@ -125,9 +125,10 @@ class Collectives:
             return "no collectives: each device computes without talking to the others"
         lines = [f"{'collective':<19}{'result (per device)':<28}{'group':>6}{'bytes moved':>14}"]
         for op in self.ops:
-            lines.append(
-                f"{op.kind:<19}{op.result_type:<28}{op.group_size:>6}{format_bytes(op.moved_bytes):>14}"
-            )
+            shown = op.result_type
+            if len(shown) > 27:  # a fused tuple of many arrays: say how many, and their size
+                shown = f"{shown.count('[')} arrays, {format_bytes(op.result_bytes)}"
+            lines.append(f"{op.kind:<19}{shown:<28}{op.group_size:>6}{format_bytes(op.moved_bytes):>14}")
         lines.append(f"{'total':<53}{format_bytes(self.moved_bytes):>14}")
         return "\n".join(lines)
 
