@@ -1,0 +1,152 @@
+"""Exercises of notebook 09: FSDP."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from utils.exercises import Exercise
+
+_N = 8  # devices on the 'fsdp' axis
+
+# A test state: names, shapes, and what FSDP must do with each.
+_STATE = {
+    "embed": (1024, 64),  # large; both dimensions divide by 8
+    "w_in": (10, 256),  # large; only dimension 1 divides by 8
+    "w_odd": (10, 250),  # large; no dimension divides by 8 -> replicate
+    "big_vec": (2048,),  # large 1-D
+    "scale": (1024,),  # exactly 1,024 elements: not more than 1,024 -> replicate
+    "bias": (256,),  # small
+    "count": (),  # a scalar
+}
+
+
+def _entries(spec: PartitionSpec, ndim: int) -> list:
+    return list(spec) + [None] * (ndim - len(spec))
+
+
+def _check_fsdp_rule(rule: object) -> None:
+    assert callable(rule), f"give a function fsdp_spec(path, leaf) that returns a PartitionSpec; got {rule!r}"
+    state = {name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, shape in _STATE.items()}
+    specs = jax.tree_util.tree_map_with_path(rule, state)
+    for name, leaf in state.items():
+        spec = specs[name]
+        assert isinstance(spec, PartitionSpec), (
+            f"for {name} {leaf.shape} your function returned {spec!r}; return a PartitionSpec such as P() or "
+            "P(None, 'fsdp')"
+        )
+        assert len(spec) <= leaf.ndim, f"{name} {leaf.shape} got {spec}: more entries than dimensions"
+        entries = _entries(spec, leaf.ndim)
+        assert all(e in (None, "fsdp") for e in entries), f"{name} got {spec}: use only 'fsdp' and None"
+        split = [d for d, e in enumerate(entries) if e == "fsdp"]
+        divisible = [d for d, n in enumerate(leaf.shape) if n % _N == 0]
+        if leaf.size > 1024 and divisible:
+            assert split, f"{name} {leaf.shape} has {leaf.size} elements (more than 1,024): split it on 'fsdp'"
+            assert split[0] in divisible, (
+                f"{name} {leaf.shape} got {spec}: dimension {split[0]} has {leaf.shape[split[0]]} entries, which "
+                f"do not split {_N} ways; pick a dimension that {_N} divides"
+            )
+        elif leaf.size > 1024:
+            assert not split, f"{name} {leaf.shape} got {spec}, but no dimension divides by {_N}: replicate it"
+        else:
+            assert not split, (
+                f"{name} {leaf.shape} has only {leaf.size} elements (not more than 1,024): keep it replicated, P()"
+            )
+
+
+def _solution_fsdp_spec(path, leaf):
+    if leaf.size > 1024:
+        for dim, size in enumerate(leaf.shape):
+            if size % 8 == 0:
+                return PartitionSpec(*[None] * dim, "fsdp")
+    return PartitionSpec()
+
+
+fsdp_rule = Exercise(
+    title="Exercise 1: the FSDP rule",
+    checker=_check_fsdp_rule,
+    solution=_solution_fsdp_spec,
+    wrong=(
+        # the seed's rule: always dimension 0
+        lambda path, leaf: PartitionSpec("fsdp") if leaf.size > 1024 else PartitionSpec(),
+        # everything split, whatever its size
+        lambda path, leaf: PartitionSpec("fsdp") if leaf.ndim else PartitionSpec(),
+        # nothing split: that is data parallelism
+        lambda path, leaf: PartitionSpec(),
+        # threshold off by one: 1,024 elements is not "more than 1,024"
+        lambda path, leaf: PartitionSpec("fsdp") if leaf.ndim == 1 and leaf.size >= 1024 else _solution_fsdp_spec(
+            path, leaf
+        ),
+    ),
+    hint=(
+        "if leaf.size > 1024, loop over enumerate(leaf.shape) and return P(*[None] * dim, 'fsdp') for the first "
+        "size that 8 divides; otherwise (and if none divides) return P()"
+    ),
+    explanation=(
+        "Returning specs (or shardings) instead of moving arrays lets one rule lay out parameters, optimizer state "
+        "and jit's in/out shardings alike."
+    ),
+)
+
+
+_ADAM_FSDP = 2 * (64 * 512 // 8 + 512 * 10 // 8 + 512 + 10) * 4  # 42,064
+
+
+def _check_adam_bytes(n: object) -> None:
+    assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
+    assert n != 2 * (64 * 512 + 512 + 512 * 10 + 10) * 4, "that is the replicated (data-parallel) size"
+    assert n != 2 * (64 * 512 + 512 + 512 * 10 + 10) * 4 // 8, (
+        "not everything is split: the biases (512 and 10 elements) are under the 1,024 threshold and stay whole"
+    )
+    assert n != _ADAM_FSDP // 2, "Adam keeps two moments, mu and nu"
+    assert n != _ADAM_FSDP + 4, "leave out the 4-byte counter"
+    assert n == _ADAM_FSDP, (
+        f"{n} bytes is not it: each moment has the parameters' shapes; the kernels (64x512, 512x10) are split 8 "
+        "ways, the biases (512, 10) are whole; two moments of 4-byte floats"
+    )
+
+
+adam_bytes_per_device = Exercise(
+    title="Exercise 2: Adam state per device under FSDP",
+    checker=_check_adam_bytes,
+    solution=_ADAM_FSDP,
+    wrong=(307_280, 38_410, _ADAM_FSDP // 2, _ADAM_FSDP + 4),
+    hint="one moment = (64*512/8 + 512*10/8 + 512 + 10) floats; Adam has two; 4 bytes per float",
+    explanation=(
+        "2 x (4,096 + 640 + 512 + 10) x 4 = 42,064 bytes, against 307,280 bytes replicated: 7.3x less, not 8x, "
+        "because the biases are replicated."
+    ),
+)
+
+
+_RS = (_N - 1) * 8 * 256 * 4  # 57,344
+_AR = 2 * (_N - 1) * 64 * 256 * 4 // _N  # 114,688
+
+
+def _check_gradient_traffic(answer: object) -> None:
+    assert isinstance(answer, tuple) and len(answer) == 2, f"give a pair (reduce-scatter, all-reduce); got {answer!r}"
+    rs, ar = answer
+    assert (rs, ar) != (_AR, _RS), "swapped: the reduce-scatter is the cheaper one"
+    assert rs == _RS, (
+        f"reduce-scatter: {rs!r} is not it. Each device ends with a (8, 256) block; in a ring it sends N-1 = 7 "
+        "blocks of that size"
+    )
+    assert ar == _AR, (
+        f"all-reduce: {ar!r} is not it. A ring all-reduce is a reduce-scatter followed by an all-gather: "
+        "2(N-1)/N times the (64, 256) result"
+    )
+
+
+gradient_traffic = Exercise(
+    title="Exercise 3: reduce-scatter against all-reduce",
+    checker=_check_gradient_traffic,
+    solution=(_RS, _AR),
+    wrong=((_AR, _RS), (65_536, 65_536), (8 * 256 * 4, 64 * 256 * 4), (_RS, _RS)),
+    hint="reduce-scatter sends (N-1) x its result; all-reduce sends 2(N-1)/N x its result; results are (8, 256) "
+    "and (64, 256) float32",
+    explanation=(
+        "57,344 against 114,688 bytes (56 and 112 KiB): an all-reduce is a reduce-scatter plus an all-gather, so "
+        "keeping only a slice of its result wastes the all-gather half."
+    ),
+)
