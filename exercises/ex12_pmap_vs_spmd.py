@@ -1,0 +1,209 @@
+"""Exercises of notebook 12: porting pmap code to jit and shard_map."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from utils.exercises import Exercise
+from utils.inspecting import collectives
+
+P = PartitionSpec
+
+
+def _mesh_8() -> jax.sharding.Mesh:
+    return jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+
+
+# Exercise 1: migrate a pmap step to jax.jit + NamedSharding ---------------------------------------
+
+
+def _regression_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(64, 16)).astype(np.float32)
+    y = (x @ np.arange(16, dtype=np.float32) / 16 + 0.1 * rng.normal(size=64)).astype(np.float32)
+    w = np.zeros(16, np.float32)
+    return w, x, y
+
+
+def _old_step(w, x, y):
+    g = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+    return w - 0.1 * jax.lax.pmean(g, "data")
+
+
+def _pmap_result() -> np.ndarray:
+    w, x, y = _regression_data()
+    out = jax.pmap(_old_step, axis_name="data")(np.stack([w] * 8), x.reshape(8, 8, 16), y.reshape(8, 8))
+    return np.asarray(out[0])
+
+
+def _check_migrate(answer: Any) -> None:
+    assert isinstance(answer, tuple) and len(answer) == 3, (
+        f"give a triple (new_step, w_spec, batch_spec); got {type(answer).__name__}"
+    )
+    new_step, w_spec, batch_spec = answer
+    assert callable(new_step), f"the first item must be your step function; got {type(new_step).__name__}"
+    for name, spec in (("w_spec", w_spec), ("batch_spec", batch_spec)):
+        assert isinstance(spec, PartitionSpec), f"{name} must be a PartitionSpec such as P(...); got {spec!r}"
+    mesh = _mesh_8()
+    w, x, y = _regression_data()
+    try:
+        w_placed = jax.device_put(w, NamedSharding(mesh, w_spec))
+        x_placed = jax.device_put(x, NamedSharding(mesh, batch_spec))
+        y_placed = jax.device_put(y, NamedSharding(mesh, batch_spec))
+    except ValueError as err:
+        raise AssertionError(f"placing the inputs failed: {str(err).splitlines()[0]}") from None
+    stepped = jax.jit(new_step)
+    try:
+        jaxpr = str(jax.make_jaxpr(new_step)(w_placed, x_placed, y_placed))
+    except NameError as err:
+        raise AssertionError(
+            f"{err}: under jax.jit no axis is bound, so delete the pmean; the compiler inserts the all-reduce"
+        ) from None
+    assert "shard_map" not in jaxpr and "psum" not in jaxpr, (
+        "this exercise asks for plain jax.jit with shardings: write the single-device step, no shard_map, "
+        "no collectives"
+    )
+    got = np.asarray(stepped(w_placed, x_placed, y_placed))
+    want = _pmap_result()
+    assert got.shape == (16,), f"the new weight should have shape (16,); got {got.shape}"
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (
+        f"the new weight differs from the pmap step's: first three {np.round(got[:3], 5)} instead of "
+        f"{np.round(want[:3], 5)}; is the loss the mean over all 64 examples, with the same learning rate?"
+    )
+    comm = collectives(stepped.lower(w_placed, x_placed, y_placed).compile())
+    assert comm.counts["all-reduce"] >= 1, (
+        "the numbers are right but the compiled step has no all-reduce: every device computed the whole "
+        "batch. Split the batch over 'data' to make it data parallel"
+    )
+    assert comm.kinds == {"all-reduce"}, (
+        f"the compiled step also has {sorted(comm.kinds - {'all-reduce'})}: data parallelism keeps the weight "
+        "whole on every device (replicated) and needs only the all-reduce of the gradient"
+    )
+
+
+def _migrate_solution_step(w, x, y):
+    g = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+    return w - 0.1 * g
+
+
+def _summed_loss_step(w, x, y):  # mistook pmean for "sum the loss"
+    g = jax.grad(lambda w: jnp.sum((x @ w - y) ** 2))(w)
+    return w - 0.1 * g
+
+
+class _StepAndSpecs(tuple):
+    """The answer triple, shown by ``reveal()`` as the code to type rather than as a function object."""
+
+    def __repr__(self) -> str:
+        step, w_spec, batch_spec = self
+        source = textwrap.dedent(inspect.getsource(step)).replace(step.__name__, "new_step")
+        return f"{source}\nanswer_1 = (new_step, {w_spec}, {batch_spec})"
+
+
+migrate_to_jit = Exercise(
+    title="Exercise 1: migrate a pmap step to jax.jit",
+    checker=_check_migrate,
+    solution=_StepAndSpecs((_migrate_solution_step, P(), P("data"))),
+    wrong=(
+        (_old_step, P(), P("data")),
+        (_migrate_solution_step, P(), P()),
+        (_migrate_solution_step, P("data"), P("data")),
+        (_summed_loss_step, P(), P("data")),
+    ),
+    hint="delete the pmean and write the step as for one device; replicate the weight, split the batch",
+    explanation=(
+        "The single-device step, with w placed by P() and the batch by P('data'): jax.jit sees a mean over "
+        "a batch split 8 ways and inserts the all-reduce that pmean used to do."
+    ),
+)
+
+
+# Exercise 2: the factor of pmean kept inside shard_map, on a 2-D mesh ------------------------------
+
+
+def _measured_factor() -> float:
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    w, x, y = _regression_data()
+    w = np.linspace(-1, 1, 16, dtype=np.float32)
+
+    def loss(w, x, y):
+        return jnp.mean((x @ w - y) ** 2)
+
+    def body(w, x, y):
+        return jax.lax.pmean(jax.grad(loss)(w, x, y), "data")
+
+    ported = jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P())
+    g = np.asarray(jax.jit(ported)(w, x, y))
+    g_true = np.asarray(jax.grad(loss)(w, x, y))
+    return float(np.median(g / g_true))
+
+
+def _check_factor(answer: Any) -> None:
+    assert isinstance(answer, int | float) and not isinstance(answer, bool), f"give a number; got {answer!r}"
+    measured = _measured_factor()
+    assert abs(answer - measured) < 1e-3 * measured, (
+        f"{answer} is not what the ported step gives. The implicit sum comes from the transpose of the cast "
+        "to 'varying': over which mesh axes does the loss vary? Not over all 8 devices"
+    )
+
+
+pmean_factor = Exercise(
+    title="Exercise 2: how wrong is pmean inside shard_map?",
+    checker=_check_factor,
+    solution=2,
+    wrong=(8, 4, 1, 0.5),
+    hint="the batch varies over 'data' only; the 4 devices along 'model' hold the same examples",
+    explanation=(
+        "The loss varies over 'data' (2 devices) only, so the gradient of the replicated weight is "
+        "summed over 'data': 2 per-device means, twice the mean. pmean of that sum changes nothing."
+    ),
+)
+
+
+# Exercise 3: the per-device view of pmap and shard_map ---------------------------------------------
+
+
+def _measured_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    seen: dict[str, tuple[int, ...]] = {}
+    a = jnp.zeros((8, 16, 4))
+
+    def record(name):
+        def f(block):
+            seen[name] = tuple(block.shape)
+            return block
+
+        return f
+
+    jax.pmap(record("pmap"))(a)
+    jax.shard_map(record("shard_map"), mesh=_mesh_8(), in_specs=P("data"), out_specs=P("data"))(a)
+    return seen["pmap"], seen["shard_map"]
+
+
+def _check_shapes(answer: Any) -> None:
+    assert isinstance(answer, tuple | list) and len(answer) == 2, (
+        f"give a pair (pmap_shape, shard_map_shape); got {answer!r}"
+    )
+    got = tuple(tuple(int(d) for d in s) for s in answer)
+    want_pmap, want_shmap = _measured_shapes()
+    assert got[0] == want_pmap, f"pmap: f does not see {got[0]}; pmap removes the mapped axis"
+    assert got[1] == want_shmap, f"shard_map: f does not see {got[1]}; a block keeps every dimension"
+
+
+per_device_shapes = Exercise(
+    title="Exercise 3: the per-device view",
+    checker=_check_shapes,
+    solution=((16, 4), (1, 16, 4)),
+    wrong=(((1, 16, 4), (16, 4)), ((16, 4), (16, 4)), ((8, 16, 4), (1, 16, 4)), ((16, 4), (2, 16, 4))),
+    hint="pmap drops the leading axis; shard_map splits it 8 ways and keeps it",
+    explanation=(
+        "pmap gives each device slice i without the mapped axis, (16, 4); shard_map gives it block i of "
+        "P('data'), 8/8 = 1 row of the leading axis, (1, 16, 4)."
+    ),
+)
