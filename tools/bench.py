@@ -59,9 +59,12 @@ def main(args: list[str]) -> int:
         print(json.dumps(run_one(Path(args[1]))))
         return 0
     sys.path.insert(0, str(ROOT))
-    from utils.course import notebooks
+    from utils.course import notebooks, runnable_here
 
     paths = [Path(a) for a in args if a.endswith(".ipynb")] or notebooks()
+    for skipped in [p for p in paths if not runnable_here(p)]:
+        print(f"{skipped.name}: skipped, needs torch_xla (`make bench-xla` runs it in .venv-xla)")
+    paths = [p for p in paths if runnable_here(p)]
     offline = _offline_prefix()
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_NUM_CPU_DEVICES=os.environ.get("JAX_NUM_CPU_DEVICES", "8"))
     print(f"{len(paths)} notebook(s), {os.cpu_count()} CPU core(s), network: "

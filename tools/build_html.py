@@ -7,6 +7,10 @@ Writes ``site/index.html`` (title and one-line promise of each notebook, in
 course order) and ``site/NN_name.html`` for each notebook, with previous / next /
 index links at the top and bottom. Pictures are embedded, so the folder reads
 offline in any browser. A notebook that raises stops the build.
+
+Only notebooks this environment can run are executed (notebook 14 needs
+torch_xla: ``make html`` runs this script again in .venv-xla for it); the index
+and the links always cover the whole course.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from utils.course import notebooks, title_and_promise  # noqa: E402
+from utils.course import notebooks, runnable_here, title_and_promise  # noqa: E402
 
 NAV_STYLE = """
 nav.course { display: flex; justify-content: space-between; margin: 1rem 0; padding: .6rem 1rem;
@@ -41,15 +45,16 @@ def _nav(items: list[Path], i: int) -> str:
     return f'<nav class="course">{prev}<a href="index.html">Contents</a>{nxt}</nav>'
 
 
-def build(paths: list[Path], out: Path) -> None:
+def build(paths: list[Path], out: Path, course: list[Path]) -> None:
+    """Execute and write ``paths``; the index and the links cover ``course``."""
     import nbformat
     from nbclient import NotebookClient
     from nbconvert import HTMLExporter
 
     out.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(template_name="lab")
-    toc = []
-    for i, path in enumerate(paths):
+    for path in paths:
+        i = course.index(path)
         nb = nbformat.read(path, as_version=4)
         print(f"executing {path.name} ...", flush=True)
         NotebookClient(nb, timeout=600, kernel_name="python3",
@@ -57,12 +62,14 @@ def build(paths: list[Path], out: Path) -> None:
         body, _ = exporter.from_notebook_node(nb)
         # The course uses no math and no widgets: drop the two CDN scripts so pages load offline cleanly.
         body = re.sub(r'<script[^>]*src="https://cdnjs[^"]*"[^>]*>\s*</script>', "", body)
-        nav = _nav(paths, i)
+        nav = _nav(course, i)
         body = body.replace("</head>", f"<style>{NAV_STYLE}</style></head>", 1)
         body = body.replace("</main>", f"{nav}</main>", 1) if "</main>" in body else body
         body = body.replace("<main>", f"<main>{nav}", 1) if "<main>" in body else body.replace(
             "<body>", f"<body>{nav}", 1)
         (out / f"{path.stem}.html").write_text(body)
+    toc = []
+    for path in course:
         title, promise = title_and_promise(path)
         toc.append(f'<li><a href="{path.stem}.html">{html.escape(path.stem[:2])} · {html.escape(title)}</a>'
                    f'<span class="promise">{html.escape(promise.replace("**", ""))}</span></li>')
@@ -71,7 +78,7 @@ def build(paths: list[Path], out: Path) -> None:
              f"<p>Executed notebooks, in course order. Every claim is asserted by the code shown.</p>"
              f"<ol class='toc'>{''.join(toc)}</ol></body></html>")
     (out / "index.html").write_text(index)
-    print(f"wrote {out / 'index.html'} and {len(paths)} notebook page(s)")
+    print(f"wrote {out / 'index.html'} ({len(course)} notebooks) and {len(paths)} notebook page(s)")
 
 
 def main() -> None:
@@ -79,8 +86,13 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "site"))
     parser.add_argument("notebooks", nargs="*")
     args = parser.parse_args()
-    paths = [Path(p).resolve() for p in args.notebooks] or notebooks()
-    build(paths, Path(args.out))
+    given = [Path(p).resolve() for p in args.notebooks]
+    # The index and the links cover every notebook of the folder; only the given ones (default: all) are run.
+    course = sorted(given[0].parent.glob("[0-9][0-9]_*.ipynb")) if given else notebooks()
+    paths = [p for p in (given or course) if runnable_here(p)]
+    for skipped in sorted(set(given or course) - set(paths)):
+        print(f"{skipped.name}: not executed here, needs torch_xla (make html runs it in .venv-xla)")
+    build(paths, Path(args.out), course)
 
 
 if __name__ == "__main__":

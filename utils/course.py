@@ -5,6 +5,7 @@ and ``tools/sync_notebooks.py`` writes them into the notebooks.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -13,10 +14,13 @@ __all__ = [
     "BRANCH",
     "REPO",
     "ROOT",
+    "XLA_NOTEBOOKS",
     "badges_markdown",
     "binder_url",
     "colab_url",
+    "needs_torch_xla",
     "notebooks",
+    "runnable_here",
     "setup_source",
     "title_and_promise",
 ]
@@ -30,6 +34,20 @@ ROOT = Path(__file__).resolve().parent.parent
 def notebooks() -> list[Path]:
     """The course's notebooks, in course order (their names start with the number)."""
     return sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+XLA_NOTEBOOKS = frozenset({"14_pytorch_xla.ipynb"})
+"""Notebooks that need torch_xla, installed only in their own environment (.venv-xla: ``make test-xla``)."""
+
+
+def needs_torch_xla(path: Path | str) -> bool:
+    """True for a notebook that runs only where torch_xla is installed."""
+    return Path(path).name in XLA_NOTEBOOKS
+
+
+def runnable_here(path: Path | str) -> bool:
+    """Whether this Python environment can execute the notebook (torch_xla present where it must be)."""
+    return not needs_torch_xla(path) or importlib.util.find_spec("torch_xla") is not None
 
 
 def colab_url(name: str) -> str:
