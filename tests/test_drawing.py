@@ -168,6 +168,8 @@ def test_device_label_shortens_runs():
     assert device_label(range(8)) == "dev 0-7"
     assert device_label([0, 2, 4, 6]) == "dev 0,2,4,6"
     assert device_label([0, 1, 2, 5, 6]) == "dev 0-2,5,6"
+    assert device_label(range(0, 64, 2)) == "dev 0,2,...,62"
+    assert device_label(range(3, 64, 8)) == "dev 3,11,...,59"
 
 
 def test_mesh_labels_read_back_the_device_grid():

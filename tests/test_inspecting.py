@@ -72,6 +72,8 @@ def test_text_input_and_every_replica_group_spelling():
     assert [op.result_type for op in found.ops] == ["f32[16,8]", "f32[64]", "bf16[8,8]", "2 x f32[4]", "s32[2]",
                                                     "s32[2]", "2 x f32[1,8]"]
     assert found.counts["all-gather"] == 2  # the -done half is not counted
+    assert [op.shapes for op in found.ops] == [((16, 8),), ((64,),), ((8, 8),), ((4,), (4,)), ((2,),), ((2,),),
+                                               ((1, 8), (1, 8))]
 
 
 def test_count_rejects_unknown_kinds():

@@ -14,6 +14,7 @@ Here every function returns a ``matplotlib.figure.Figure``:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -55,8 +56,15 @@ def device_color(device_id: int) -> tuple[float, float, float, float]:
 
 
 def device_label(ids: Sequence[int]) -> str:
-    """'dev 0', 'dev 0,1', 'dev 0-7' (runs of 3+ consecutive ids are shortened)."""
+    """'dev 0', 'dev 0,1', 'dev 0-7', 'dev 0,8,...,56' (runs and long strides are shortened).
+
+    Runs of 3+ consecutive ids become 'a-b'; 5+ ids with a constant stride
+    become 'a,b,...,z', so labels stay short on 64-device meshes.
+    """
     ids = sorted(int(i) for i in ids)
+    steps = {b - a for a, b in itertools.pairwise(ids)}
+    if len(ids) >= 5 and len(steps) == 1 and steps != {1}:
+        return f"dev {ids[0]},{ids[1]},...,{ids[-1]}"
     parts: list[str] = []
     i = 0
     while i < len(ids):

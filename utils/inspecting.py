@@ -74,6 +74,8 @@ class CollectiveOp:
     result_type: str
     result_bytes: int
     group_size: int
+    shapes: tuple[tuple[int, ...], ...] = ()
+    """The shape of each array the op produces (a fused op produces several)."""
 
     @property
     def moved_bytes(self) -> float:
@@ -169,6 +171,14 @@ def _short_type(type_text: str) -> str:
     return text
 
 
+def _type_shapes(type_text: str) -> tuple[tuple[int, ...], ...]:
+    return tuple(
+        tuple(int(d) for d in m.group("dims").split(",") if d)
+        for m in _ARRAY.finditer(re.sub(r"/\*.*?\*/", "", type_text))
+        if m.group("dtype") in _BITS
+    )
+
+
 def _type_bytes(type_text: str) -> int:
     total = 0
     for m in _ARRAY.finditer(type_text):
@@ -239,6 +249,7 @@ def collectives(compiled: Any) -> Collectives:
                 result_type=_short_type(hit.group("type")),
                 result_bytes=_type_bytes(hit.group("type")),
                 group_size=_group_size(line, total),
+                shapes=_type_shapes(hit.group("type")),
             )
         )
     return Collectives(tuple(ops))
