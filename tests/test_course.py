@@ -1,7 +1,9 @@
 """The course's own facts, its notebook tooling, and the README and binder that point at them."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -143,3 +145,38 @@ def test_html_edition_has_an_index_and_links_every_page(tmp_path):
     assert "42" in first, "pages are executed"
     assert 'href="01_b.html"' in first and 'href="00_a.html"' in second and 'href="index.html"' in second
     assert 'src="https://cdnjs' not in first
+
+
+def test_setup_cell_bootstraps_a_lone_notebook_like_colab(tmp_path, monkeypatch):
+    """Run the real setup cell in a kernel that looks like Colab, in a folder without the course.
+
+    `google.colab` is faked, and `git` is a stand-in that copies this checkout instead of
+    cloning from GitHub (no network here). The cell must fetch the course, install its
+    requirements (already satisfied in this environment) and import utils from the copy.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real_git = shutil.which("git")
+    (shim / "git").write_text(  # stand-in for `git clone -q --depth 1 URL DEST`: copy the tracked files
+        f'#!/bin/sh\nfor last; do :; done\nmkdir -p "$last" && dest=$(cd "$last" && pwd)\n'
+        f'(cd "{ROOT}" && "{real_git}" ls-files -z | xargs -0 cp --parents -t "$dest")\n'
+        f'echo "$@" > "$last/.cloned-with"\n')
+    (shim / "git").chmod(0o755)
+    work = tmp_path / "content"
+    work.mkdir()
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import sys, types\n"
+                                  "colab = sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+                                  "colab.output = sys.modules['google.colab.output'] = types.ModuleType('output')"),
+        nbformat.v4.new_code_cell(setup_source()),
+        nbformat.v4.new_code_cell("import utils, jax\nprint(utils.__file__, jax.device_count())"),
+    ])
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    out = "".join(o.get("text", "") for o in nb.cells[2].outputs)
+    assert f"{work}/spmd-course/utils/__init__.py 8" in out
+    assert f"https://github.com/{REPO}" in (work / "spmd-course" / ".cloned-with").read_text()
