@@ -14,7 +14,6 @@ STAMP := $(VENV)/.installed-$(PYVER)
 export JAX_NUM_CPU_DEVICES ?= 8
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONHASHSEED := 0
-export MPLBACKEND ?= Agg
 # `make test` also runs `make test-xla` (below) on the default line, not on the 3.11 line, so that
 # .ci/run, which tests both lines, runs notebook 14 once. `make test WITH_XLA=` skips it.
 WITH_XLA ?= $(if $(filter 3.11,$(PYVER)),,1)

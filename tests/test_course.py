@@ -132,8 +132,11 @@ def test_title_and_promise(tmp_path):
     assert title_and_promise(nb) == ("Tensor parallelism", "Split the kernels.")
 
 
-def test_html_edition_has_an_index_and_links_every_page(tmp_path):
-    a = _tiny_notebook(tmp_path / "00_a.ipynb", "00 · First", "Alpha promise.", "print(6 * 7)")
+def test_html_edition_has_an_index_and_links_every_page(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # as some CI systems set it: figures must still be drawn
+    figure = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport jax\nfrom utils import draw_mesh\n"
+              "print(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))")
+    a = _tiny_notebook(tmp_path / "00_a.ipynb", "00 · First", "Alpha promise.", figure)
     b = _tiny_notebook(tmp_path / "01_b.ipynb", "01 · Second", "Beta promise.", "print('b')")
     out = tmp_path / "site"
     subprocess.run([sys.executable, str(ROOT / "tools" / "build_html.py"), "--out", str(out), str(a), str(b)],
@@ -143,6 +146,7 @@ def test_html_edition_has_an_index_and_links_every_page(tmp_path):
     assert "Alpha promise." in index and "01 · Second" in index
     first, second = (out / "00_a.html").read_text(), (out / "01_b.html").read_text()
     assert "42" in first, "pages are executed"
+    assert "jp-RenderedImage" in first and "Figure size" not in first, "figures are drawn as pictures, not text"
     assert 'href="01_b.html"' in first and 'href="00_a.html"' in second and 'href="index.html"' in second
     assert 'src="https://cdnjs' not in first
 

@@ -20,9 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
-
-if not matplotlib.get_backend():  # pragma: no cover - matplotlib always has one
-    matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
@@ -30,6 +27,24 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .layout import Tile, as_layout, tiles, type_string
+
+
+def _show_figures_inline() -> None:
+    """In a Jupyter kernel, make a returned Figure display as a picture.
+
+    A kernel started with MPLBACKEND=Agg (common in CI and some launchers) would
+    otherwise print '<Figure size ...>' instead of drawing the course's figures.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - the course always has IPython
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "kernel") and "inline" not in matplotlib.get_backend():
+        shell.run_line_magic("matplotlib", "inline")
+
+
+_show_figures_inline()
 
 __all__ = [
     "device_color",
