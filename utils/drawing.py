@@ -26,6 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .inspecting import format_bytes
 from .layout import Tile, as_layout, tiles, type_string
 
 
@@ -89,14 +90,6 @@ def device_label(ids: Sequence[int]) -> str:
         parts.append(f"{ids[i]}-{ids[j]}" if j - i >= 2 else ",".join(map(str, ids[i : j + 1])))
         i = j + 1
     return "dev " + ",".join(parts)
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""  # pragma: no cover
 
 
 def _spec_text(sharding: Any) -> str:
@@ -202,7 +195,7 @@ def _draw_tiles(
         ax.add_patch(Rectangle((x0, y0), w, h, fill=False, edgecolor="black", linewidth=1.0, gid="tile"))
         lines = [device_label(t.devices), str(t.shape).replace(",)", ")")]
         if show_bytes:
-            lines.append(_bytes(math.prod(t.shape) * itemsize))
+            lines.append(format_bytes(math.prod(t.shape) * itemsize))
         if t.is_uneven:
             lines.append("padded to " + str(t.padded).replace(",)", ")"))
         cx, cy = x0 + (w + xpad) / 2, y0 + (h + ypad) / 2  # uneven blocks: centred over data + padding
