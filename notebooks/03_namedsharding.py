@@ -1,0 +1,558 @@
+# %% [markdown]
+# # 03 · NamedSharding and placing data
+#
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/03_namedsharding.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/03_namedsharding.ipynb)
+#
+# A `NamedSharding` pairs a mesh with a `PartitionSpec`, and `jax.device_put` moves an array (or a
+# whole pytree of them) onto the devices that sharding names. This notebook places arrays, then
+# inspects every property the JAX guide's "Inspecting Sharding" section prints, next to the shard
+# table and the picture; measures what replication costs in bytes; and shards a dict of parameters
+# and a batch with one call and a rule. Every claim is checked by an assert.
+#
+# **You will learn**
+# - what `NamedSharding(mesh, spec)` knows before any array exists: `shard_shape`, `device_set`,
+#   `is_fully_replicated`;
+# - how `jax.device_put` places an array, what it leaves untouched, and where a NumPy source is
+#   shared instead of copied;
+# - how to read `x.addressable_shards` (device, index, replica id, shape) next to the global view;
+# - where `jax.debug.visualize_array_sharding` stops (3-D arrays, bytes, testability) and how
+#   `draw_sharding` carries on;
+# - how many bytes the whole mesh holds for a replicated, a partly replicated and a fully sharded array;
+# - how to shard a pytree with one sharding, a prefix tree, `jax.tree.map` or a
+#   `tree_map_with_path` rule, and how to fix the guide's `create_sharding_specs` and `shard_params`.
+
+# %%
+# Setup (the same cell opens every notebook; notebook 00 explains it).
+import sys
+from pathlib import Path
+
+if "google.colab" in sys.modules and not Path("spmd-course").exists():
+    # !git clone -q --depth 1 https://github.com/spmd-course/spmd-sharding-course spmd-course
+    # %pip install -q -r spmd-course/requirements.txt
+sys.path[:0] = [str(p) for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils").is_dir()]
+
+from utils import setup_devices
+
+SETUP = setup_devices(8)
+
+# %%
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from utils import (
+    NOT_ANSWERED,
+    draw_sharding,
+    draw_shardings,
+    format_bytes,
+    shard_table,
+    tile_labels,
+    type_string,
+)
+
+# %% [markdown]
+# ## 1. A sharding is a mesh plus a spec
+#
+# Take the `(4, 2)` mesh of notebook 00, with Explicit axes so that `jax.typeof` prints the sharding
+# as part of the type. A `NamedSharding` is only a description: it knows which devices it spans and
+# what block each one gets of an array of any shape, before any array exists.
+
+# %%
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+rows = NamedSharding(mesh, P("data", None))
+
+print("sharding:           ", rows)
+print("mesh, spec:         ", dict(rows.mesh.shape), rows.spec)
+print("block of (128, 512):", rows.shard_shape((128, 512)))
+print("block of (64, 10):  ", rows.shard_shape((64, 10)))
+print("fully replicated?   ", rows.is_fully_replicated)
+
+assert rows.shard_shape((128, 512)) == (32, 512)  # 128 rows / 4 'data' devices; columns whole
+assert rows.shard_shape((64, 10)) == (16, 10)
+assert rows.num_devices == 8
+assert not rows.is_fully_replicated  # 'model' is unused: pairs of devices share a block, but not all 8
+assert NamedSharding(mesh, P()).is_fully_replicated
+
+# %% [markdown]
+# **Gotcha: `device_set` is a set.** The guide prints `x.sharding.device_set` directly. It is a Python
+# `set` of device objects, so it has no order, and its printed order can change from one run to the
+# next. Sort it by device id before you print or compare it:
+
+# %%
+devices = rows.device_set
+print(type(devices).__name__, "of", len(devices), "devices; ids:", sorted(d.id for d in devices))
+assert isinstance(devices, set)
+assert sorted(d.id for d in devices) == list(range(8))
+assert devices == set(mesh.devices.flat)  # the mesh's devices, every one of them
+
+# %% [markdown]
+# ## 2. `jax.device_put` places an array
+#
+# `jnp.arange` makes an array on one device. `jax.device_put(x, sharding)` returns a **new** array
+# laid out as the sharding says. The guide's "Inspecting Sharding" lines, run on it:
+
+# %%
+x_single = jnp.arange(128 * 512, dtype=jnp.float32).reshape(128, 512)
+x = jax.device_put(x_single, rows)
+
+print(f"Shape: {x.shape}")
+print(f"Sharding: {x.sharding}")
+print(f"Devices: {sorted(d.id for d in x.sharding.device_set)}")
+print(f"Shard shape: {x.sharding.shard_shape(x.shape)}, fully replicated: {x.sharding.is_fully_replicated}")
+
+assert x.sharding == rows and x.sharding.shard_shape(x.shape) == (32, 512)
+np.testing.assert_array_equal(np.asarray(x), np.asarray(x_single))  # same values, new layout
+
+# %% [markdown]
+# `device_put` copies: the source keeps its own layout and values. Asking for the sharding an array
+# already has is free: you get the same object back, nothing is copied.
+
+# %%
+print("source after device_put:", x_single.sharding)
+assert x is not x_single
+assert x_single.sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])  # still on one device
+np.testing.assert_array_equal(np.asarray(x_single), np.arange(128 * 512).reshape(128, 512))
+assert jax.device_put(x, rows) is x  # already there: no copy
+assert jax.device_put(x, NamedSharding(mesh, P())) is not x  # another layout: a new array
+
+# %% [markdown]
+# **Gotcha: a NumPy source may be shared, not copied.** On the CPU backend, `device_put` can use a NumPy
+# array's memory directly when the buffer is suitably aligned (64 bytes) and each block is a contiguous
+# run of rows. The JAX array then changes when you write into the NumPy array, although JAX arrays are
+# immutable (reported as [jax-ml/jax#37830](https://github.com/jax-ml/jax/issues/37830)). Whether your
+# buffer is aligned is luck, so the cell below builds an aligned one on purpose to make it repeatable:
+
+# %%
+raw = np.empty(128 * 512 * 4 + 64, dtype=np.uint8)
+start = -raw.ctypes.data % 64  # first byte on a 64-byte boundary
+h = raw[start : start + 128 * 512 * 4].view(np.float32).reshape(128, 512)
+h[...] = np.arange(128 * 512, dtype=np.float32).reshape(128, 512)
+
+shared = jax.device_put(h, rows)  # NumPy in, sharded by rows
+safe = jax.device_put(jnp.array(h), rows)  # jnp.array copies h first
+h[0, 0] = -1.0  # write into the NumPy array afterwards
+
+print("shared[0, 0] after the write:", np.asarray(shared)[0, 0])
+print("safe[0, 0] after the write:  ", np.asarray(safe)[0, 0])
+assert np.asarray(safe)[0, 0] == 0.0  # the fix: JAX owns a private copy
+if jax.default_backend() == "cpu":  # on CPU the first array shares h's memory
+    assert np.asarray(shared)[0, 0] == -1.0
+
+# %% [markdown]
+# The fix is a rule of thumb: do not write into a NumPy array after you hand it to JAX, or hand JAX a
+# copy (`jnp.array(h)` copies, and so does `h.copy()`).
+#
+# ## 3. The per-device view next to the global view
+#
+# `x.addressable_shards` holds one entry per device: the device, the `index` (a tuple of slices into the
+# global array), the `replica_id` (0 for the first device holding a block, 1 for the next copy, ...)
+# and the `data`, an ordinary one-device array.
+
+# %%
+for s in x.addressable_shards:
+    print(f"{s.device}  index={s.index}  replica_id={s.replica_id}  shape={s.data.shape}")
+
+by_device = {s.device.id: s for s in x.addressable_shards}
+assert len(by_device) == 8
+assert by_device[0].index == by_device[1].index == (slice(0, 32), slice(None))  # devices 0 and 1: rows 0:32
+assert (by_device[0].replica_id, by_device[1].replica_id) == (0, 1)  # two copies of the same block
+assert by_device[2].index == (slice(32, 64), slice(None))
+for s in x.addressable_shards:  # every shard is exactly its slice of the global array
+    np.testing.assert_array_equal(np.asarray(s.data), np.asarray(x)[s.index])
+
+# %% [markdown]
+# The same facts, tabulated by `shard_table`, beside the global view: the array's shape, its type
+# (`jax.typeof` on an Explicit mesh, `type_string` anywhere) and the picture. The type reads
+# `f32[128@data,512]`: dimension 0 split over `data`, dimension 1 whole.
+
+# %%
+table = shard_table(x)
+print("global shape:", x.shape, "| type:", type_string(x), "| jax.typeof:", jax.typeof(x))
+print(table)
+
+assert type_string(x) == "f32[128@data,512]" and str(jax.typeof(x)) == "float32[128@data,512]"
+assert table.shard_shapes == {(32, 512)}
+assert [r.replica for r in table.rows] == [0, 1, 0, 1, 0, 1, 0, 1]
+assert table.total_bytes == 2 * x.nbytes  # every block is held twice
+
+fig = draw_sharding(x)
+labels = tile_labels(fig)
+assert labels == [f"dev {a},{a + 1}\n(32, 512)\n64.0 KiB" for a in (0, 2, 4, 6)]  # 4 blocks, 2 devices each
+fig
+
+# %% [markdown]
+# The axis type (notebook 01) does not change where `device_put` puts the data. On a mesh with Auto axes
+# the same spec gives the same blocks on the same devices; only `jax.typeof` leaves the sharding out:
+
+# %%
+mesh_auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+x_auto = jax.device_put(np.asarray(x_single), NamedSharding(mesh_auto, P("data", None)))
+print("Auto mesh:", type_string(x_auto), "| jax.typeof:", jax.typeof(x_auto))
+assert shard_table(x_auto).rows == table.rows
+assert str(jax.typeof(x_auto)) == "float32[128,512]"
+
+# %% [markdown]
+# ## 4. `jax.debug.visualize_array_sharding`, and where it stops
+#
+# JAX's built-in picture prints coloured text (through the `rich` library) for a 1-D or 2-D array.
+# It returns `None`, so to check what it shows, capture its output (IPython's `capture_output`) and
+# read the text:
+
+# %%
+from IPython.utils.capture import capture_output
+
+with capture_output() as shown:
+    result = jax.debug.visualize_array_sharding(x)
+shown.show()  # display what it printed
+text = shown.stdout + "".join(out.data.get("text/plain", "") for out in shown.outputs)  # words + colour codes
+
+assert result is None  # nothing to test directly
+assert all(f"CPU {a},{a + 1}" in text for a in (0, 2, 4, 6))  # devices per block: yes
+assert "512" not in text and "KiB" not in text  # shapes and bytes: no
+
+# %% [markdown]
+# It shows which devices hold which block, but no shapes and no bytes. Give it a
+# 3-D array, such as a batch of activations `(batch, sequence, features)`, and it refuses:
+
+# %%
+acts = jax.device_put(np.zeros((2, 128, 512), np.float32), NamedSharding(mesh, P(None, "data", "model")))
+errors = []
+try:
+    jax.debug.visualize_array_sharding(acts)
+except ValueError as err:
+    errors.append(type(err))
+    print("ValueError:", err)
+assert errors == [ValueError]
+
+# %% [markdown]
+# `draw_sharding` draws the last two dimensions and labels each block with its devices, its full 3-D
+# shape and its bytes. Here the leading dimension is whole, so every device holds both sequences:
+
+# %%
+fig = draw_sharding(acts)
+labels = tile_labels(fig)
+print(type_string(acts), "-", len(labels), "blocks, e.g.", labels[0].replace("\n", " | "))
+assert len(labels) == 8 and all("(2, 32, 256)\n64.0 KiB" in label for label in labels)
+assert labels[3].startswith("dev 3\n")
+fig
+
+# %% [markdown]
+# When a leading dimension is sharded too, its blocks become panels, one per slice: `P('model', 'data',
+# None)` puts sequence 0 on the left `model` column of the mesh (devices 0, 2, 4, 6) and sequence 1 on
+# the right one.
+
+# %%
+acts2 = jax.device_put(np.zeros((2, 128, 512), np.float32), NamedSharding(mesh, P("model", "data", None)))
+fig = draw_sharding(acts2)
+labels = tile_labels(fig)
+panels = [ax.get_title() for ax in fig.axes]
+print(type_string(acts2), "- panels:", panels)
+
+assert type_string(acts2) == "f32[2@model,128@data,512]"
+assert panels == ["dim 0 = 0:1", "dim 0 = 1:2"]
+assert [label.split("\n")[0] for label in labels] == [f"dev {d}" for d in (0, 2, 4, 6, 1, 3, 5, 7)]
+assert all("(1, 32, 512)\n64.0 KiB" in label for label in labels)
+fig
+
+# %% [markdown]
+# ## 5. What replication costs: bytes per device and on the whole mesh
+#
+# Place the same `(128, 512)` float32 array (256 KiB) four ways and measure each device's bytes twice:
+# from `shard_table` and from `x.addressable_shards[i].data.nbytes`. The whole mesh holds the array once
+# per **copy** of each block, and the number of copies is the product of the sizes of the mesh axes the
+# spec does **not** name.
+
+# %%
+layouts = {  # named by how many copies of each block the mesh holds (you will verify the counts)
+    "1 copy": P("data", "model"),
+    "2 copies": P("data", None),
+    "4 copies": P(None, "model"),
+    "8 copies": P(),
+}
+x_np = np.asarray(x_single)  # the same 256 KiB as a NumPy array (a cheap source: no program to compile)
+placed = {name: jax.device_put(x_np, NamedSharding(mesh, spec)) for name, spec in layouts.items()}
+
+print(f"{'layout':<10}{'spec':<20}{'type':<24}{'per device':>11}{'whole mesh':>12}{'vs array':>9}")
+for name, a in placed.items():
+    t = shard_table(a)
+    per_device = {a.addressable_shards[i].data.nbytes for i in range(8)}
+    assert per_device == set(t.bytes_per_device.values()) and len(per_device) == 1  # same on every device
+    named = {e for e in layouts[name] if e is not None}  # the mesh axes the spec uses
+    copies = int(np.prod([size for axis, size in mesh.shape.items() if axis not in named]))
+    assert t.total_bytes == copies * x_single.nbytes and name.startswith(f"{copies} cop")
+    assert per_device == {x_single.nbytes * copies // 8}
+    print(f"{name:<10}{layouts[name]!s:<20}{type_string(a):<24}{format_bytes(per_device.pop()):>11}"
+          f"{format_bytes(t.total_bytes):>12}{t.total_bytes // x_single.nbytes:>8}x")
+
+assert x_single.nbytes == 256 * 1024
+assert shard_table(placed["8 copies"]).total_bytes == 8 * x_single.nbytes == 2 * 1024**2  # replicated: 2 MiB
+assert shard_table(placed["1 copy"]).total_bytes == x_single.nbytes  # fully sharded: the array once
+
+# %% [markdown]
+# The guide's memory arithmetic ("400MB model × 8 devices = 3.2GB total" replicated; "400MB / 8 per
+# device, 400MB total" fully sharded) is the last and the first row at a larger scale. The picture shows
+# why: the replicated array is one block striped with all 8 device colours.
+
+# %%
+fig = draw_shardings(placed, ncols=4)
+labels = tile_labels(fig)
+assert len(labels) == 8 + 4 + 2 + 1  # blocks per panel, in the order of the table
+assert labels[-1] == "dev 0-7\n(128, 512)\n256.0 KiB"  # replicated: one block, 8 copies
+fig
+
+
+# %% [markdown]
+# ## 6. Gotcha: the guide's `create_sharding_specs` needs both axes
+#
+# The guide builds its layouts in one helper, then builds a 1-D mesh `('data',)` for pure data
+# parallelism. Its helper, run on that mesh:
+
+# %%
+def create_sharding_specs_seed(mesh):  # the guide's version
+    return {
+        "data_parallel": NamedSharding(mesh, P("data", None)),
+        "model_parallel": NamedSharding(mesh, P(None, "model")),
+        "hybrid": NamedSharding(mesh, P("data", "model")),
+        "replicated": NamedSharding(mesh, P()),
+    }
+
+
+mesh_1d = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+failures = []
+try:
+    create_sharding_specs_seed(mesh_1d)
+except ValueError as err:
+    failures.append(type(err))
+    print("ValueError:", err)
+assert failures == [ValueError]
+
+
+# %% [markdown]
+# A `NamedSharding` checks its spec against the mesh when you build it, and `'model'` is not an axis of
+# this mesh. The fix builds only the layouts the mesh can express, so the same helper serves the 1-D,
+# 2-D and the guide's `('fsdp',)` mesh:
+
+# %%
+def create_sharding_specs(mesh):
+    """Common layouts, only those whose axes this mesh has."""
+    axes = set(mesh.axis_names)
+    specs = {"replicated": P()}
+    if "data" in axes:
+        specs["data_parallel"] = P("data", None)
+    if "model" in axes:
+        specs["model_parallel"] = P(None, "model")
+    if {"data", "model"} <= axes:
+        specs["hybrid"] = P("data", "model")
+    return {name: NamedSharding(mesh, spec) for name, spec in specs.items()}
+
+
+mesh_fsdp = jax.make_mesh((8,), ("fsdp",), axis_types=(AxisType.Explicit,))
+for m in (mesh_1d, mesh, mesh_fsdp):
+    print(dict(m.shape), "->", sorted(create_sharding_specs(m)))
+
+assert sorted(create_sharding_specs(mesh_1d)) == ["data_parallel", "replicated"]
+assert sorted(create_sharding_specs(mesh)) == ["data_parallel", "hybrid", "model_parallel", "replicated"]
+assert sorted(create_sharding_specs(mesh_fsdp)) == ["replicated"]
+shardings = create_sharding_specs(mesh)
+
+# %% [markdown]
+# ## 7. Sharding a whole pytree in one call
+#
+# `jax.device_put` takes a pytree (nested dicts, lists, tuples) of arrays, and for the shardings either a
+# tree of the same structure or a **prefix** of it: one sharding stands for everything below it. Here
+# are the parameters of a two-layer MLP and a batch:
+
+# %%
+rng = np.random.default_rng(0)
+params = {  # NumPy arrays on the host, as you might load them from a checkpoint
+    "dense1": {"kernel": rng.normal(0, 0.02, (512, 1024)).astype(np.float32), "bias": np.zeros(1024, np.float32)},
+    "dense2": {"kernel": rng.normal(0, 0.02, (1024, 512)).astype(np.float32), "bias": np.zeros(512, np.float32)},
+}
+batch = {"x": rng.normal(size=(64, 512)).astype(np.float32), "y": np.zeros((64, 1), np.float32)}
+state = {"params": params, "batch": batch}
+
+# One sharding for the whole tree: every leaf replicated.
+everywhere = jax.device_put(state, shardings["replicated"])
+# A prefix tree: one sharding for all params, one for all of the batch.
+split_batch = jax.device_put(state, {"params": shardings["replicated"], "batch": shardings["data_parallel"]})
+
+print(jax.tree.map(lambda a: a.sharding.spec, split_batch))
+assert all(a.sharding.is_fully_replicated for a in jax.tree.leaves(everywhere))
+assert split_batch["batch"]["x"].sharding.shard_shape((64, 512)) == (16, 512)
+assert split_batch["batch"]["y"].sharding.shard_shape((64, 1)) == (16, 1)
+assert split_batch["params"]["dense1"]["kernel"].sharding.is_fully_replicated
+assert jax.tree.structure(split_batch) == jax.tree.structure(state)
+jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), split_batch, state);
+
+
+# %% [markdown]
+# To choose per leaf, build a tree of shardings with `jax.tree.map` and a rule. This one splits the
+# last dimension of every 2-D parameter over `model` and replicates the biases:
+
+# %%
+def by_rank(a):
+    return shardings["model_parallel"] if a.ndim == 2 else shardings["replicated"]
+
+
+param_shardings = jax.tree.map(by_rank, params)
+params_tp = jax.device_put(params, param_shardings)
+print(jax.tree.map(type_string, params_tp))
+assert type_string(params_tp["dense1"]["kernel"]) == "f32[512,1024@model]"
+assert type_string(params_tp["dense2"]["bias"]) == "f32[512]"
+
+
+# %% [markdown]
+# A rule that needs the leaf's **name** gets it from `jax.tree_util.tree_map_with_path`: the path is a
+# tuple of keys (`DictKey('dense1'), DictKey('kernel')`); `jax.tree_util.keystr` prints it. The guide's
+# `shard_params` rule shards a leaf when `'kernel'` appears in its path and `shape[0] > 256`:
+
+# %%
+def shard_array_seed(path, array):  # the guide's rule, returning the sharding
+    path_str = "/".join(str(p) for p in path)
+    if "kernel" in path_str and array.shape[0] > 256:
+        return shardings["model_parallel"]
+    return shardings["replicated"]
+
+
+jax.tree_util.tree_map_with_path(lambda p, a: print(f"{jax.tree_util.keystr(p):<22} {a.shape}"), params)
+seed_shardings = jax.tree_util.tree_map_with_path(shard_array_seed, params)
+assert jax.device_put(params, seed_shardings)["dense2"]["kernel"].sharding.spec == P(None, "model")
+
+# %% [markdown]
+# **Gotcha: the guide's rule tests one dimension and splits another.** It checks `shape[0]` but shards
+# `shape[1]`. Add a regression head, a `(512, 1)` kernel, and the rule asks to split a dimension of
+# size 1 over 2 devices (`jax.tree.map`'s `by_rank` rule above fails the same way):
+
+# %%
+params_head = {**params, "head": {"kernel": np.zeros((512, 1), np.float32), "bias": np.zeros(1, np.float32)}}
+head_errors = []
+for rule_shardings in (jax.tree_util.tree_map_with_path(shard_array_seed, params_head),
+                       jax.tree.map(by_rank, params_head)):
+    try:
+        jax.device_put(params_head, rule_shardings)
+    except ValueError as err:
+        head_errors.append(type(err))
+        print("ValueError:", str(err).split(". Got")[0])
+assert head_errors == [ValueError, ValueError]
+
+
+# %% [markdown]
+# The fix tests the dimension it splits: shard a leaf named `kernel` when it is big enough and its last
+# dimension divides evenly over `model`, replicate everything else. Matching the last key exactly
+# (`path[-1].key == 'kernel'`) is also stricter than searching the joined path string.
+
+# %%
+def shard_array(path, array, min_size=2**16):
+    n_model = mesh.shape["model"]
+    is_kernel = getattr(path[-1], "key", None) == "kernel"
+    if is_kernel and array.size >= min_size and array.shape[-1] % n_model == 0:
+        return NamedSharding(mesh, P(*[None] * (array.ndim - 1), "model"))
+    return shardings["replicated"]
+
+
+params_sharded = jax.device_put(params_head, jax.tree_util.tree_map_with_path(shard_array, params_head))
+print(jax.tree.map(type_string, params_sharded))
+assert type_string(params_sharded["dense1"]["kernel"]) == "f32[512,1024@model]"
+assert type_string(params_sharded["dense2"]["kernel"]) == "f32[1024,512@model]"
+assert params_sharded["head"]["kernel"].sharding.is_fully_replicated  # (512, 1): cannot split, kept whole
+
+# %% [markdown]
+# `draw_shardings` takes the whole pytree and names each panel by its path. Per device, the sharded
+# kernels cost half their size; the head and the biases are full copies.
+
+# %%
+fig = draw_shardings(params_sharded, ncols=3)
+labels = tile_labels(fig)
+titles = [ax.get_title().split("\n")[0] for ax in fig.axes]
+print(titles)
+per_device = sum(shard_table(a).bytes_per_device[0] for a in jax.tree.leaves(params_sharded))
+replicated = sum(a.nbytes for a in jax.tree.leaves(params_sharded))
+print("params per device:", format_bytes(per_device), "instead of", format_bytes(replicated))
+
+assert titles == ["dense1/bias", "dense1/kernel", "dense2/bias", "dense2/kernel", "head/bias", "head/kernel"]
+assert "dev 0,2,4,6\n(512, 512)\n1.0 MiB" in labels  # dense1/kernel: left half on the left mesh column
+assert per_device == (512 * 1024 + 1024 * 512) * 4 // 2 + (1024 + 512 + 512 * 1 + 1) * 4  # halves + copies
+fig
+
+# %% [markdown]
+# ## 8. A mesh in context: `jax.set_mesh` and a bare `P`
+#
+# Everything above passed a full `NamedSharding`, which carries its mesh. The guide calls its
+# `shard_params` inside `with mesh:`, which this did not need. Where you would rather write only the
+# spec, set the mesh first with `jax.set_mesh`; without it, `device_put` does not know which mesh
+# `P('data', None)` refers to:
+
+# %%
+context_errors = []
+try:
+    jax.device_put(x_single, P("data", None))
+except ValueError as err:
+    context_errors.append(type(err))
+    print("ValueError:", err)
+
+with jax.set_mesh(mesh):
+    y = jax.device_put(x_single, P("data", None))
+    tree = jax.device_put(state, {"params": P(), "batch": P("data", None)})  # prefix trees work too
+
+print(y.sharding)
+assert context_errors == [ValueError]
+assert y.sharding.is_equivalent_to(rows, 2) and isinstance(y.sharding, NamedSharding)
+assert tree["batch"]["x"].sharding.is_equivalent_to(shardings["data_parallel"], 2)
+assert tree["params"]["dense1"]["kernel"].sharding.is_fully_replicated
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
+# `ex.reveal()` (e.g. `ex.mesh_bytes.reveal()`) for the reference answer.
+#
+# **Exercise 1.** A `bfloat16` array of shape `(512, 1024)` is placed with `NamedSharding(mesh, P(None,
+# 'model'))` on the `(4, 2)` mesh. How many bytes do all 8 devices hold for it together?
+
+# %%
+from exercises import ex03_namedsharding as ex
+
+answer_1 = NOT_ANSWERED  # a whole number of bytes
+ex.mesh_bytes.check(answer_1);
+
+# %% [markdown]
+# **Exercise 2.** Place a `(128, 512)` array with `P(None, 'model')` on the same mesh. Which devices' shards
+# have `replica_id == 0`? (The mesh's rows are devices `[0, 1]`, `[2, 3]`, `[4, 5]`, `[6, 7]`.)
+
+# %%
+answer_2 = NOT_ANSWERED  # a set of device ids, e.g. {0, 5}
+ex.first_replicas.check(answer_2);
+
+
+# %% [markdown]
+# **Exercise 3.** Write `rule(path, leaf)` for `jax.tree_util.tree_map_with_path` that returns a
+# `PartitionSpec`: every 2-D leaf whose name (last key) is `kernel` is split along its **last** dimension
+# over `'model'`; everything else (biases, norms, a 2-D `embedding` table) is replicated, `P()`. The
+# checker applies your rule to its own pytree on a `(4, 2)` mesh and places it with `jax.device_put`.
+
+# %%
+def rule(path, leaf):
+    # your code: return a PartitionSpec for this leaf
+    return NOT_ANSWERED
+
+
+ex.kernel_rule.check(rule);
+
+# %% [markdown]
+# ## Takeaways
+# - `NamedSharding(mesh, spec)` is a description: it answers `shard_shape`, `device_set` (a set: sort it)
+#   and `is_fully_replicated` before any array exists, and checks the spec against the mesh's axes.
+# - `jax.device_put(x, sharding)` returns a new array and leaves `x` as it was; onto the sharding `x`
+#   already has it returns `x` itself. On CPU a NumPy source can be shared, so do not write into it
+#   afterwards.
+# - Read a layout from both ends: `addressable_shards` / `shard_table` per device (index, replica id,
+#   shape, bytes) and the global shape, type and picture. `draw_sharding` goes where
+#   `visualize_array_sharding` stops: 3-D and beyond, bytes, and asserts.
+# - The mesh holds each block once per device along the mesh axes the spec leaves out: 8x the array
+#   replicated, 1x fully sharded, in between when partly replicated.
+# - `jax.device_put` shards a whole pytree with one sharding, a prefix tree, or a tree built by a rule; a
+#   rule must check the dimension it splits.
+#
+# **Next:** [04 · Propagation and resharding](04_propagation_resharding.ipynb)
