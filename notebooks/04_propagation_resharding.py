@@ -150,7 +150,7 @@ fig
 # The textbook cost per device (ring algorithms, group of `N` devices): an all-gather sends
 # `(N-1)/N x` the bytes it produces, an all-reduce `2(N-1)/N x` its bytes, a reduce-scatter `(N-1)/N x`
 # its input. `collectives(compiled)` reads each collective's per-device result size (`result_bytes`),
-# group size and `moved_bytes` from the compiled program; each cell below checks them against the formula
+# group size and `estimated_bytes` from the compiled program; each cell below checks them against the formula
 # worked out by hand. Section 2 was case 1; record it for the summary table:
 
 # %%
@@ -178,7 +178,7 @@ N = 2
 assert col.counts["all-gather"] == 1 and col.count() == 1  # an all-gather, and no all-reduce
 (op,) = col.ops
 assert (op.group_size, op.result_bytes) == (N, 32 * 256 * 4)
-assert op.moved_bytes == (N - 1) / N * (32 * 256 * 4) == 16 * 1024
+assert op.estimated_bytes == (N - 1) / N * (32 * 256 * 4) == 16 * 1024
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
 np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
 cases.append(("2", P("data", "model"), P(None, "model"), c, col, (N - 1) / N * (32 * 256 * 4)))
@@ -206,7 +206,7 @@ N = 2
 assert col.counts["all-reduce"] == 1 and col.count() == 1
 (op,) = col.ops
 assert (op.group_size, op.result_bytes) == (N, I * K * 4)
-assert op.moved_bytes == 2 * (N - 1) / N * (I * K * 4) == 256 * 1024
+assert op.estimated_bytes == 2 * (N - 1) / N * (I * K * 4) == 256 * 1024
 assert c.sharding.is_fully_replicated
 np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
 cases.append(("3", P(None, "model"), P("model", None), c, col, 2 * (N - 1) / N * (I * K * 4)))
@@ -243,8 +243,8 @@ assert op.kind == "all-reduce" and (op.group_size, op.result_bytes) == (N, 32 * 
 assert c.sharding.shard_shape(c.shape) == (32, 256)  # each device keeps half of what was reduced
 assert "dynamic-slice" in compiled.as_text()  # ... cut out locally after the all-reduce
 reduce_scatter_bytes = (N - 1) / N * (32 * 512 * 4)  # what a fused reduce-scatter would send
-assert op.moved_bytes == 2 * (N - 1) / N * (32 * 512 * 4) == 2 * reduce_scatter_bytes
-print(f"all-reduce + slice sends {format_bytes(op.moved_bytes)}; a reduce-scatter would send "
+assert op.estimated_bytes == 2 * (N - 1) / N * (32 * 512 * 4) == 2 * reduce_scatter_bytes
+print(f"all-reduce + slice sends {format_bytes(op.estimated_bytes)}; a reduce-scatter would send "
       f"{format_bytes(reduce_scatter_bytes)}")
 np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
 cases.append(("3'", P("data", "model"), P("model", None), c, col, 2 * (N - 1) / N * (32 * 512 * 4)))
@@ -269,7 +269,7 @@ N = 4
 (op,) = col.ops
 assert op.kind == "all-gather" and op.group_size == N
 assert op.result_bytes == A.nbytes  # the whole of A lands on every device
-assert op.moved_bytes == (N - 1) / N * A.nbytes == 96 * 1024
+assert op.estimated_bytes == (N - 1) / N * A.nbytes == 96 * 1024
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "data")), 2)
 np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
 cases.append(("4", P("data", None), P(None, "data"), c, col, (N - 1) / N * A.nbytes))
@@ -283,8 +283,8 @@ print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<25}{'collectives':<14}{'moved':>10}{'
 for name, spec_a, spec_b, out, col, formula in cases:
     kinds = ", ".join(f"{n} {k}" for k, n in col.counts.items() if n) or "none"
     print(f"{name:<5}{spec_a!s:<20}{spec_b!s:<20}{type_string(out):<25}{kinds:<14}"
-          f"{format_bytes(col.moved_bytes):>10}{format_bytes(formula):>10}")
-    assert col.moved_bytes == formula
+          f"{format_bytes(col.estimated_bytes):>10}{format_bytes(formula):>10}")
+    assert col.estimated_bytes == formula
 assert [sorted(col.kinds) for *_, col, _ in cases] == [[], ["all-gather"], ["all-reduce"], ["all-reduce"],
                                                        ["all-gather"]]
 
@@ -306,14 +306,14 @@ b = jax.device_put(B, NamedSharding(mesh, P("model", None)))
 col = collectives(jax.jit(matmul).lower(a, b).compile())
 print(f"{type_string(a)} @ {type_string(b)}\n{col}\n")
 assert col.kinds == {"all-reduce"} and col.ops[0].result_bytes == 32 * 512 * 4
-assert col.moved_bytes < (2 - 1) / 2 * B.nbytes  # cheaper than all-gathering B along model
+assert col.estimated_bytes < (2 - 1) / 2 * B.nbytes  # cheaper than all-gathering B along model
 
 a = jax.device_put(A, NamedSharding(mesh, P("model", None)))
 b = jax.device_put(B, NamedSharding(mesh, P(None, "model")))
 col = collectives(jax.jit(matmul).lower(a, b).compile())
 print(f"{type_string(a)} @ {type_string(b)}\n{col}")
 assert col.kinds == {"collective-permute", "all-gather"}
-assert col.moved_bytes == 128 * 1024 > (2 - 1) / 2 * A.nbytes  # more than one all-gather along model
+assert col.estimated_bytes == 128 * 1024 > (2 - 1) / 2 * A.nbytes  # more than one all-gather along model
 
 # %% [markdown]
 # ## 4. When two inputs disagree, the compiler reshards
@@ -357,7 +357,7 @@ print(type_string(x), "+", type_string(z), "->", type_string(s))
 print(col)
 assert col.counts["all-gather"] == 2 and col.count() == 2
 assert sorted(op.group_size for op in col.ops) == [2, 4]
-assert col.moved_bytes == 3 / 4 * X.nbytes + 1 / 2 * X.nbytes == 320 * 1024
+assert col.estimated_bytes == 3 / 4 * X.nbytes + 1 / 2 * X.nbytes == 320 * 1024
 assert s.sharding.is_fully_replicated
 
 # %% [markdown]
@@ -483,8 +483,8 @@ for name, (spec, kinds, moved) in targets.items():
     reshard_to = lambda v, spec=spec: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, spec))
     compiled, log = compile_with_log(jax.jit(reshard_to).lower(x))
     col = collectives(compiled)
-    print(f"{name:<20}{', '.join(sorted(col.kinds)) or 'none':<36}{format_bytes(col.moved_bytes):>10}")
-    assert col.kinds == kinds and col.moved_bytes == moved
+    print(f"{name:<20}{', '.join(sorted(col.kinds)) or 'none':<36}{format_bytes(col.estimated_bytes):>10}")
+    assert col.kinds == kinds and col.estimated_bytes == moved
     assert compiled(x).sharding.is_equivalent_to(NamedSharding(mesh, spec), 2)
     if "Involuntary full rematerialization" in log:
         warned.append(name)

@@ -142,7 +142,7 @@ assert collectives(chosen).counts["all-to-all"] == 1 and collectives(chosen).cou
 assert w1.sharding.shard_shape(w1.shape) == (256, 1024)
 assert a2a[0].result_bytes == 256 * 1024 * 4  # the size of w1's whole per-device slice: 1 MiB
 assert collectives(pinned).counts["all-to-all"] == 0 and collectives(pinned).counts["all-reduce"] == 2
-assert collectives(chosen).moved_bytes == 576 * 1024 and collectives(pinned).moved_bytes == 192 * 1024
+assert collectives(chosen).estimated_bytes == 576 * 1024 and collectives(pinned).estimated_bytes == 192 * 1024
 assert memory_per_device(chosen).temp >= 2 * 1024**2 and memory_per_device(pinned).temp < 260 * 1024
 np.testing.assert_allclose(jax.jit(chain_constrained)(x, w1, w2), jax.jit(chain)(x, w1, w2), rtol=1e-4, atol=1e-4)
 
@@ -174,7 +174,7 @@ def chain_badly_pinned(x, w1, w2):
 bad = jax.jit(chain_badly_pinned).lower(x, w1, w2).compile()
 print(collectives(bad))
 assert {"f32[512,1024]", "f32[1024,512]"} <= {op.result_type for op in collectives(bad).ops}  # all of w1, w2
-assert collectives(bad).moved_bytes > 4 * collectives(chosen).moved_bytes
+assert collectives(bad).estimated_bytes > 4 * collectives(chosen).estimated_bytes
 
 
 # %% [markdown]
@@ -203,7 +203,7 @@ print("waypoint:", memory_per_device(waypoint), "\n", collectives(waypoint), sep
 
 assert [op.result_type for op in collectives(direct).ops] == ["f32[128,512]"]  # the whole array on every device
 assert [op.result_type for op in collectives(waypoint).ops] == ["f32[128,256]"]  # only the columns it keeps
-assert collectives(waypoint).moved_bytes * 2 == collectives(direct).moved_bytes
+assert collectives(waypoint).estimated_bytes * 2 == collectives(direct).estimated_bytes
 assert memory_per_device(waypoint).temp * 8 <= memory_per_device(direct).temp
 np.testing.assert_array_equal(jax.jit(reshard_waypoint)(x), jax.jit(reshard_direct)(x))
 
@@ -343,7 +343,7 @@ print("logits replicated:\n", collectives(seed_grad), "\n\nlogits left sharded:\
 assert "f32[128,256]" in [op.result_type for op in collectives(seed_grad).ops]  # the whole batch x, gathered
 assert collectives(seed_grad).counts["all-gather"] == 3
 assert collectives(fixed_grad).count() == collectives(fixed_grad).counts["all-reduce"] == 1
-assert collectives(seed_grad).moved_bytes > 4 * collectives(fixed_grad).moved_bytes
+assert collectives(seed_grad).estimated_bytes > 4 * collectives(fixed_grad).estimated_bytes
 
 # %% [markdown]
 # Left sharded, the only collective is the one data parallelism needs: a single all-reduce that carries
@@ -588,7 +588,7 @@ ar = collectives(jax.jit(full_sum).lower(x2d).compile())
 print("psum_scatter:\n", rs, "\npsum:\n", ar, sep="")
 assert [(op.kind, op.result_type) for op in rs.ops] == [("reduce-scatter", "f32[1,4]")]
 assert [(op.kind, op.result_type) for op in ar.ops] == [("all-reduce", "f32[4,4]")]
-assert rs.moved_bytes * 2 == ar.moved_bytes  # a reduce-scatter is half an all-reduce
+assert rs.estimated_bytes * 2 == ar.estimated_bytes  # a reduce-scatter is half an all-reduce
 
 fig = draw_shardings({"1. before: x2d": x2d, "2. after: psum_scatter over data": xs}, ncols=2)
 assert "dev 0\n(1, 4)\n16 B" in tile_labels(fig)
@@ -610,7 +610,7 @@ two_steps = jax.shard_map(scatter_then_gather, mesh=mesh, in_specs=P("data", "mo
 rs_ag = collectives(jax.jit(two_steps).lower(x2d).compile())
 print(rs_ag)
 assert [op.kind for op in rs_ag.ops] == ["reduce-scatter", "all-gather"]
-assert rs_ag.moved_bytes == ar.moved_bytes
+assert rs_ag.estimated_bytes == ar.estimated_bytes
 np.testing.assert_allclose(two_steps(x2d), full_sum(x2d))
 
 # %% [markdown]

@@ -473,7 +473,7 @@ for n in (2, 4, 8):
         compiled_n = train_step.lower(m, o, xb, yb).compile()
     c, mem_n = collectives(compiled_n), memory_per_device(compiled_n)
     rows.append((n, xb.shape[0], xb.sharding.shard_shape(xb.shape)[0], c.count("all-reduce"),
-                 c.result_bytes, c.moved_bytes, mem_n.argument, mem_n.temp))
+                 c.result_bytes, c.estimated_bytes, mem_n.argument, mem_n.temp))
     batches[f"{n} devices"] = xb
 
 print(f"{'devices':>7}{'global batch':>14}{'per device':>12}{'all-reduces':>13}{'reduced bytes':>15}"

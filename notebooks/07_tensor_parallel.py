@@ -256,7 +256,7 @@ assert shard_table(hidden).shard_shapes == {(64, 32)}
 compiled_seed = forward.lower(model_seed, x_repl).compile()
 ops_seed = collectives(compiled_seed)
 print(ops_seed)
-assert ops_seed.counts == ops.counts and ops_seed.moved_bytes == ops.moved_bytes
+assert ops_seed.counts == ops.counts and ops_seed.estimated_bytes == ops.estimated_bytes
 
 w2_seed = shard_table(model_seed.linear2.kernel[...])
 w2_tp = shard_table(model_tp.linear2.kernel[...])
@@ -308,7 +308,7 @@ print("\ncolumn then row:", ff_ops_tp, sep="\n")
 assert [(op.kind, op.result_type) for op in ff_ops_seed.ops] == [("all-gather", "f32[64,256]"),
                                                                  ("all-gather", "f32[64,64]")]
 assert [(op.kind, op.result_type) for op in ff_ops_tp.ops] == [("all-reduce", "f32[64,64]")]
-assert ff_ops_seed.moved_bytes == 2.5 * ff_ops_tp.moved_bytes
+assert ff_ops_seed.estimated_bytes == 2.5 * ff_ops_tp.estimated_bytes
 np.testing.assert_allclose(forward_repl(ff_seed, x_repl), forward_repl(ff_tp, x_repl), rtol=1e-5, atol=1e-6)
 
 
@@ -395,7 +395,7 @@ nnx.update(attn_seed, jax.device_put(state, jax.tree_util.tree_map_with_path(see
 attn_ops_seed = collectives(forward_attn.lower(attn_seed, tokens_repl).compile())
 print(attn_ops_seed)
 assert attn_ops_seed.counts["all-gather"] == 2 and attn_ops_seed.count() == 2
-assert attn_ops_seed.moved_bytes == attn_ops.moved_bytes  # a tie
+assert attn_ops_seed.estimated_bytes == attn_ops.estimated_bytes  # a tie
 
 # %% [markdown]
 # Two all-gathers of `(4, 16, 64)` (the heads' output, then the projected columns) against one all-reduce of
@@ -450,25 +450,25 @@ n_params = 64 * 256 + 256 + 256 * 10 + 10
 tp64, tp512 = traffic[64]["tensor"], traffic[512]["tensor"]
 dp64, dp512 = traffic[64]["data"], traffic[512]["data"]
 assert tp64.kinds == tp512.kinds == {"all-reduce"} and tp64.count() == 1
-assert tp512.moved_bytes == 8 * tp64.moved_bytes  # 8 x the batch -> 8 x the traffic
-assert dp512.moved_bytes == dp64.moved_bytes  # independent of the batch
+assert tp512.estimated_bytes == 8 * tp64.estimated_bytes  # 8 x the batch -> 8 x the traffic
+assert dp512.estimated_bytes == dp64.estimated_bytes  # independent of the batch
 assert dp64.result_bytes == (n_params + 1) * 4  # every gradient, plus the loss scalar
 
-per_example = tp64.moved_bytes / 64
-crossover = dp64.moved_bytes / per_example
-print(f"tensor parallel: {per_example:.0f} B per example per device; data parallel: {dp64.moved_bytes:.0f} B per step")
+per_example = tp64.estimated_bytes / 64
+crossover = dp64.estimated_bytes / per_example
+print(f"tensor parallel: {per_example:.0f} B per example per device; data parallel: {dp64.estimated_bytes:.0f} B per step")
 print(f"crossover batch size: {crossover:.0f} examples")
 assert 1900 < crossover < 1950
-print(f"at batch 64, data parallelism moves {dp64.moved_bytes / tp64.moved_bytes:.0f} x what tensor parallelism moves")
-assert round(dp64.moved_bytes / tp64.moved_bytes) == 30
+print(f"at batch 64, data parallelism moves {dp64.estimated_bytes / tp64.estimated_bytes:.0f} x what tensor parallelism moves")
+assert round(dp64.estimated_bytes / tp64.estimated_bytes) == 30
 
 # %%
 batches = np.array([0, 4096])
 fig, ax = plt.subplots(figsize=(6, 3.4))
 ax.plot(batches, batches * per_example / 1024, label="tensor parallel: all-reduce of activations")
-ax.plot(batches, [dp64.moved_bytes / 1024] * 2, label="data parallel: all-reduce of gradients")
-ax.scatter([64, 512], [tp64.moved_bytes / 1024, tp512.moved_bytes / 1024], color="C0", zorder=3, label="measured")
-ax.scatter([64, 512], [dp64.moved_bytes / 1024, dp512.moved_bytes / 1024], color="C1", zorder=3)
+ax.plot(batches, [dp64.estimated_bytes / 1024] * 2, label="data parallel: all-reduce of gradients")
+ax.scatter([64, 512], [tp64.estimated_bytes / 1024, tp512.estimated_bytes / 1024], color="C0", zorder=3, label="measured")
+ax.scatter([64, 512], [dp64.estimated_bytes / 1024, dp512.estimated_bytes / 1024], color="C1", zorder=3)
 ax.axvline(crossover, color="grey", linestyle=":")
 ax.annotate(f"crossover ~{crossover:.0f}", (crossover, 20), xytext=(6, 0), textcoords="offset points", fontsize=9)
 ax.set_xlabel("global batch size (examples)")

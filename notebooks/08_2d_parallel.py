@@ -267,8 +267,8 @@ np.testing.assert_allclose(out_case3, x @ w, rtol=1e-5, atol=1e-4)
 # sums are `(16, 256)` while the missing input was only `(16, 64)`:
 
 # %%
-print(f"case 2 moves {guide_ops.moved_bytes:.0f} B per device, case 3 moves {case3_ops.moved_bytes:.0f} B")
-assert case3_ops.moved_bytes == 8 * guide_ops.moved_bytes
+print(f"case 2 moves {guide_ops.estimated_bytes:.0f} B per device, case 3 moves {case3_ops.estimated_bytes:.0f} B")
+assert case3_ops.estimated_bytes == 8 * guide_ops.estimated_bytes
 
 # %% [markdown]
 # So the guide's sentence describes case 3, not its own layout. The layout it gives is cheaper than it
@@ -305,8 +305,8 @@ n_params = 64 * 256 + 256 + 256 * 10 + 10
 half_params = 64 * 128 + 128 + 128 * 10 + 10
 assert {op.kind for op in along_data} == {"all-reduce"}
 assert sum(op.result_bytes for op in along_data) == (half_params + 1) * 4
-model_bytes = sum(op.moved_bytes for op in along_model)
-data_bytes = sum(op.moved_bytes for op in along_data)
+model_bytes = sum(op.estimated_bytes for op in along_model)
+data_bytes = sum(op.estimated_bytes for op in along_data)
 
 # %% [markdown]
 # - **Along `model` (groups of 2):** the all-reduce of 07's column/row pairing, but only for this device's
@@ -325,7 +325,7 @@ print(f"gradients:   2-D {data_bytes:8.0f} B   data parallel   {dp_gradients:8.0
 print(f"activations: 2-D {model_bytes:8.0f} B   tensor parallel {tp_activations:8.0f} B")
 assert data_bytes < dp_gradients / 2
 assert model_bytes < tp_activations / 6
-assert tp_activations < step_ops.moved_bytes < dp_gradients  # in total: between the two 1-D strategies
+assert tp_activations < step_ops.estimated_bytes < dp_gradients  # in total: between the two 1-D strategies
 
 # %% [markdown]
 # True, measured: the gradient all-reduce carries half the parameters over a ring of 4 instead of all

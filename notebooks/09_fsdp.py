@@ -432,7 +432,7 @@ np.testing.assert_allclose(scattered, compiled_ar(partial_grads), rtol=1e-6, ato
 np.testing.assert_allclose(scattered, partial_grads.reshape(8, 64, 256).sum(0), rtol=1e-5, atol=1e-5)
 assert rs.counts["reduce-scatter"] == 1 and rs.ops[0].result_type == "f32[8,256]"
 assert ar.counts["all-reduce"] == 1 and ar.ops[0].result_type == "f32[64,256]"
-assert ar.moved_bytes == 2 * rs.moved_bytes  # the textbook ring: the all-reduce sends twice as much
+assert ar.estimated_bytes == 2 * rs.estimated_bytes  # the textbook ring: the all-reduce sends twice as much
 
 # %% [markdown]
 # Same result, but the reduce-scatter delivers an `(8, 256)` block where the all-reduce delivers the whole

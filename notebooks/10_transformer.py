@@ -369,7 +369,7 @@ print(f"{'strategy':<9}{'batch':<21}" + "".join(f"{k:>20}" for k in ("all-reduce
 for name in STRATEGIES:
     c = collectives(compiled[name])
     print(f"{name:<9}{batch_sharding[name].spec!s:<21}" + "".join(f"{c.count(k):>20}" for k in (
-        "all-reduce", "all-gather", "all-to-all")) + f"{format_bytes(c.moved_bytes):>20}")
+        "all-reduce", "all-gather", "all-to-all")) + f"{format_bytes(c.estimated_bytes):>20}")
 
 # %% [markdown]
 # Now read each program against the seed's "Communication Overhead" comments. The result type of a
@@ -390,7 +390,7 @@ is_activation = lambda shape, rows: shape[:2] == (rows, SEQ)  # [batch rows, seq
 c = collectives(compiled["data"])
 (op,) = c.ops
 print(f"{op.kind} over {op.group_size} devices of {len(op.shapes)} arrays: {format_bytes(op.result_bytes)} "
-      f"(the gradients are {format_bytes(param_bytes)}), {format_bytes(op.moved_bytes)} sent per device")
+      f"(the gradients are {format_bytes(param_bytes)}), {format_bytes(op.estimated_bytes)} sent per device")
 assert c.kinds == {"all-reduce"}
 assert param_bytes <= c.result_bytes <= param_bytes + 16  # the gradients + 2 scalars, nothing else
 
@@ -430,9 +430,9 @@ assert {op.kind for op in over_data} == {"all-reduce"}
 grad_bytes_2d = 4 * (n_split // 2 + n_embed_only)
 assert grad_bytes_2d <= sum(op.result_bytes for op in over_data) <= grad_bytes_2d + 16
 print(f"over model (groups of 2): {len(over_model)} collectives on activations, "
-      f"{format_bytes(sum(op.moved_bytes for op in over_model))} sent per device")
+      f"{format_bytes(sum(op.estimated_bytes for op in over_model))} sent per device")
 print(f"over data  (groups of 4): {len(over_data)} all-reduce of gradients, "
-      f"{format_bytes(sum(op.moved_bytes for op in over_data))} sent per device")
+      f"{format_bytes(sum(op.estimated_bytes for op in over_data))} sent per device")
 
 # %% [markdown]
 # > `# FSDP: All-gather before each layer, reduce-scatter after`
@@ -478,11 +478,11 @@ with jax.set_mesh(mesh):
     pinned = jax.jit(with_rules(rules, loss_only), compiler_options=FAST_COMPILE).lower(placed["FSDP"], batch).compile()
 loose, pinned = collectives(loose), collectives(pinned)
 for label, c in (("no activation constraint", loose), ("residual = ('batch', None, None)", pinned)):
-    moved_acts = sum(op.moved_bytes for op in c.ops if any(is_activation(s, BATCH) for s in op.shapes))
+    moved_acts = sum(op.estimated_bytes for op in c.ops if any(is_activation(s, BATCH) for s in op.shapes))
     print(f"{label:<34} {c.counts['all-gather']:>3} all-gather {c.counts['all-reduce']:>3} all-reduce "
-          f"{c.counts['all-to-all']:>3} all-to-all  {format_bytes(c.moved_bytes):>10} moved, "
+          f"{c.counts['all-to-all']:>3} all-to-all  {format_bytes(c.estimated_bytes):>10} moved, "
           f"{format_bytes(moved_acts)} of it full-batch activations")
-assert loose.moved_bytes > 3 * pinned.moved_bytes
+assert loose.estimated_bytes > 3 * pinned.estimated_bytes
 assert any(is_activation(s, BATCH) for op in loose.ops for s in op.shapes)
 assert not any(is_activation(s, BATCH) for op in pinned.ops for s in op.shapes)
 
@@ -593,14 +593,14 @@ for name in STRATEGIES:
     c = collectives(compiled[name])
     kinds = ", ".join(f"{n} {k}" for k, n in c.counts.items() if n)
     print(f"{name:<9}{format_bytes(held):>13}{format_bytes(memory.argument):>11}{memory.temp / 2**20:>7.1f} MiB"
-          f"   {kinds:<27}{format_bytes(c.moved_bytes):>13}{history[name][0][-1]:>9.3f}"
+          f"   {kinds:<27}{format_bytes(c.estimated_bytes):>13}{history[name][0][-1]:>9.3f}"
           f"{f'~{5 * round(200 * seconds[name])} ms':>12}")
     assert held == expected[name], (name, held, expected[name])
     batch_bytes = max(shard_table(jax.device_put(data[0], batch_sharding[name])).bytes_per_device.values())
     assert memory.argument == held + batch_bytes  # the step's inputs: the state slices and the batch slice
 print("* wall time per step of simulated CPU devices, rounded to 5 ms: machine-dependent, not a result")
 temp = {name: memory_per_device(compiled[name]).temp for name in STRATEGIES}
-moved = {name: collectives(compiled[name]).moved_bytes for name in STRATEGIES}
+moved = {name: collectives(compiled[name]).estimated_bytes for name in STRATEGIES}
 assert expected["FSDP"] - SCALARS == (expected["data"] - SCALARS) // 8  # FSDP: exactly 1/8 of everything
 assert expected["data"] > expected["2-D"] > expected["tensor"] > expected["FSDP"]
 assert temp["tensor"] > temp["data"] and temp["FSDP"] > temp["data"]  # full batch / full weights at times

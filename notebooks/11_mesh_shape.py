@@ -282,7 +282,7 @@ for d, m in SHAPES:
     assert {op.kind for op in ops} == {"all-reduce"}
     assert all(op.group_size == d for op in grads) and len(grads) == (d > 1)  # one all-reduce, over data
     assert all(op.group_size in (m, m // NUM_HEADS) for op in acts)  # over model (or part of it, section 6)
-    traffic[(d, m)] = (sum(op.moved_bytes for op in grads), sum(op.moved_bytes for op in acts), len(ops))
+    traffic[(d, m)] = (sum(op.estimated_bytes for op in grads), sum(op.estimated_bytes for op in acts), len(ops))
     print(f"{(d, m)!s:<10}{len(ops):>12}{len(grads):>8} all-reduce {format_bytes(traffic[(d, m)][0]):>11}"
           f"{len(acts):>10} all-reduce {format_bytes(traffic[(d, m)][1]):>13}")
 
@@ -393,7 +393,7 @@ assert best[(64, 8192)] == (8, 8)  # more parameters, same tokens: more model pa
 
 # %%
 big_batch, _ = compile_for((32, 2), batch=1024)
-measured = collectives(big_batch).moved_bytes
+measured = collectives(big_batch).estimated_bytes
 print(f"(32, 2), batch 1024: predicted {predicted_traffic(32, 2, batch=1024) / MiB:.1f} MiB, "
       f"compiled {measured / MiB:.1f} MiB")
 assert np.isclose(measured, predicted_traffic(32, 2, batch=1024))
@@ -435,7 +435,7 @@ for d, m in SHAPES:
     ops = collectives(compiled[(d, m)]).ops
     scores = [op for op in ops if op.shapes[0] == (BATCH // d, max(NUM_HEADS // m, 1), SEQ, SEQ)]
     print(f"{(d, m)!s:<9} heads per device: {NUM_HEADS / m:<6g} score all-reduces: {len(scores)}"
-          + (f" over groups of {scores[0].group_size}, {format_bytes(sum(op.moved_bytes for op in scores))}"
+          + (f" over groups of {scores[0].group_size}, {format_bytes(sum(op.estimated_bytes for op in scores))}"
              if scores else ""))
     assert bool(scores) == (m > NUM_HEADS)
     if scores:

@@ -27,7 +27,7 @@ def _matmul(x_spec, w_spec, m=128, k=512, n=1024):
 
 def test_no_collectives_when_no_contracting_dim_is_sharded():
     found = collectives(_matmul(P("data", None), P(None, "model")))
-    assert found.count() == 0 and found.kinds == set() and found.moved_bytes == 0
+    assert found.count() == 0 and found.kinds == set() and found.estimated_bytes == 0
     assert str(found).startswith("no collectives: each device computes without talking to the others")
 
 
@@ -38,7 +38,7 @@ def test_row_parallel_matmul_needs_one_all_reduce_over_model():
     (op,) = found.ops
     assert op.result_type == "f32[128,1024]" and op.result_bytes == 128 * 1024 * 4
     assert op.group_size == 2  # the 'model' axis
-    assert op.moved_bytes == 2 * (2 - 1) / 2 * 128 * 1024 * 4
+    assert op.estimated_bytes == 2 * (2 - 1) / 2 * 128 * 1024 * 4
     assert "all-reduce" in str(found) and "total" in str(found)
 
 
@@ -47,7 +47,7 @@ def test_fsdp_like_matmul_all_gathers_over_all_eight():
     assert found.count("all-gather") == 1 and found.count() == 1
     (op,) = found.ops
     assert op.group_size == 8 and op.result_bytes == 512 * 1024 * 4
-    assert op.moved_bytes == 7 / 8 * 512 * 1024 * 4
+    assert op.estimated_bytes == 7 / 8 * 512 * 1024 * 4
 
 
 def test_text_input_and_every_replica_group_spelling():

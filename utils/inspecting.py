@@ -63,7 +63,8 @@ class CollectiveOp:
 
     ``result_bytes`` is the size of what the op produces on each device;
     ``group_size`` the number of devices that talk in each group;
-    ``moved_bytes`` what each device sends under the textbook ring algorithm:
+    ``estimated_bytes`` is an *estimate*, not a measurement: what each device would send under the
+    textbook ring algorithm, computed from the result size and group size the program states:
     all-gather (N-1)/N x result, reduce-scatter (N-1) x result,
     all-reduce 2(N-1)/N x result, all-to-all (N-1)/N x result,
     collective-permute 1 x result.
@@ -78,7 +79,7 @@ class CollectiveOp:
     """The shape of each array the op produces (a fused op produces several)."""
 
     @property
-    def moved_bytes(self) -> float:
+    def estimated_bytes(self) -> float:
         n, b = self.group_size, self.result_bytes
         if n <= 1:
             return 0.0
@@ -119,19 +120,19 @@ class Collectives:
         return sum(op.result_bytes for op in self.ops)
 
     @property
-    def moved_bytes(self) -> float:
-        return sum(op.moved_bytes for op in self.ops)
+    def estimated_bytes(self) -> float:
+        return sum(op.estimated_bytes for op in self.ops)
 
     def __str__(self) -> str:
         if not self.ops:
             return "no collectives: each device computes without talking to the others"
-        lines = [f"{'collective':<19}{'result (per device)':<28}{'group':>6}{'bytes moved':>14}"]
+        lines = [f"{'collective':<19}{'result (per device)':<28}{'group':>6}{'ring estimate':>14}"]
         for op in self.ops:
             shown = op.result_type
             if len(shown) > 27:  # a fused tuple of many arrays: say how many, and their size
                 shown = f"{shown.count('[')} arrays, {format_bytes(op.result_bytes)}"
-            lines.append(f"{op.kind:<19}{shown:<28}{op.group_size:>6}{format_bytes(op.moved_bytes):>14}")
-        lines.append(f"{'total':<53}{format_bytes(self.moved_bytes):>14}")
+            lines.append(f"{op.kind:<19}{shown:<28}{op.group_size:>6}{format_bytes(op.estimated_bytes):>14}")
+        lines.append(f"{'total (estimated: ring formula, not measured)':<53}{format_bytes(self.estimated_bytes):>14}")
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
