@@ -176,11 +176,16 @@ def test_draw_false_skips_the_picture() -> None:
     assert r.ok and r.figure is None and "<img" not in r.to_html()
 
 
-def test_too_many_panels_is_a_note_not_an_error() -> None:
-    r = layout_report((8,), "x", (8, 4, 4), "x")  # dim 0 in 8 blocks is fine; 3-D with 8 panels draws
-    assert r.ok and r.figure is not None
-    many = layout_report((4, 2), "a, b", (4, 2, 3, 4, 4), "a, b")  # 8 panels, still fine
-    assert many.ok
+def test_eight_panels_draw_and_a_refused_picture_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    many = layout_report((4, 2), "a, b", (4, 2, 3, 4, 4), "a, b")  # one panel per block of dims 0 and 1
+    assert many.ok and len(many.figure.axes) == 8
+
+    def refuses(*args: object, **kw: object) -> None:
+        raise ValueError("this layout needs 32 panels")
+
+    monkeypatch.setattr(explorer, "draw_sharding", refuses)
+    r = layout_report(*MESH, (128, 512), "data")
+    assert r.ok and r.figure is None and "no picture: this layout needs 32 panels" in r.notes
 
 
 # ----------------------------------------------------------------- one array: errors
@@ -220,7 +225,7 @@ def test_more_entries_than_dimensions() -> None:
 def test_uneven_layout_is_refused_but_still_described() -> None:
     r = layout_report(*MESH, (6, 512), "P('data', None)")
     text = _error(r, "uneven")
-    assert "size 6" in text and "4 equal blocks" in text and "jax.device_put" in text
+    assert "size 6" in text and "4 equal blocks" in text and "(jax.device_put, jit arguments" in text
     assert "padding every block to 2" in text and "such as 4 or 8" in text
     assert r.jax_error.startswith("IndivisibleError:") and "partitioned 4 times" in r.jax_error
     assert "This error occurs" not in r.jax_error
@@ -236,6 +241,7 @@ def test_uneven_layout_is_refused_but_still_described() -> None:
 def test_mesh_bigger_than_the_devices() -> None:
     r = layout_report((4, 4), "data, model", (128, 512), "data")
     text = _error(r, "too-few-devices")
+    assert "Not a valid mesh:" in r.to_html()
     assert "16 devices" in text and "only 8" in text and "(4, 2)" in text and "setup_devices(16)" in text
     assert r.jax_error == "ValueError: Number of devices 8 must be >= the product of mesh_shape (4, 4)"
     few = layout_report(*MESH, (128, 512), "data", devices=jax.devices()[:4])
@@ -268,7 +274,8 @@ def test_mesh_and_names_that_do_not_fit(mesh_shape: object, names: str, words: s
     ],
 )
 def test_unparsable_text(args: tuple, kw: dict, words: str) -> None:
-    assert words in _error(layout_report(*args, **kw), "unparsable")
+    r = layout_report(*args, **kw)
+    assert words in _error(r, "unparsable") and "Cannot read this:" in r.to_html()
 
 
 # ----------------------------------------------------------------- matmul
@@ -301,7 +308,7 @@ def test_the_four_classic_matmuls(lhs: P, rhs: P, kind: str | None, out_spec: P)
 def test_matmul_type_strings_bytes_and_reading() -> None:
     r = matmul_report("4, 2", "data, model", "512, 1024", "P('data', 'model')", "1024, 1024", "P('model', None)")
     assert r.type_strings == "f32[512@data,1024@model] @ f32[1024@model,1024] -> f32[512@data,1024]"
-    assert r.bytes_per_device == {"left": 128 * 512 * 4, "right": 512 * 1024 * 4, "result": 128 * 1024 * 4}
+    assert r.bytes_per_device == {"x": 128 * 512 * 4, "w": 512 * 1024 * 4, "x @ w": 128 * 1024 * 4}
     assert any("partial sum" in n for n in r.notes)
     assert any("chosen by the compiler" in n for n in r.notes)
     gather = matmul_report(*MESH, (512, 1024), "P('data', 'model')", (1024, 1024), "P(None, 'model')")
@@ -324,7 +331,7 @@ def test_matmul_with_a_requested_result_layout() -> None:
 def test_matmul_dtype_and_batched_operands() -> None:
     r = matmul_report(*MESH, (8, 512, 1024), "data", (1024, 256), "None, model", dtype="bfloat16")
     assert r.ok and r.type_strings.startswith("bf16[8@data,512,1024] @ bf16[1024,256@model]")
-    assert r.out_shape == (8, 512, 256) and r.bytes_per_device["left"] == 2 * 512 * 1024 * 2
+    assert r.out_shape == (8, 512, 256) and r.bytes_per_device["x"] == 2 * 512 * 1024 * 2
     v = matmul_report(*MESH, (1024,), "", (1024, 256), "None, model")
     assert v.ok and v.out_shape == (256,)
 
@@ -347,7 +354,7 @@ def test_matmul_batch_and_scalar_operands() -> None:
 def test_matmul_uneven_operand_and_result() -> None:
     r = matmul_report(*MESH, (6, 1024), "data", (1024, 1024), "")
     text = _error(r, "uneven")
-    assert text.startswith("left operand: dimension 0 has size 6") and "jit argument" in text
+    assert text.startswith("x (left operand): dimension 0 has size 6") and "jit argument" in text
     assert r.jax_error.startswith("IndivisibleError:") and isinstance(r.figure, Figure)
     out = matmul_report(*MESH, (6, 16), "", (16, 16), "", out_spec="P('data')")
     assert _error(out, "uneven").startswith("result: ") and "jit result" in out.error
@@ -358,11 +365,11 @@ def test_matmul_uneven_operand_and_result() -> None:
 @pytest.mark.parametrize(
     "lhs_spec, rhs_spec, out_spec, kind, prefix",
     [
-        ("P('foo')", "", None, "unknown-axis", "left operand: "),
-        ("", "P('model', 'model')", None, "axis-reused", "right operand: "),
+        ("P('foo')", "", None, "unknown-axis", "x (left operand): "),
+        ("", "P('model', 'model')", None, "axis-reused", "w (right operand): "),
         ("", "", "P('data', None, None)", "too-many-entries", "result: "),
         ("", "", "P(data", "unparsable", "result: "),
-        ("P(3)", "", None, "unparsable", "left operand: "),
+        ("P(3)", "", None, "unparsable", "x (left operand): "),
     ],
 )
 def test_matmul_spec_errors_name_the_operand(lhs_spec: str, rhs_spec: str, out_spec: str | None, kind: str,

@@ -384,6 +384,9 @@ _ERROR_STYLE = "border-left:4px solid #c62828;background:#fdecea;color:#222;padd
 _NOTE_STYLE = "color:#555;margin:2px 0"
 
 
+_TITLES = {"unparsable": "Cannot read this:", "mesh": "Not a valid mesh:", "too-few-devices": "Not a valid mesh:"}
+
+
 def _error_html(title: str, error: str, jax_error: str | None) -> str:
     parts = [f'<div class="explorer-error" style="{_ERROR_STYLE}"><b>{html.escape(title)}</b> {html.escape(error)}']
     if jax_error:
@@ -481,7 +484,8 @@ class LayoutReport:
                 f'<div style="{_NOTE_STYLE}">{html.escape(str(self.spec))} on mesh({html.escape(mesh)})</div>'
             )
         if self.error:
-            parts.append(_error_html("Not a valid layout:", self.error, self.jax_error))
+            title = _TITLES.get(self.error_kind or "", "Not a valid layout:")
+            parts.append(_error_html(title, self.error, self.jax_error))
         if self.figure is not None:
             parts.append(_png_html(self.figure))
         if self.table is not None:
@@ -499,7 +503,7 @@ class LayoutReport:
 
 
 def _operand(
-    who: str, where: str, shape: Any, spec: Any, mesh: Any, dtype: np.dtype
+    who: str, where: str, shape: Any, spec: Any, mesh: Any
 ) -> tuple[tuple[int, ...], PartitionSpec, NamedSharding, _Problem | None]:
     """Parse and check one array's shape and spec; an uneven layout is returned, not raised."""
     try:
@@ -545,7 +549,8 @@ def layout_report(
         base["dtype"] = np_dtype.name
         mesh, notes = _build_mesh(mesh_shape, axis_names, devices)
         base.update(mesh_shape=tuple(mesh.devices.shape), axis_names=tuple(mesh.axis_names))
-        shape, pspec, sharding, uneven = _operand("", "in jax.device_put", array_shape, spec, mesh, np_dtype)
+        where = "for any real array (jax.device_put, jit arguments and results)"
+        shape, pspec, sharding, uneven = _operand("", where, array_shape, spec, mesh)
     except _Problem as p:
         return LayoutReport(**base, error=p.message, error_kind=p.kind, jax_error=p.jax_error)
     import jax
@@ -562,7 +567,7 @@ def layout_report(
     if draw:
         try:
             report["figure"] = draw_sharding(sds)
-        except ValueError as err:  # too many panels for one picture
+        except ValueError as err:  # draw_sharding refuses layouts needing too many panels
             report["notes"] = (*report["notes"], f"no picture: {err}")
     return LayoutReport(**report)
 
@@ -572,7 +577,10 @@ def layout_report(
 
 @dataclass(frozen=True, eq=False)
 class MatmulReport:
-    """What the explorer shows for ``lhs @ rhs``: operand and result layouts and the collectives.
+    """What the explorer shows for ``x @ w``: operand and result layouts and the collectives.
+
+    ``bytes_per_device`` maps ``"x"``, ``"w"`` and ``"x @ w"`` to the bytes of
+    each device's block (padded, for an uneven layout).
 
     ``out_sharding`` is the result's sharding in the compiled program (the one
     requested with ``out_spec``, or the one the compiler chose);
@@ -634,7 +642,8 @@ class MatmulReport:
                 f"{html.escape(self.type_strings)}</code></div>"
             )
         if self.error:
-            parts.append(_error_html("Cannot compile this matmul:", self.error, self.jax_error))
+            title = _TITLES.get(self.error_kind or "", "Cannot compile this matmul:")
+            parts.append(_error_html(title, self.error, self.jax_error))
         if self.figure is not None:
             parts.append(_png_html(self.figure))
         if self.bytes_per_device:
@@ -676,7 +685,7 @@ def _reading(found: Collectives, lhs_axes: tuple[str, ...], rhs_axes: tuple[str,
     elif lhs_axes != rhs_axes:
         text += (
             f" The contracting dimension (size {k}) is split differently in the two operands "
-            f"({_axes_text(lhs_axes)} on the left, {_axes_text(rhs_axes)} on the right), "
+            f"({_axes_text(lhs_axes)} in x, {_axes_text(rhs_axes)} in w), "
             "so data must move before the slices line up."
         )
     return text
@@ -713,9 +722,9 @@ def matmul_report(
         mesh, notes = _build_mesh(mesh_shape, axis_names, devices)
         base.update(mesh_shape=tuple(mesh.devices.shape), axis_names=tuple(mesh.axis_names))
         where = "for a jit argument"
-        a_shape, a_spec, a_sh, a_uneven = _operand("left operand: ", where, lhs_shape, lhs_spec, mesh, np_dtype)
+        a_shape, a_spec, a_sh, a_uneven = _operand("x (left operand): ", where, lhs_shape, lhs_spec, mesh)
         base.update(lhs_shape=a_shape, lhs_spec=a_spec, lhs_type=type_string(a_shape, a_sh, dtype=np_dtype))
-        b_shape, b_spec, b_sh, b_uneven = _operand("right operand: ", where, rhs_shape, rhs_spec, mesh, np_dtype)
+        b_shape, b_spec, b_sh, b_uneven = _operand("w (right operand): ", where, rhs_shape, rhs_spec, mesh)
         base.update(rhs_shape=b_shape, rhs_spec=b_spec, rhs_type=type_string(b_shape, b_sh, dtype=np_dtype))
         try:
             o_spec = None if out_spec is None or (isinstance(out_spec, str) and not out_spec.strip()) \
@@ -736,10 +745,9 @@ def matmul_report(
         if a_shape[-1] != b_shape[kb]:
             raise _Problem(
                 "matmul-shapes",
-                f"the contracting dimensions do not match: the left operand's last dimension is {a_shape[-1]} but "
-                f"the right operand's dimension {kb} is {b_shape[kb]}. In x @ w they must be equal: make the right "
-                f"shape {(*b_shape[:kb], a_shape[-1], *b_shape[kb + 1:])} or the left shape "
-                f"{(*a_shape[:-1], b_shape[kb])}",
+                f"the contracting dimensions do not match: x's last dimension is {a_shape[-1]} but w's dimension "
+                f"{kb} is {b_shape[kb]}. In x @ w they must be equal: make w's shape "
+                f"{(*b_shape[:kb], a_shape[-1], *b_shape[kb + 1:])} or x's shape {(*a_shape[:-1], b_shape[kb])}",
                 said,
             )
         if said is not None:
@@ -764,12 +772,12 @@ def matmul_report(
         return MatmulReport(**base, error=p.message, error_kind=p.kind, jax_error=p.jax_error)
 
     itemsize = np_dtype.itemsize
-    held = {"left": _tile_bytes(tiles(a_shape, a_sh), itemsize), "right": _tile_bytes(tiles(b_shape, b_sh), itemsize)}
+    held = {"x": _tile_bytes(tiles(a_shape, a_sh), itemsize), "w": _tile_bytes(tiles(b_shape, b_sh), itemsize)}
     fn = jax.jit(jnp.matmul, out_shardings=o_sh) if o_sh is not None else jax.jit(jnp.matmul)
     if uneven is not None:  # still drawn, with XLA's padding
-        arrays = {"left": a, "right": b}
+        arrays = {"x": a, "w": b}
         if o_sh is not None:
-            arrays["result"] = jax.ShapeDtypeStruct(out_shape, np_dtype, sharding=o_sh)
+            arrays["x @ w"] = jax.ShapeDtypeStruct(out_shape, np_dtype, sharding=o_sh)
         return MatmulReport(
             **base, bytes_per_device=held, error=uneven.message, error_kind=uneven.kind, notes=tuple(notes),
             jax_error=_jax_says(lambda: fn.lower(a, b).compile()),
@@ -787,7 +795,7 @@ def matmul_report(
     out_type = None
     if isinstance(out_sharding, NamedSharding):
         out_type = type_string(out_shape, out_sharding, dtype=np_dtype)
-        held["result"] = _tile_bytes(tiles(out_shape, out_sharding), itemsize)
+        held["x @ w"] = _tile_bytes(tiles(out_shape, out_sharding), itemsize)
     k = a_shape[-1]
     lhs_axes = spec_entries(a_spec, len(a_shape))[-1]
     rhs_axes = spec_entries(b_spec, len(b_shape))[kb]
@@ -796,9 +804,9 @@ def matmul_report(
         notes.append(f"result layout chosen by the compiler: {out_sharding.spec} (set a result spec to force one)")
     figure = None
     if draw:
-        arrays: dict[str, Any] = {"left": a, "right": b}
+        arrays: dict[str, Any] = {"x": a, "w": b}
         if isinstance(out_sharding, NamedSharding):
-            arrays["result"] = jax.ShapeDtypeStruct(out_shape, np_dtype, sharding=out_sharding)
+            arrays["x @ w"] = jax.ShapeDtypeStruct(out_shape, np_dtype, sharding=out_sharding)
         figure = draw_shardings(arrays, ncols=3)
     return MatmulReport(
         **base, out_type=out_type, out_sharding=out_sharding, collectives=found, memory=memory_per_device(compiled),
@@ -872,7 +880,7 @@ def _explorer_class() -> type:
                 "lhs_spec": text("lhs_spec", "x spec", "P('data', None)"),
                 "rhs_shape": text("rhs_shape", "w shape", "1024, 1024"),
                 "rhs_spec": text("rhs_spec", "w spec", "P(None, 'model')"),
-                "out_spec": text("out_spec", "result spec", "empty: the compiler chooses"),
+                "out_spec": text("out_spec", "result spec", "auto"),
             }
             c = self.controls
             self.devices = devices
@@ -882,7 +890,7 @@ def _explorer_class() -> type:
             self._matmul_box = w.VBox([
                 w.HBox([c["lhs_shape"], c["lhs_spec"]]),
                 w.HBox([c["rhs_shape"], c["rhs_spec"]]),
-                c["out_spec"],
+                w.HBox([c["out_spec"], w.HTML('<span style="color:#555">empty: the compiler chooses</span>')]),
             ])
             help_text = w.HTML(
                 '<span style="color:#555">Type a value and press Enter. A spec is what goes inside '
