@@ -4,10 +4,9 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/00_setup.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/00_setup.ipynb)
 #
 # This notebook teaches how the course gets **8 devices** on any machine, and how to read a sharded
-# array. Every notebook shards arrays over 8 devices and runs the same on a laptop, in CI, on Binder, on
-# Colab and on a real 8-accelerator machine. You will see why the device count must be chosen before
-# JAX does anything, then take a first sharded array apart three ways: its type, its shard table and
-# its picture.
+# array. Every notebook shards arrays over 8 devices, the same way on a laptop, in CI, on Binder, on
+# Colab and on an 8-accelerator machine. You will see why the device count must be chosen before JAX
+# does anything, then read a first sharded array three ways.
 #
 # **You will learn**
 # - what the setup cell at the top of every notebook does, and the one JAX setting underneath it;
@@ -34,12 +33,11 @@ SETUP = setup_devices(8)
 # ## 1. What the setup cell did
 #
 # JAX creates its devices **once**, at the first JAX operation (`jnp.ones`, `jax.devices()`, a `jit`
-# call, ...). Where a machine has no 8 accelerators, the CPU can stand in: JAX splits it into N
-# *simulated* devices when told so before that first operation. Each simulated device is a separate XLA
-# device with its own buffers, and collectives between them really copy memory. Only speed is missing,
-# which is fine: this course is about **layouts**, not FLOPs.
+# call, ...). Where a machine has no 8 accelerators, JAX can split the CPU into N *simulated* devices,
+# if told before that first operation. Each is a separate XLA device with its own buffers, and
+# collectives between them really copy memory. Only speed is missing; this course is about **layouts**.
 #
-# `setup_devices(8)` makes that choice, before any JAX operation:
+# `setup_devices(8)` makes that choice:
 #
 # | where you run | what you get |
 # |---|---|
@@ -47,8 +45,8 @@ SETUP = setup_devices(8)
 # | Colab TPU (a v5e-1: **one** TPU device), a 1-GPU machine | 8 simulated CPU devices; the CPU is made the only platform, so `jax.make_mesh` works unchanged |
 # | 8 or more GPUs/TPUs (a TPU v5e-8, an 8-GPU server) | the 8 real accelerators |
 #
-# For simulated devices it runs two lines of plain JAX configuration, the ones to use in your own
-# scripts, right after `import jax`:
+# For simulated devices it runs two lines of JAX configuration, which you can use in your own scripts
+# right after `import jax`:
 #
 # ```python
 # jax.config.update("jax_platforms", "cpu")      # only the CPU, even where one GPU/TPU exists
@@ -145,8 +143,8 @@ shard3 = next(s for s in x.addressable_shards if s.device.id == 3)
 np.testing.assert_array_equal(np.asarray(shard3.data), np.asarray(x)[32:64, 256:512])
 
 # %% [markdown]
-# **The picture.** `draw_sharding` draws each block where it sits in the array, coloured by the device
-# that holds it. A device has the same colour in every figure of the course, as in the mesh above.
+# **The picture.** `draw_sharding` draws each block where it sits, in the colour of the device that
+# holds it (the same colour in every figure of the course).
 
 # %%
 draw_sharding(x)

@@ -3,11 +3,10 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/01_meshes.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/01_meshes.ipynb)
 #
-# This notebook teaches the **mesh**: the devices arranged as a grid whose axes have names such as
-# `data` and `model`, against which every sharding in JAX is written. You will build meshes of 1, 2 and
-# 3 axes, choose between the two axis types that decide who picks shardings inside `jit` (Auto or
-# Explicit), see why the order of devices matters on real hardware while results stay the same, and make
-# a mesh the current one with `jax.set_mesh`.
+# This notebook teaches the **mesh**: the devices arranged as a grid with named axes such as `data` and
+# `model`, against which every sharding in JAX is written. You will build meshes, choose between Auto
+# and Explicit axes, see why device order matters on real hardware while results stay the same, and
+# make a mesh the current one with `jax.set_mesh`.
 #
 # **You will learn**
 # - how a mesh names the devices: `mesh.shape`, `mesh.axis_names`, `mesh.devices`, each device's
@@ -50,9 +49,9 @@ from utils import NOT_ANSWERED, collectives, draw_mesh, draw_shardings, tiles, t
 # %% [markdown]
 # ## 1. A mesh is a grid of devices with named axes
 #
-# A mesh moves no data. It says how to see the devices: as a grid of some shape, each axis with a name.
-# Shardings refer to those names (`P('data')` means "split over the `data` axis"), never to device
-# numbers. `jax.make_mesh(shape, names, axis_types=...)` builds one; section 2 explains `axis_types`.
+# A mesh moves no data. It says how to see the devices: as a grid, each axis with a name. Shardings refer
+# to those names (`P('data')`: "split over the `data` axis"), never to device numbers.
+# `jax.make_mesh(shape, names, axis_types=...)` builds one; section 2 explains `axis_types`.
 #
 # Eight devices in a row on one axis, `data`, is the layout of pure data parallelism. The same devices
 # as a `(4, 2)` grid give two axes: `data` runs down (4 positions), `model` across (2 positions).
@@ -127,11 +126,11 @@ assert sum(outcome == "works" for outcome in spellings.values()) == 1  # the oth
 # Every mesh axis has a **type**. It decides who is in charge of the shardings of the values *inside*
 # `jax.jit`:
 #
-# | axis type | who decides the sharding of intermediate values | where you see it | how you change a layout inside `jit` |
+# | axis type | who decides the layout of values inside `jit` | seen in | to change a layout in `jit` |
 # |---|---|---|---|
-# | `Auto` | the compiler: it propagates shardings from the inputs (and your hints) through the program | only in the compiled program | a hint: `jax.lax.with_sharding_constraint` |
-# | `Explicit` | JAX, while tracing: every value's sharding is part of its **type**; where the rules are ambiguous, it asks you | `jax.typeof(x)`, e.g. `float32[16@data,8]` | `jax.reshard` |
-# | `Manual` | you: inside `jax.shard_map` your function sees one device's block (notebook 05) | the block's shape | collectives written by hand |
+# | `Auto` | the compiler, propagating from inputs and your hints | the compiled program | `with_sharding_constraint` |
+# | `Explicit` | JAX while tracing: the layout is part of the **type** | `jax.typeof(x)` | `jax.reshard` |
+# | `Manual` | you: in `jax.shard_map`, code sees one block (notebook 05) | the block's shape | your collectives |
 #
 # > **You will see this online:**
 # > ```python
@@ -270,15 +269,14 @@ assert seen["block type"].startswith("float32[4,8]")
 #
 # ## 3. Device order: which device sits where
 #
-# On CPU, `jax.make_mesh` and `create_device_mesh` fill the grid with the devices in id order, last axis
-# fastest, as above. On a real machine some devices are linked directly (chips on one board, GPUs in one
-# NVLink domain) and others only through more hops. A collective over an axis runs among the devices
-# along that axis, so the axis should line up devices that are physically close. On TPU slices
-# `create_device_mesh`, and so `jax.make_mesh`, read each chip's position on the board and choose the
-# order for you.
+# On CPU, `jax.make_mesh` fills the grid in id order, last axis fastest, as above. On a real machine
+# some devices are linked directly (chips on one board, GPUs in one NVLink domain) and others only through
+# more hops. A collective over an axis runs among the devices along it, so the axis should line up
+# devices that are physically close. On TPU slices `jax.make_mesh` (through `create_device_mesh`) reads
+# each chip's position on the board and chooses the order for you.
 #
-# You can watch that without a TPU. `create_device_mesh` reads only a few attributes of each device, so
-# eight stand-in objects shaped like a TPU v5e board of 4 × 2 chips are enough. Count the links between
+# You can watch that without a TPU: `create_device_mesh` reads only a few attributes of each device, so
+# eight stand-ins shaped like a TPU v5e board of 4 × 2 chips are enough. Count the links between
 # neighbours along a 1-D axis (the last wraps to the first, as in a ring all-reduce):
 
 # %%
@@ -310,10 +308,9 @@ assert tpu_order == [0, 1, 2, 3, 7, 6, 5, 4]
 assert links(list(range(8))) == [1, 1, 1, 4, 1, 1, 1, 4] and links(tpu_order) == [1] * 8
 
 # %% [markdown]
-# In id order two steps cross the whole board; in the chosen order every step is one link, a ring
-# around the board. `Mesh` takes any device array you give it, so build that order from the 8 CPU
-# devices and place the same `(128, 512)` array, rows split over `data`, on both meshes. Rows 64:80 now
-# live on device 7 instead of device 4:
+# In id order two steps cross the whole board; in the chosen order every step is one link. `Mesh` takes
+# any device array, so build that order from the 8 CPU devices and place the same `(128, 512)` array,
+# rows split over `data`, on both meshes. Rows 64:80 now live on device 7 instead of device 4:
 
 # %%
 id_mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
@@ -501,19 +498,17 @@ ex.model_group.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - A mesh is the devices arranged as a named grid: `mesh.shape`, `mesh.axis_names`, and `mesh.devices`,
-#   whose index is each device's coordinates. Shardings name mesh axes, never devices. Pass the shape
-#   to `jax.make_mesh` positionally.
-# - A collective over an axis runs among the devices along that axis. The mesh's device order decides
-#   which physical links it uses; `jax.make_mesh` orders for TPU boards. Reordering moves blocks to
-#   other devices and leaves results unchanged.
+# - A mesh is the devices as a named grid: `mesh.shape`, `mesh.axis_names`, and `mesh.devices`, whose
+#   index is each device's coordinates. Shardings name axes, never devices. Pass the shape positionally.
+# - A collective over an axis runs among the devices along it, so device order decides which links it
+#   uses; `jax.make_mesh` orders for TPU boards. Reordering moves blocks, never results.
 # - `jax.make_mesh` gives **Explicit** axes by default, `Mesh(...)` gives **Auto**. Auto: the compiler
-#   propagates shardings, `with_sharding_constraint` hints. Explicit: the sharding is in the type
-#   (`float32[16@data,8]`), `jax.reshard` changes it, ambiguous operations need `out_sharding=`. Choose
+#   propagates, `with_sharding_constraint` hints. Explicit: the layout is in the type
+#   (`float32[16@data,8]`), `jax.reshard` changes it, ambiguous operations need `out_sharding=`.
 #   Explicit for new code, Auto for GSPMD-style code; always pass `axis_types`.
-# - `jax.set_mesh(mesh)` (a block, or global until `jax.set_mesh(None)`) makes bare `P(...)` specs
-#   work; `with mesh:` is deprecated and `jax.sharding.use_mesh` removed.
-# - A mesh shape must not need more devices than exist; `jax.make_mesh` silently uses only the first
-#   devices of a smaller shape.
+# - `jax.set_mesh(mesh)` (a block, or global until `jax.set_mesh(None)`) makes bare `P(...)` work;
+#   `with mesh:` is deprecated, `jax.sharding.use_mesh` removed.
+# - A mesh may not need more devices than exist; `jax.make_mesh` silently uses only the first devices of
+#   a smaller shape.
 #
 # **Next:** [02 · PartitionSpec](02_partitionspec.ipynb)
