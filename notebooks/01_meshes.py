@@ -131,7 +131,8 @@ assert sum(outcome == "works" for outcome in spellings.values()) == 1  # the oth
 # | `Auto` | the compiler, propagating from inputs and your hints | the compiled program | `with_sharding_constraint` |
 # | `Explicit` | JAX while tracing: the layout is part of the **type** | `jax.typeof(x)` | `jax.reshard` |
 # | `Manual` | you: in `jax.shard_map`, code sees one block (notebook 05) | the block's shape | your collectives |
-#
+
+# %% [markdown]
 # > **You will see this online:**
 # > ```python
 # > mesh = Mesh(mesh_utils.create_device_mesh((4, 2)), axis_names=("data", "model"))

@@ -341,13 +341,15 @@ assert wide.sharding.shard_shape(wide.shape) == (10, 128)
 # %% [markdown]
 # ## 7. Comparing layouts
 #
+# A `PartitionSpec` compares entry by entry, as written, and is never equal to a plain tuple.
+
+# %% [markdown]
 # > **You will see this online:**
 # > ```python
 # > assert y.sharding.spec == P("data", None)
 # > ```
-# > A test that checks the layout of a `jit` result by comparing specs. A `PartitionSpec` compares entry
-# > by entry, as written, and the spec of a result is *inferred*: its written form need not match what
-# > you asked for. On the Auto mesh, a constraint to `P('data', None)` comes back as `P('data',)`; on the
+# > A test that checks the layout of a `jit` result by comparing specs. The spec of a result is
+# > *inferred*, and its written form need not match what you asked for. On the Auto mesh, a constraint to `P('data', None)` comes back as `P('data',)`; on the
 # > Explicit mesh, an input placed with `P('data')` comes out as `P('data', None)`. The layouts are
 # > exactly the ones requested; the comparisons fail:
 
