@@ -190,8 +190,9 @@ assert list(raised.values()) == ["DuplicateSpecError", "ValueError", "ValueError
 #
 # `jax.device_put(x, sharding)` moves an existing array. To *create* one in its layout, the array
 # constructors (`jnp.zeros`, `jnp.ones`, `jnp.arange`, `jax.random.normal`, ...) take `out_sharding=` on
-# Explicit axes; under `jax.set_mesh` a bare spec is enough. Without it, the array is a full copy on
-# every device. Compiling (not running) the creation of a 4 MiB array shows what each device writes:
+# Explicit axes; under `jax.set_mesh` a bare spec is enough. Left out, the array is a full copy on
+# every device of the mesh. Compiling (not running) the creation of a 4 MiB array shows what each device
+# writes:
 
 # %%
 with jax.set_mesh(mesh):
