@@ -100,11 +100,18 @@ _RESTART = "restart the session (Runtime > Restart session) and run this cell ag
 _restart_pending: str | None = None  # the message, once this kernel holds a package that has since changed
 
 
-class InstallError(RuntimeError):
+class _ShownPlainly(RuntimeError):
+    """An error whose message is the whole story: IPython shows it without the traceback into this module."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython's hook for exceptions that draw themselves
+        return [f"{type(self).__name__}: {self}"]
+
+
+class InstallError(_ShownPlainly):
     """pip could not install or remove what the course needs; running the cell again retries."""
 
 
-class RestartRequired(RuntimeError):
+class RestartRequired(_ShownPlainly):
     """A package this kernel had imported has another version now; only a restart loads the new one."""
 
 
