@@ -22,6 +22,7 @@ import pytest
 
 from utils import launch
 from utils.course import (
+    BADGES_LINE,
     REPO,
     ROOT,
     XLA_NOTEBOOKS,
@@ -99,6 +100,9 @@ def test_badges_for_launchable_and_local_only_notebooks():
     for name in XLA_NOTEBOOKS:
         line = badges_markdown(name)
         assert "make lab-xla" in line and "colab" not in line.lower() and "binder" not in line.lower()
+    for name in ["00_setup.ipynb", *XLA_NOTEBOOKS]:  # a re-stamp finds either kind of line
+        title = f"# 00 · Title\n\n{badges_markdown(name)}\n\nPromise."
+        assert BADGES_LINE.findall(title) == [badges_markdown(name)]
 
 
 # --- reading pyproject and deciding what to install ---------------------------------------------------------------

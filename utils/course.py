@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 __all__ = [
+    "BADGES_LINE",
     "BRANCH",
     "REPO",
     "ROOT",
@@ -59,6 +60,10 @@ def colab_url(name: str) -> str:
 def binder_url(name: str) -> str:
     """'Launch Binder' address that opens a notebook in JupyterLab."""
     return f"https://mybinder.org/v2/gh/{REPO}/{BRANCH}?urlpath=lab/tree/notebooks/{name}"
+
+
+BADGES_LINE = re.compile(r"^(?:\[!\[Open in Colab\]|\*Runs locally only:\*).*$", re.MULTILINE)
+"""Matches the line :func:`badges_markdown` writes under a title, whichever kind it is (to re-stamp it)."""
 
 
 def launchable(name: str) -> bool:
