@@ -67,7 +67,7 @@ def readme_table() -> str:
     rows = ["| # | notebook | what you learn | run it |", "|---|---|---|---|"]
     for path in notebooks():
         title, promise = title_and_promise(path)
-        badges = badges_markdown(path.name) or "locally: `make lab-xla`"
+        badges = badges_markdown(path.name)
         rows.append(f"| {path.name[:2]} | [{title}](notebooks/{path.name}) | {promise} | {badges} |")
     return "\n".join(rows)
 

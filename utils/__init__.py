@@ -7,6 +7,7 @@ and ``jax.device_put`` themselves).
 - ``drawing``: matplotlib pictures of shardings and meshes;
 - ``inspecting``: collectives and memory of compiled programs, shard tables;
 - ``exercises``: self-checking exercises;
+- ``explorer``: an ipywidgets explorer of layouts and matmuls, for JupyterLab;
 - ``course``: where the course lives and how its notebooks start;
 - ``launch``: readying a live runtime (Colab, Binder) before the setup cell starts JAX.
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     from .devices import DeviceCountError, DeviceSetup, setup_devices
     from .drawing import device_color, draw_mesh, draw_sharding, draw_shardings, mesh_labels, tile_labels
     from .exercises import NOT_ANSWERED, Exercise
+    from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
     from .layout import tiles, type_string
 
@@ -31,6 +33,7 @@ _SOURCES = {
     "devices": ("DeviceCountError", "DeviceSetup", "setup_devices"),
     "drawing": ("device_color", "draw_mesh", "draw_sharding", "draw_shardings", "mesh_labels", "tile_labels"),
     "exercises": ("NOT_ANSWERED", "Exercise"),
+    "explorer": ("explore",),
     "inspecting": ("collectives", "compile_with_log", "format_bytes", "memory_per_device", "shard_table"),
     "layout": ("tiles", "type_string"),
 }
@@ -48,6 +51,7 @@ __all__ = [
     "draw_mesh",
     "draw_sharding",
     "draw_shardings",
+    "explore",
     "format_bytes",
     "memory_per_device",
     "mesh_labels",
