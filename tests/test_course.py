@@ -4,6 +4,8 @@ import json
 import re
 import subprocess
 
+import pytest
+
 from utils.course import (
     BRANCH,
     REPO,
