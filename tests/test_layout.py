@@ -199,6 +199,7 @@ def test_matmul_traffic_takes_a_device_a_spec_and_uneven_sizes():
         ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P("rows")), ValueError, "does not have"),
         ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P(), 99), ValueError, "not on this mesh"),
         ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P(), True), ValueError, "not on this mesh"),
+        ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P(), "dev 0"), ValueError, "not on this mesh"),
     ],
 )
 def test_matmul_traffic_bad_input(args, exc, message):

@@ -472,7 +472,10 @@ def matmul_traffic(
     out_shape = (lhs_shape[0], rhs_shape[1])
     out_sharding = _matmul_sharding("C", out_shape, out_sharding, mesh)
     coords = _device_coords(mesh)
-    device_id = int(getattr(device, "id", device)) if not isinstance(device, bool) else -1
+    try:
+        device_id = -1 if isinstance(device, bool) else int(getattr(device, "id", device))
+    except (TypeError, ValueError):
+        device_id = -1
     if device_id not in coords:
         raise ValueError(f"device {device!r} is not on this mesh; pick one of its ids {sorted(coords)}")
 
