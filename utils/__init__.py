@@ -23,19 +23,31 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
     from .devices import DeviceCountError, DeviceSetup, setup_devices
-    from .drawing import device_color, draw_mesh, draw_sharding, draw_shardings, mesh_labels, tile_labels
+    from .drawing import (
+        device_color,
+        draw_matmul,
+        draw_mesh,
+        draw_permute,
+        draw_sharding,
+        draw_shardings,
+        mesh_labels,
+        tile_labels,
+    )
     from .exercises import NOT_ANSWERED, Exercise
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
-    from .layout import tiles, type_string
+    from .layout import matmul_traffic, tiles, type_string
 
 _SOURCES = {
     "devices": ("DeviceCountError", "DeviceSetup", "setup_devices"),
-    "drawing": ("device_color", "draw_mesh", "draw_sharding", "draw_shardings", "mesh_labels", "tile_labels"),
+    "drawing": (
+        "device_color", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings", "mesh_labels",
+        "tile_labels",
+    ),
     "exercises": ("NOT_ANSWERED", "Exercise"),
     "explorer": ("explore",),
     "inspecting": ("collectives", "compile_with_log", "format_bytes", "memory_per_device", "shard_table"),
-    "layout": ("tiles", "type_string"),
+    "layout": ("matmul_traffic", "tiles", "type_string"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 _SUBMODULES = frozenset({*_SOURCES, "course", "launch"})
@@ -48,12 +60,15 @@ __all__ = [
     "collectives",
     "compile_with_log",
     "device_color",
+    "draw_matmul",
     "draw_mesh",
+    "draw_permute",
     "draw_sharding",
     "draw_shardings",
     "explore",
     "format_bytes",
     "memory_per_device",
+    "matmul_traffic",
     "mesh_labels",
     "setup_devices",
     "shard_table",
