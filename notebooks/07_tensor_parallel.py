@@ -376,8 +376,8 @@ fig
 #   real links, topologies and algorithms differ.
 # - Data parallelism's gradient all-reduce of one layer can run while the backward pass of the layers
 #   below is still computing, so much of it hides behind compute. Tensor parallelism's all-reduces sit
-#   between two matmuls that need their result: they cannot overlap, which is why tensor parallelism is
-#   kept on the fastest links, inside one machine.
+#   between two matmuls that need their result, so the devices wait for them; that is why tensor
+#   parallelism is kept on the fastest links, inside one machine.
 #
 # The course MLP's first layer reads `x`, which is data: no gradient flows into it, so its train step
 # below has only the forward all-reduce.

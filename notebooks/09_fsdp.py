@@ -323,8 +323,8 @@ if CPU:  # what the CPU compiler inserts
 #   examples".
 # - **The gradient.** FSDP needs each device's block of the summed gradient: a **reduce-scatter**. On
 #   the CPU backend it appears as the whole data-parallel all-reduce (76,844 bytes) followed by
-#   `dynamic-slice` ops that keep each device's 1/8; the GPU and TPU compilers fuse that pair into a
-#   reduce-scatter.
+#   `dynamic-slice` ops that keep each device's 1/8; the GPU and TPU compilers can fuse that pair into
+#   a reduce-scatter.
 
 # %%
 slices = sorted(set(re.findall(r"= (f32\[[0-9,]+\])\{[0-9,]+\} dynamic-slice\(", compiled_fsdp.as_text())))
@@ -378,8 +378,7 @@ if CPU:
     assert comm.estimated_bytes > dp_comm.estimated_bytes
 
 # %% [markdown]
-# **FSDP saves memory, not communication.** It pays for the memory with the same or more traffic, and
-# with gathers that sit just before the matmuls that need them.
+# **FSDP saves memory, not communication.** It pays for the memory with the same traffic or more.
 #
 # ## 6. FSDP trains like data parallelism
 #
