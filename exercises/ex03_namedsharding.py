@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import NOT_ANSWERED, Exercise
+from utils.exercises import NOT_ANSWERED, Exercise, answer_errors
 
 
 def _mesh_4x2() -> jax.sharding.Mesh:
@@ -119,7 +119,8 @@ def _check_kernel_rule(rule: object) -> None:
     shardings = []
     for path, leaf in leaves:
         name = jax.tree_util.keystr(path)
-        spec = rule(path, leaf)
+        with answer_errors(f"your rule, called as rule(path, leaf) for {name},"):
+            spec = rule(path, leaf)
         assert spec is not NOT_ANSWERED, f"rule returned NOT_ANSWERED for {name}: write its body"
         if isinstance(spec, NamedSharding):  # accept a sharding too; only its spec is compared
             spec = spec.spec
@@ -129,7 +130,8 @@ def _check_kernel_rule(rule: object) -> None:
             f"{len(spec)} entries: give at most one entry per dimension"
         )
         want = NamedSharding(mesh, _expected(path, leaf))
-        have = NamedSharding(mesh, spec)  # raises if the spec names an axis the mesh lacks
+        with answer_errors(f"{name}: NamedSharding(mesh, {spec}) on the mesh ('data', 'model')"):
+            have = NamedSharding(mesh, spec)  # raises if the spec names an axis the mesh lacks, or one twice
         assert have.is_equivalent_to(want, leaf.ndim), (
             f"{name} {tuple(leaf.shape)}: your rule gives {spec}, expected {want.spec}"
         )

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, answer_errors
 from utils.inspecting import COLLECTIVES, collectives
 
 P = PartitionSpec
@@ -36,7 +36,9 @@ def _check_predict_collective(answer: object) -> None:
     )
     unknown = [k for k in answer if k not in COLLECTIVES]
     assert not unknown, f"unknown collective kind(s) {unknown}; the kinds are {list(COLLECTIVES)}"
-    assert all(isinstance(n, int) and n >= 0 for n in answer.values()), "counts must be whole numbers >= 0"
+    assert all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in answer.values()), (
+        f"counts must be whole numbers >= 0, such as {{'all-reduce': 1}}; got {answer!r}"
+    )
     predicted = {k: n for k, n in answer.items() if n}
     measured = {k: n for k, n in collectives(_fsdp_program()).counts.items() if n}
     if predicted != measured:
@@ -67,6 +69,7 @@ def _check_predict_bytes(answer: object) -> None:
     assert isinstance(answer, int | float | np.integer | np.floating) and not isinstance(answer, bool), (
         f"give a number of bytes; got {answer!r}"
     )
+    assert np.isfinite(answer), f"give a finite number of bytes; got {answer!r}"
     measured = collectives(_fsdp_program()).estimated_bytes
     if abs(float(answer) - measured) > 0.5:
         hints = {
@@ -99,7 +102,8 @@ def _check_write_constraint(constrain: object) -> None:
     with jax.set_mesh(mesh):
         x = jax.device_put(xv, NamedSharding(mesh, P("data", None)))
         w = jax.device_put(wv, NamedSharding(mesh, P(None, "model")))
-        out = jax.jit(lambda x, w: constrain(x @ w))(x, w)
+        with answer_errors("your function, called on x @ w inside jax.jit,"):
+            out = jax.jit(lambda x, w: constrain(x @ w))(x, w)
     assert isinstance(out, jax.Array) and out.shape == (128, 512), (
         f"constrain must return the (128, 512) array it is given; got {type(out).__name__} "
         f"{getattr(out, 'shape', '')}"

@@ -6,7 +6,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, answer_errors
 
 NAMES = ("batch", "vocab", "embed", "heads", "mlp")
 
@@ -41,12 +41,17 @@ def _check_rules(rules: object) -> None:
     rules = tuple(tuple(pair) if isinstance(pair, tuple | list) else pair for pair in rules)
     assert all(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) for pair in rules), (
         "each rule is a pair such as ('embed', 'data') or ('embed', None)")
+    for name, target in rules:
+        ok = target is None or isinstance(target, str) or (
+            isinstance(target, tuple) and all(isinstance(a, str) for a in target))
+        assert ok, f"the rule for {name!r} maps it to {target!r}; give a mesh axis name such as 'data', or None"
     missing = [name for name in NAMES if name not in {pair[0] for pair in rules}]
     assert not missing, f"no rule for {missing}: NNX would pass the name through to the mesh, which has no such axis"
-    axes = {pair[1] for pair in rules} - {None}
+    axes = {a for _, target in rules for a in ((target,) if isinstance(target, str) else target or ())}
     assert axes <= {"data", "model"}, (
         f"the (4, 2) mesh has the axes 'data' and 'model'; your rules name {sorted(axes - {'data', 'model'})}")
-    got = _specs(rules)
+    with answer_errors("nnx.get_partition_spec with your rules"):
+        got = _specs(rules)
     for key, (names, want) in _WANT.items():
         assert got[key] == want, (
             f"{key} {names} becomes {got[key]}, but FSDP x tensor wants {want}: 'embed' and 'batch' over "

@@ -46,6 +46,7 @@ _FOOTPRINT = {(64, 1): 130.5, (32, 2): 65.5, (16, 4): 33.0, (8, 8): 23.5, (1, 64
 
 def _check_pick(shape: object) -> None:
     assert isinstance(shape, tuple) and len(shape) == 2, f"give one mesh shape as a tuple (data, model); got {shape!r}"
+    assert all(_is_whole(v) for v in shape), f"a mesh shape is two whole numbers, such as (16, 4); got {shape!r}"
     shape = tuple(int(v) for v in shape)
     assert shape in _FOOTPRINT, f"{shape} is not one of the five shapes {SHAPES}"
     assert _FOOTPRINT[shape] <= 24, (
@@ -66,10 +67,18 @@ pick_shape = Exercise(
 )
 
 
+def _is_whole(v: object) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
 def _check_divisibility(answer: object) -> None:
     assert isinstance(answer, tuple | list) and len(answer) == 2, (
         f"give two lists of shapes, (lowers, whole_heads); got {answer!r}")
-    lowers, whole = ({tuple(s) for s in part} for part in answer)
+    for label, part in zip(("lowers", "whole heads"), answer, strict=True):
+        assert isinstance(part, list | tuple | set) and all(
+            isinstance(s, tuple | list) and len(s) == 2 and all(_is_whole(v) for v in s) for s in part
+        ), f"{label}: give a list of mesh shapes such as [(32, 2), (16, 4)]; got {part!r}"
+    lowers, whole = ({(int(d), int(m)) for d, m in part} for part in answer)
     want_lowers = {(d, m) for d, m in SHAPES if 96 % d == 0}
     want_whole = {(d, m) for d, m in want_lowers if 16 % m == 0}
     assert lowers == want_lowers, (

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, answer_errors
 from utils.inspecting import collectives
 
 P = PartitionSpec
@@ -53,31 +53,34 @@ def _check_migrate(answer: Any) -> None:
         assert isinstance(spec, PartitionSpec), f"{name} must be a PartitionSpec such as P(...); got {spec!r}"
     mesh = _mesh_8()
     w, x, y = _regression_data()
-    try:
+    with answer_errors("placing w (16,) by w_spec and the batch x (64, 16), y (64,) by batch_spec on the mesh "
+                       "('data',)"):
         w_placed = jax.device_put(w, NamedSharding(mesh, w_spec))
         x_placed = jax.device_put(x, NamedSharding(mesh, batch_spec))
         y_placed = jax.device_put(y, NamedSharding(mesh, batch_spec))
-    except ValueError as err:
-        raise AssertionError(f"placing the inputs failed: {str(err).splitlines()[0]}") from None
     stepped = jax.jit(new_step)
-    try:
-        jaxpr = str(jax.make_jaxpr(new_step)(w_placed, x_placed, y_placed))
-    except NameError as err:
-        raise AssertionError(
-            f"{err}: under jax.jit no axis is bound, so delete the pmean; the compiler inserts the all-reduce"
-        ) from None
+    with answer_errors("your step, called as new_step(w, x, y),"):
+        try:
+            jaxpr = str(jax.make_jaxpr(new_step)(w_placed, x_placed, y_placed))
+        except NameError as err:
+            raise AssertionError(
+                f"{err}: under jax.jit no axis is bound, so delete the pmean; the compiler inserts the all-reduce"
+            ) from None
     assert "shard_map" not in jaxpr and "psum" not in jaxpr, (
         "this exercise asks for plain jax.jit with shardings: write the single-device step, no shard_map, "
         "no collectives"
     )
-    got = np.asarray(stepped(w_placed, x_placed, y_placed))
+    with answer_errors("your step, under jax.jit,"):
+        got = np.asarray(stepped(w_placed, x_placed, y_placed))
     want = _pmap_result()
     assert got.shape == (16,), f"the new weight should have shape (16,); got {got.shape}"
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (
         f"the new weight differs from the pmap step's: first three {np.round(got[:3], 5)} instead of "
         f"{np.round(want[:3], 5)}; is the loss the mean over all 64 examples, with the same learning rate?"
     )
-    comm = collectives(stepped.lower(w_placed, x_placed, y_placed).compile())
+    with answer_errors("compiling your step"):
+        compiled = stepped.lower(w_placed, x_placed, y_placed).compile()
+    comm = collectives(compiled)
     assert comm.counts["all-reduce"] >= 1, (
         "the numbers are right but the compiled step has no all-reduce: every device computed the whole "
         "batch. Split the batch over 'data' to make it data parallel"
@@ -190,6 +193,10 @@ def _check_shapes(answer: Any) -> None:
     assert isinstance(answer, tuple | list) and len(answer) == 2, (
         f"give a pair (pmap_shape, shard_map_shape); got {answer!r}"
     )
+    for label, shape in zip(("pmap_shape", "shard_map_shape"), answer, strict=True):
+        assert isinstance(shape, tuple | list) and all(
+            isinstance(d, int | np.integer) and not isinstance(d, bool) for d in shape
+        ), f"{label} is a shape, a tuple of whole numbers such as (8, 16, 4); got {shape!r}"
     got = tuple(tuple(int(d) for d in s) for s in answer)
     want_pmap, want_shmap = _measured_shapes()
     assert got[0] == want_pmap, f"pmap: f does not see {got[0]}; pmap removes the mapped axis"

@@ -83,9 +83,15 @@ def _check_spec_from_string(answer: object) -> None:
         f"{answer} has {len(answer)} {'entry' if len(answer) == 1 else 'entries'}; torch_xla wants exactly one "
         "per dimension of the (8, 16) tensor"
     )
+    used: list[str] = []
     for entry in answer:
         names = entry if isinstance(entry, tuple) else (entry,)
-        assert all(n is None or n in MESH_AXES for n in names), f"{entry!r} is not an axis of the mesh {MESH_AXES}"
+        assert all(n is None or (isinstance(n, str) and n in MESH_AXES) for n in names), (
+            f"{entry!r} is not an axis of the mesh {MESH_AXES}: give an axis name, a tuple of them, or None"
+        )
+        used += [n for n in names if n is not None]
+    twice = sorted({n for n in used if used.count(n) > 1})
+    assert not twice, f"{answer} uses {twice} more than once; a mesh axis can split only one dimension"
     got = spec_string(answer, (8, 16))
     assert got == _TARGET, f"{answer} makes torch_xla print {got}, not {_TARGET}"
 

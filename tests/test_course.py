@@ -1,8 +1,11 @@
 """The course's own facts: its address, its notebooks in order, the README and the interpreters it finds."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -53,18 +56,74 @@ def test_readme_lists_every_notebook_with_its_badges():
     assert "make lab" in readme and "make test" in readme
 
 
-@pytest.mark.parametrize("line,expected", [("python3.11", "3.11"), ("python3", None)])
-def test_find_python_resolves_interpreters(line, expected):
-    r = subprocess.run([str(ROOT / "tools" / "find-python"), line], capture_output=True, text=True)
+FIND_PYTHON = str(ROOT / "tools" / "find-python")
+SUPPORTED = {"3.11", "3.12", "3.13"}
+
+
+def _version(python: str) -> str:
+    return subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _pyenv_has(version: str) -> bool:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    return shutil.which("pyenv") is not None and any((root / "versions").glob(f"{version}*/bin/python{version}"))
+
+
+@pytest.mark.skipif(not (shutil.which("python3.11") or _pyenv_has("3.11")),
+                    reason="no python3.11 on PATH or under pyenv here")
+def test_find_python_resolves_python3_11():
+    r = subprocess.run([FIND_PYTHON, "python3.11"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    version = subprocess.run([r.stdout.strip(), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True).stdout.strip()
-    assert expected is None or version == expected
+    assert _version(r.stdout.strip()) == "3.11"
+
+
+def test_find_python_default_is_a_tested_version():
+    r = subprocess.run([FIND_PYTHON], capture_output=True, text=True)
+    if r.returncode != 0:
+        assert r.returncode == 1 and "PYTHON=/path/to/python" in r.stderr
+        pytest.skip(f"no Python 3.11-3.13 here: {r.stderr.strip()}")
+    assert _version(r.stdout.strip()) in SUPPORTED
 
 
 def test_find_python_says_what_to_do_when_nothing_runs():
-    r = subprocess.run([str(ROOT / "tools" / "find-python"), "python2.5"], capture_output=True, text=True)
+    r = subprocess.run([FIND_PYTHON, "python2.5"], capture_output=True, text=True)
     assert r.returncode == 1 and "PYTHON=/path/to/python" in r.stderr
+
+
+def _fake_python(bindir: Path, name: str, version: str) -> Path:
+    """An interpreter script that answers find-python's three questions as Python `version` would."""
+    major, minor = (int(v) for v in version.split(".")[:2])
+    code = 0 if (3, 11) <= (major, minor) <= (3, 13) else 3
+    path = bindir / name
+    path.write_text(f"""#!/bin/sh
+case "$1" in
+  -V) echo "Python {version}" ;;
+  -c) case "$2" in *sys.exit*) exit {code} ;; *) echo "$0" ;; esac ;;
+esac
+""")
+    path.chmod(0o755)
+    return path
+
+
+def _find_python_with(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "PYENV_ROOT": str(tmp_path / "no-pyenv"),
+           "HOME": str(tmp_path)}
+    return subprocess.run([FIND_PYTHON, *args], capture_output=True, text=True, env=env)
+
+
+def test_find_python_skips_an_unsupported_python_with_a_note(tmp_path):
+    (tmp_path / "bin").mkdir()
+    _fake_python(tmp_path / "bin", "python3", "3.14.0")
+    r = _find_python_with(tmp_path, "python3")
+    assert r.returncode == 1 and r.stdout == ""
+    assert "skipping" in r.stderr and "(Python 3.14.0)" in r.stderr and "3.11 to 3.13" in r.stderr
+    assert "PYTHON=/path/to/python" in r.stderr
+
+    good = _fake_python(tmp_path / "bin", "python3.12", "3.12.4")
+    r = _find_python_with(tmp_path, "python3", "python3.12")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(good) and "(Python 3.14.0)" in r.stderr
 
 
 def _tiny_notebook(path, title, promise, code):

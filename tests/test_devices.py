@@ -14,6 +14,12 @@ from utils.devices import DeviceCountError, DeviceSetup, setup_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Whether this machine shows hardware for an installed plugin: then setup_devices may pick real devices,
+# and the tests that expect simulated CPU devices in a fresh process do not apply.
+ACCELERATOR_HERE = devices._hardware_evidence(devices._accelerator_plugins())
+needs_no_accelerator = pytest.mark.skipif(
+    bool(ACCELERATOR_HERE), reason=f"this machine shows accelerator hardware: {ACCELERATOR_HERE}")
+
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     """Run code in a fresh interpreter (JAX not started yet) with the repo importable."""
@@ -26,13 +32,15 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_this_process_has_eight_devices():
     assert jax.device_count() == 8
     again = setup_devices(8, quiet=True)
-    assert isinstance(again, DeviceSetup) and again.count == 8 and again.simulated
+    assert isinstance(again, DeviceSetup) and again.count == 8
+    assert again.platform == jax.devices()[0].platform
+    assert again.simulated == (again.platform == "cpu")
 
 
 def test_rerun_with_same_count_prints_one_line(capsys):
     setup_devices(8)
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("setup_devices: 8 simulated CPU devices")
+    assert len(out) == 1 and out[0].startswith("setup_devices: 8 ") and out[0].endswith("(already set)")
 
 
 def test_other_count_after_start_says_restart():
@@ -57,6 +65,7 @@ def test_prefer_is_checked():
         setup_devices(8, prefer="gpu")
 
 
+@needs_no_accelerator
 def test_fresh_process_gets_the_count_asked_for():
     r = _run("""
         from utils import setup_devices
@@ -70,6 +79,7 @@ def test_fresh_process_gets_the_count_asked_for():
     assert last == "4 True cpu"
 
 
+@needs_no_accelerator
 def test_jax_started_first_gives_the_clear_error():
     r = _run("""
         import jax.numpy as jnp
@@ -103,24 +113,126 @@ def test_jax_platforms_cpu_is_respected():
         (("cpu", 0, "accelerator probe failed: TimeoutExpired"), "accelerator probe failed: TimeoutExpired"),
     ],
 )
-def test_choice_with_an_accelerator_plugin(monkeypatch, probe, expected):
+def test_choice_with_a_plugin_and_its_hardware(monkeypatch, probe, expected):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.setattr(devices, "_accelerator_plugins", lambda: ["libtpu"])
+    monkeypatch.setattr(devices, "_hardware_evidence", lambda plugins: ["/dev/accel0"])
     monkeypatch.setattr(devices, "_probe_accelerators", lambda: probe)
     assert devices._choose(8, "auto") == expected
 
 
-def test_choice_without_plugins_never_starts_a_probe(monkeypatch):
+def _no_probe():
+    raise AssertionError("the probe must not run")
+
+
+@pytest.mark.parametrize("plugins", [[], ["libtpu"], ["libtpu", "xla_cuda12"]])
+def test_choice_without_hardware_never_starts_a_probe(monkeypatch, plugins):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
-    monkeypatch.setattr(devices, "_accelerator_plugins", lambda: [])
-
-    def boom():
-        raise AssertionError("probe must not run")
-
-    monkeypatch.setattr(devices, "_probe_accelerators", boom)
+    monkeypatch.setattr(devices, "_accelerator_plugins", lambda: plugins)
+    monkeypatch.setattr(devices, "_hardware_evidence", lambda found: [])
+    monkeypatch.setattr(devices, "_probe_accelerators", _no_probe)
     assert devices._choose(8, "auto") == "no accelerator found"
     assert devices._choose(8, "cpu") == "asked for CPU"
 
 
-def test_no_plugin_installed_here():
-    assert devices._accelerator_plugins() == []
+def test_jax_platforms_cpu_skips_the_probe(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setattr(devices, "_accelerator_plugins", lambda: ["libtpu"])
+    monkeypatch.setattr(devices, "_hardware_evidence", lambda found: ["/dev/accel0"])
+    monkeypatch.setattr(devices, "_probe_accelerators", _no_probe)
+    assert devices._choose(8, "auto") == "JAX_PLATFORMS=cpu"
+
+
+# Evidence, from a fake file tree: what each plugin needs to see before the probe runs.
+
+def _touch(root: Path, *paths: str, text: str = "") -> None:
+    for rel in paths:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _pci(root: Path, address: str, vendor: str, device: str) -> None:
+    _touch(root, f"sys/bus/pci/devices/{address}/vendor", text=vendor + "\n")
+    _touch(root, f"sys/bus/pci/devices/{address}/device", text=device + "\n")
+
+
+def test_an_empty_machine_shows_nothing(tmp_path):
+    (tmp_path / "dev" / "vfio").mkdir(parents=True)
+    _touch(tmp_path, "dev/vfio/vfio", "dev/null")  # the VFIO control file exists on many plain hosts
+    _pci(tmp_path, "0000:00:04.0", "0x1ae0", "0x0042")  # Google's gVNIC network card: not a TPU
+    _pci(tmp_path, "0000:00:05.0", "0x8086", "0x1237")
+    plugins = ["libtpu", "xla_cuda12", "xla_rocm7"]
+    assert devices._hardware_evidence(plugins, root=tmp_path, environ={}) == []
+
+
+@pytest.mark.parametrize(
+    "files,environ,expected",
+    [
+        (["dev/accel0", "dev/accel1"], {}, ["dev/accel0", "dev/accel1"]),  # TPU v2-v4
+        (["dev/vfio/0", "dev/vfio/vfio"], {}, ["dev/vfio/0"]),  # TPU v5e and later
+        ([], {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, ["TPU_ACCELERATOR_TYPE is set"]),
+        ([], {"TPU_WORKER_HOSTNAMES": "localhost"}, ["TPU_WORKER_HOSTNAMES is set"]),
+        ([], {"TPU_ACCELERATOR_TYPE": ""}, []),  # set but empty: no sign
+    ],
+)
+def test_tpu_evidence(tmp_path, files, environ, expected):
+    _touch(tmp_path, *files)
+    found = devices._hardware_evidence(["libtpu"], root=tmp_path, environ=environ)
+    assert [f.replace(str(tmp_path) + "/", "") for f in found] == expected
+    # The same signs mean nothing to a CUDA plugin.
+    assert devices._hardware_evidence(["xla_cuda12"], root=tmp_path, environ=environ) == []
+
+
+def test_tpu_evidence_from_pci(tmp_path):
+    _pci(tmp_path, "0000:00:05.0", "0x1ae0", "0x0063")  # a TPU v5e chip, as JAX's hardware_utils lists it
+    assert devices._hardware_evidence(["libtpu"], root=tmp_path, environ={}) == ["TPU chip on PCI 0000:00:05.0"]
+
+
+@pytest.mark.parametrize("files", [["dev/nvidia0"], ["dev/nvidiactl"], ["dev/dxg"]])
+def test_cuda_evidence(tmp_path, files):
+    _touch(tmp_path, *files)
+    assert devices._hardware_evidence(["xla_cuda12"], root=tmp_path, environ={}) == [str(tmp_path / files[0])]
+    assert devices._hardware_evidence(["libtpu"], root=tmp_path, environ={}) == []
+
+
+def test_rocm_evidence(tmp_path):
+    _touch(tmp_path, "dev/kfd")
+    assert devices._hardware_evidence(["xla_rocm7"], root=tmp_path, environ={}) == [str(tmp_path / "dev/kfd")]
+    assert devices._hardware_evidence(["xla_cuda12"], root=tmp_path, environ={}) == []
+
+
+def test_an_unknown_plugin_is_probed(tmp_path):
+    assert devices._hardware_evidence(["xla_newchip"], root=tmp_path, environ={}) == [
+        "plugin xla_newchip (its hardware cannot be checked cheaply)"]
+
+
+def test_plugins_are_found_without_starting_jax(monkeypatch):
+    """libtpu is found by its module spec, CUDA/ROCm plugins in the jax_plugins namespace package."""
+    real_find_spec = devices.importlib.util.find_spec
+    monkeypatch.setattr(devices.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "libtpu" else real_find_spec(name, *a))
+    assert "libtpu" in devices._accelerator_plugins()
+    monkeypatch.setattr(devices.importlib.util, "find_spec", lambda name, *a: None)
+    assert "libtpu" not in devices._accelerator_plugins()
+
+
+@needs_no_accelerator
+def test_installed_libtpu_costs_no_probe_and_prints_nothing():
+    """In a fresh interpreter: one line on stdout, nothing on stderr, no child process started."""
+    r = _run("""
+        import subprocess
+        def no_child(*args, **kwargs):
+            raise AssertionError(f"setup_devices started a child process: {args[0]}")
+        subprocess.run = no_child
+        from utils import setup_devices
+        import jax.numpy as jnp
+        setup_devices(8)
+        jnp.ones(8).block_until_ready()
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines() == [r.stdout.strip()]
+    assert r.stdout.startswith("setup_devices: 8 simulated CPU devices (no accelerator found)")
+    for noise in ("libtpu", "TPU_WORKER_HOSTNAMES", "InitGoogle", "WARNING", "E0000"):
+        assert noise not in r.stderr, r.stderr
+    assert r.stderr == ""

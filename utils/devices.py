@@ -5,6 +5,11 @@ needs 8 devices everywhere: real accelerators where at least 8 exist, otherwise
 8 simulated CPU devices (``jax_num_cpu_devices``). That choice must be made
 before the first operation, so every notebook calls :func:`setup_devices`
 in its first code cell.
+
+Counting accelerators means starting a plugin in a child process, which costs
+seconds (and libtpu prints warnings where there is no TPU). So the child runs
+only where a plugin is installed *and* the machine shows hardware for it:
+device files, PCI ids or TPU VM variables, the same signs JAX checks.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import pkgutil
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["DeviceCountError", "DeviceSetup", "setup_devices"]
 
@@ -42,6 +49,74 @@ class DeviceSetup:
 
 
 _current: DeviceSetup | None = None
+
+
+# What JAX itself looks at (jax/_src/hardware_utils.py): Google's PCI vendor id with a TPU device id,
+# the NVIDIA device files, and AMD's KFD driver. Device ids as of jax 0.12 (v3 ... TPU8t).
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_TPU_PCI_DEVICE_IDS = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076", "0x0083",
+                                 "0x007c"})
+# Set on TPU VMs and GKE TPU nodes (libtpu reads them); JAX_FORCE_TPU_INIT makes JAX try libtpu regardless.
+_TPU_ENV_VARS = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "JAX_FORCE_TPU_INIT")
+
+
+def _plugin_kind(plugin: str) -> str:
+    """'tpu', 'cuda', 'rocm' or 'unknown' for an accelerator plugin's name (libtpu, xla_cuda12, ...)."""
+    name = plugin.lower()
+    for kind in ("tpu", "cuda", "rocm"):
+        if kind in name:
+            return kind
+    return "unknown"
+
+
+def _tpu_evidence(root: Path, environ: Mapping[str, str]) -> list[str]:
+    found = [f"{var} is set" for var in _TPU_ENV_VARS if environ.get(var)]
+    dev = root / "dev"
+    found += [str(p) for p in sorted(dev.glob("accel[0-9]*"))]  # TPU v2-v4 chips
+    found += [str(p) for p in sorted((dev / "vfio").glob("[0-9]*"))]  # TPU v5e and later (VFIO groups)
+    for vendor in sorted((root / "sys" / "bus" / "pci" / "devices").glob("*/vendor")):
+        try:
+            if vendor.read_text().strip() != _GOOGLE_PCI_VENDOR:
+                continue
+            if (vendor.parent / "device").read_text().strip() in _TPU_PCI_DEVICE_IDS:
+                found.append(f"TPU chip on PCI {vendor.parent.name}")
+        except OSError:
+            continue
+    return found
+
+
+def _cuda_evidence(root: Path) -> list[str]:
+    dev = root / "dev"
+    return [str(p) for p in [*sorted(dev.glob("nvidia[0-9]*")), dev / "nvidiactl", dev / "dxg"] if p.exists()]
+
+
+def _rocm_evidence(root: Path) -> list[str]:
+    dev = root / "dev"
+    return [str(p) for p in (dev / "kfd", dev / "dxg") if p.exists()]
+
+
+def _hardware_evidence(plugins: list[str], root: Path = Path("/"), environ: Mapping[str, str] | None = None
+                       ) -> list[str]:
+    """Cheap signs (device files, PCI ids, TPU VM variables) that an installed plugin has hardware to drive.
+
+    Reads a few files under ``root`` and never starts JAX or a plugin: an installed
+    libtpu (the course installs it to compile TPU programs ahead of time) is no
+    reason to spend seconds starting it on a laptop. An unknown plugin counts as
+    evidence of itself, so it is probed.
+    """
+    environ = os.environ if environ is None else environ
+    found: list[str] = []
+    for plugin in plugins:
+        kind = _plugin_kind(plugin)
+        if kind == "tpu":
+            found += _tpu_evidence(root, environ)
+        elif kind == "cuda":
+            found += _cuda_evidence(root)
+        elif kind == "rocm":
+            found += _rocm_evidence(root)
+        else:
+            found.append(f"plugin {plugin} (its hardware cannot be checked cheaply)")
+    return list(dict.fromkeys(found))
 
 
 def _accelerator_plugins() -> list[str]:
@@ -145,7 +220,7 @@ def _choose(n: int, prefer: str) -> str | None:
     if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
         return "JAX_PLATFORMS=cpu"
     plugins = _accelerator_plugins()
-    if not plugins:
+    if not plugins or not _hardware_evidence(plugins):
         return "no accelerator found"
     backend, count, note = _probe_accelerators()
     if note:

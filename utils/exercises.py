@@ -6,17 +6,42 @@ with a helpful message when an answer is wrong) with a reference solution and
 at least one wrong answer. The course's tests feed both through the checker,
 so a checker that stops accepting the solution, or starts accepting anything,
 fails CI.
+
+Any other exception out of a checker is a *checker error*: the checker itself
+failed (a bug, or an answer of a kind it did not validate first). ``check``
+says so plainly, names the exception, and does not count it as the learner's
+mistake; :meth:`Exercise.verdict` tells the four outcomes apart for tests.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import inspect
 import textwrap
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
-__all__ = ["NOT_ANSWERED", "Exercise"]
+__all__ = ["NOT_ANSWERED", "Exercise", "Outcome", "Verdict", "answer_errors"]
+
+
+class Verdict(enum.StrEnum):
+    """The outcome of checking one answer."""
+
+    CORRECT = "correct"
+    WRONG = "wrong"  # the checker raised AssertionError: the answer is wrong, with a message why
+    NOT_ANSWERED = "not_answered"  # the placeholder is still there
+    CHECKER_ERROR = "checker_error"  # the checker raised something else: the checker failed, not the learner
+
+
+class Outcome(NamedTuple):
+    """A :class:`Verdict` with the exception the checker raised (None when it raised nothing)."""
+
+    verdict: Verdict
+    error: Exception | None
 
 
 class _NotAnswered:
@@ -26,6 +51,28 @@ class _NotAnswered:
 
 NOT_ANSWERED: Any = _NotAnswered()
 """Placeholder that exercise cells start with: checking it prints a nudge, not an error."""
+
+
+@contextlib.contextmanager
+def answer_errors(what: str = "your answer") -> Iterator[None]:
+    """Inside a checker, around code that runs the learner's answer: an exception there is a wrong answer.
+
+    A learner's function that raises (a NameError, a spec naming an axis the
+    mesh lacks, a jit that rejects what it returns) has answered wrongly; the
+    checker has not failed. This turns such an exception into an
+    ``AssertionError`` that starts with ``what`` and quotes the error's first
+    line, so :meth:`Exercise.check` shows it as a verdict. Keep the block
+    narrow: an exception from the checker's own code must stay a checker error.
+    """
+    try:
+        yield
+    except AssertionError:
+        raise
+    except Exception as err:
+        lines = str(err).strip().splitlines()
+        first = lines[0] if lines else ""
+        detail = f"{type(err).__name__}: {first[:300]}" if first else type(err).__name__
+        raise AssertionError(f"{what} raised {detail}") from err
 
 
 @dataclass
@@ -53,22 +100,50 @@ class Exercise:
                 f"Exercise {self.title!r}: give at least one wrong answer, so tests prove the checker can fail"
             )
 
-    def check(self, answer: Any) -> bool:
-        """Print whether ``answer`` is right (and why not); return True when it is."""
+    def outcome(self, answer: Any) -> Outcome:
+        """Check ``answer`` without printing: the :class:`Verdict` and the exception behind it.
+
+        ``AssertionError`` from the checker means a wrong answer; any other
+        ``Exception`` means the checker itself failed. ``KeyboardInterrupt`` and
+        ``SystemExit`` pass through.
+        """
         if answer is NOT_ANSWERED:
-            print(f"[{self.title}] not answered yet: replace NOT_ANSWERED with your answer."
-                  + (f" Hint: {self.hint}" if self.hint else ""))
-            return False
+            return Outcome(Verdict.NOT_ANSWERED, None)
         try:
             self.checker(answer)
         except AssertionError as err:
+            return Outcome(Verdict.WRONG, err)
+        except Exception as err:
+            return Outcome(Verdict.CHECKER_ERROR, err)
+        return Outcome(Verdict.CORRECT, None)
+
+    def verdict(self, answer: Any) -> Verdict:
+        """Check ``answer`` without printing: correct, wrong, not answered, or checker error."""
+        return self.outcome(answer).verdict
+
+    def check(self, answer: Any) -> bool:
+        """Print whether ``answer`` is right (and why not); return True when it is."""
+        verdict, err = self.outcome(answer)
+        if verdict is Verdict.NOT_ANSWERED:
+            print(f"[{self.title}] not answered yet: replace NOT_ANSWERED with your answer."
+                  + (f" Hint: {self.hint}" if self.hint else ""))
+        elif verdict is Verdict.WRONG:
             print(f"[{self.title}] not yet: {err}" + (f"\nHint: {self.hint}" if self.hint else ""))
-            return False
-        except Exception as err:  # a wrong answer may break the checker's own code
-            print(f"[{self.title}] not yet: checking it raised {type(err).__name__}: {err}")
-            return False
-        print(f"[{self.title}] correct." + (f" {self.explanation}" if self.explanation else ""))
-        return True
+        elif verdict is Verdict.CHECKER_ERROR:
+            print(f"[{self.title}] checker error: the checker itself failed, so this is no verdict on your "
+                  f"answer. It raised {type(err).__name__}: {err}{self._where(err)}. Check that your answer "
+                  "is the kind of value the exercise asks for; if it is, the exercise has a bug.")
+        else:
+            print(f"[{self.title}] correct." + (f" {self.explanation}" if self.explanation else ""))
+        return verdict is Verdict.CORRECT
+
+    def _where(self, err: BaseException | None) -> str:
+        """' (in file.py:line)': the checker's own line that failed, else the deepest frame."""
+        frames = traceback.extract_tb(err.__traceback__) if err is not None else []
+        own = getattr(getattr(self.checker, "__code__", None), "co_filename", None)
+        mine = [f for f in frames if f.filename == own]
+        frame = (mine or frames or [None])[-1]
+        return f" (in {Path(frame.filename).name}:{frame.lineno})" if frame else ""
 
     def reveal(self) -> None:
         """Print the reference solution (its source code, for a function)."""
