@@ -422,7 +422,11 @@ def collectives(compiled: Any) -> Collectives:
       the all-reduce inside it is not counted again.
 
     An unfused all-reduce + dynamic-slice (the CPU's spelling of the
-    partitioner's reduce-scatter) is reported as the all-reduce it is.
+    partitioner's reduce-scatter) is reported as the all-reduce it is. Each
+    instruction of the program text counts once, even where its computation is
+    called from two places; computations the entry never calls are skipped.
+    Not counted: ``ragged-all-to-all``, ``collective-broadcast``,
+    ``send``/``recv`` (none appears in the course's programs).
     """
     text = _hlo_text(compiled)
     m = re.search(r"num_partitions=(\d+)", text)
@@ -526,8 +530,8 @@ class Memory:
     the same programs for 8 CPU devices and for a ``v5e:2x4`` TPU topology):
 
     - CPU: ``argument`` and ``output`` are exactly the shard bytes; ``peak`` is
-      ``argument + output`` in every program checked: it leaves temporaries
-      out, so use ``total``.
+      ``argument + output`` (to within a few bytes) in every program checked:
+      it leaves temporaries out, so use ``total``.
     - TPU (per chip, HBM): every array is counted in its tiled layout, so
       dimensions are padded up to the tile (f32/bf16 ``[100,100]`` is stored as
       ``[104,128]``: 53,248 bytes in f32 rather than 40,000; shapes that are
