@@ -1,9 +1,16 @@
-"""Collectives, per-device memory and shard tables read from real compiled programs."""
+"""Collectives, per-device memory and shard tables read from real compiled programs.
+
+The TPU cases compile real programs ahead of time for a TPU v5e:2x4 topology (the ``tpu_devices``
+fixture; no TPU needed, skipped where libtpu is absent) next to the same program for 8 CPU devices.
+"""
+
+import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from utils.inspecting import (
@@ -56,24 +63,96 @@ def test_text_input_and_every_replica_group_spelling():
         "  %a = f32[16,8]{1,0} all-reduce(%x), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add",
         "  %b = f32[64]{0} all-gather(%y), channel_id=2, replica_groups=[4,2]<=[8], dimensions={0}",
         "  ROOT %c = bf16[8,8]{1,0} reduce-scatter(%z), replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}",
-        "  %d-start = (f32[4]{0}, f32[4]{0}) all-gather-start(%w), replica_groups={}",
-        "  %d-done = f32[4]{0} all-gather-done(%d-start)",
+        "  %d-start = (f32[1]{0}, f32[8]{0}) all-gather-start(%w), replica_groups={}",
+        "  %d-done = f32[8]{0} all-gather-done(%d-start)",
         "  %e = s32[2]{0} collective-permute(%v), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}",
         "  %g = s32[2]{0} collective-permute(%v), "
         "source_target_pairs={{0,2},{2,4},{4,6},{6,0},{1,3},{3,5},{5,7},{7,1}}",
         "  %h = (f32[1,8]{1,0}, /*index=1*/f32[1,8]{1,0}) all-to-all(%a, %b), replica_groups={{0,1}}",
+        "  %i = f32[4,2]{1,0:T(8,128)} all-reduce(%x), replica_groups=[2,4]<=[4,2]T(1,0), to_apply=%add",
+        "  %j = f32[4]{0} all-reduce(%x), replica_groups=mesh['axis_0'=1,'axis_1'=2,'axis_2'=4], "
+        "device_ids=([4,2]T(1,0)) {'axis_1'}, to_apply=%add",
         "  %f = f32[8]{0} add(%p, %q)",
     ])
     found = collectives(text)
     assert [op.kind for op in found.ops] == ["all-reduce", "all-gather", "reduce-scatter", "all-gather",
-                                             "collective-permute", "collective-permute", "all-to-all"]
-    assert [op.group_size for op in found.ops] == [4, 2, 4, 8, 4, 4, 2]  # two rings of 4 in the 6th
-    assert [op.result_bytes for op in found.ops] == [16 * 8 * 4, 64 * 4, 8 * 8 * 2, 2 * 4 * 4, 2 * 4, 2 * 4, 64]
-    assert [op.result_type for op in found.ops] == ["f32[16,8]", "f32[64]", "bf16[8,8]", "2 x f32[4]", "s32[2]",
-                                                    "s32[2]", "2 x f32[1,8]"]
+                                             "collective-permute", "collective-permute", "all-to-all",
+                                             "all-reduce", "all-reduce"]
+    assert [op.group_size for op in found.ops] == [4, 2, 4, 8, 4, 4, 2, 4, 2]  # two rings of 4 in the 6th
+    assert [op.result_bytes for op in found.ops] == [16 * 8 * 4, 64 * 4, 8 * 8 * 2, 8 * 4, 2 * 4, 2 * 4, 64,
+                                                     4 * 2 * 4, 4 * 4]
+    assert [op.result_type for op in found.ops] == ["f32[16,8]", "f32[64]", "bf16[8,8]", "f32[8]", "s32[2]",
+                                                    "s32[2]", "2 x f32[1,8]", "f32[4,2]", "f32[4]"]
     assert found.counts["all-gather"] == 2  # the -done half is not counted
-    assert [op.shapes for op in found.ops] == [((16, 8),), ((64,),), ((8, 8),), ((4,), (4,)), ((2,),), ((2,),),
-                                               ((1, 8), (1, 8))]
+    assert [op.shapes for op in found.ops] == [((16, 8),), ((64,),), ((8, 8),), ((8,),), ((2,),), ((2,),),
+                                               ((1, 8), (1, 8)), ((4, 2),), ((4,),)]
+    assert [op.form for op in found.ops] == ["op"] * 3 + ["async"] + ["op"] * 5
+
+
+def test_async_pairs_count_once_with_the_result_bytes():
+    """Every async spelling: -start/-done pairs (result from the -done), and async-start wrapping a computation."""
+    text = "\n".join([
+        "HloModule m, num_partitions=8",
+        "%wrapped_reduce_scatter (p: f32[64]) -> f32[8] {",
+        "  %p = f32[64]{0} parameter(0)",
+        "  ROOT %rs = f32[8]{0} reduce-scatter(%p), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}, "
+        "to_apply=%add",
+        "}",
+        "ENTRY %main (x: f32[8]) -> f32[8] {",
+        "  %x = f32[8]{0} parameter(0)",
+        "  %ag-start = (f32[8]{0}, f32[64]{0}) all-gather-start(%x), channel_id=1, replica_groups=[1,8]<=[8], "
+        "dimensions={0}",
+        "  %ag-done = f32[64]{0} all-gather-done(%ag-start)",
+        "  %ar-start = f32[64]{0} all-reduce-start(%ag-done), channel_id=2, replica_groups={{0,1},{2,3},{4,5},{6,7}}, "
+        "to_apply=%add",
+        "  %ar-done = f32[64]{0} all-reduce-done(%ar-start)",
+        "  %rs-start = ((f32[64]{0}), f32[8]{0}) async-start(%ar-done), calls=%wrapped_reduce_scatter",
+        "  %rs-done = f32[8]{0} async-done(%rs-start), calls=%wrapped_reduce_scatter",
+        "  %cp-start = (f32[8]{0}, f32[8]{0}, u32[], u32[]) collective-permute-start(%rs-done), channel_id=4, "
+        "source_target_pairs={{0,1},{1,0}}",
+        "  ROOT %cp-done = f32[8]{0} collective-permute-done(%cp-start)",
+        "}",
+    ])
+    found = collectives(text)
+    assert [(op.kind, op.name, op.result_type, op.result_bytes, op.group_size, op.form) for op in found.ops] == [
+        ("all-gather", "ag-start", "f32[64]", 256, 8, "async"),
+        ("all-reduce", "ar-start", "f32[64]", 256, 2, "async"),
+        ("reduce-scatter", "rs", "f32[8]", 32, 8, "async"),
+        ("collective-permute", "cp-start", "f32[8]", 32, 2, "async"),
+    ]
+
+
+def test_collectives_in_loop_bodies_and_branches_count_once():
+    body = jax.jit(lambda x, w: jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w), x))
+    x = jax.device_put(jnp.ones((64, 128)), NamedSharding(MESH, P(None, "model")))
+    w = jax.device_put(jnp.ones((128, 128)), NamedSharding(MESH, P("model", None)))
+    found = collectives(body.lower(x, w).compile())
+    assert found.count("all-reduce") == 1 and all(op.in_loop for op in found.ops)
+    assert "(in loop)" in str(found) and "runs once per iteration" in str(found)
+    text = "\n".join([
+        "HloModule m, num_partitions=8",
+        "%body (p: f32[8]) -> f32[8] {",
+        "  %p = f32[8]{0} parameter(0)",
+        "  ROOT %ar = f32[8]{0} all-reduce(%p), channel_id=1, replica_groups=[4,2]<=[8], to_apply=%add",
+        "}",
+        "%cond (p: f32[8]) -> pred[] {",
+        "  ROOT %c = pred[] constant(true)",
+        "}",
+        "%unused (p: f32[8]) -> f32[8] {",
+        "  ROOT %ag = f32[8]{0} all-gather(%p), channel_id=9, replica_groups=[4,2]<=[8], dimensions={0}",
+        "}",
+        "%branch (p: f32[8]) -> f32[8] {",
+        "  ROOT %a2a = f32[8]{0} all-to-all(%p), channel_id=2, replica_groups=[4,2]<=[8], dimensions={0}",
+        "}",
+        "ENTRY %main (x: f32[8]) -> f32[8] {",
+        "  %x = f32[8]{0} parameter(0)",
+        "  %w = f32[8]{0} while(%x), condition=%cond, body=%body",
+        "  %w2 = f32[8]{0} while(%w), condition=%cond, body=%body",
+        "  ROOT %k = f32[8]{0} conditional(%i, %w2), branch_computations={%branch, %branch}",
+        "}",
+    ])
+    found = collectives(text)  # each instruction of the program text once, wherever it is called from; unused: none
+    assert [(op.kind, op.in_loop) for op in found.ops] == [("all-reduce", True), ("all-to-all", False)]
 
 
 def test_count_rejects_unknown_kinds():
@@ -161,3 +240,172 @@ def test_table_summarises_long_fused_results():
     text = "  %a = (f32[256]{0}, f32[256,64]{1,0}, f32[64]{0}, f32[64,10]{1,0}) all-reduce(%x), replica_groups={{0,1}}"
     line = str(collectives(text)).splitlines()[1]
     assert "4 arrays, 67.8 KiB" in line  # (256 + 256*64 + 64 + 64*10) * 4 bytes
+
+
+# --- programs compiled for a TPU topology, next to the same program for 8 CPU devices ---------------------------
+
+
+@pytest.fixture(scope="module")
+def meshes(tpu_devices):
+    """{'tpu': a (4, 2) mesh of v5e:2x4 chips, 'cpu': the same mesh of the 8 simulated CPU devices}."""
+    tpu = Mesh(np.array(tpu_devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    return {"tpu": tpu, "cpu": MESH}
+
+
+def _struct(mesh, shape, spec, dtype=np.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+
+
+def _compile(mesh, f, *layouts, **jit_kwargs):
+    """Compile ``f`` for ``mesh`` from (shape, spec) pairs; out_shardings given as specs."""
+    if "out_shardings" in jit_kwargs:
+        jit_kwargs["out_shardings"] = jax.tree.map(
+            lambda spec: NamedSharding(mesh, spec), jit_kwargs["out_shardings"], is_leaf=lambda x: isinstance(x, P))
+    structs = [_struct(mesh, shape, spec) for shape, spec in layouts]
+    return jax.jit(f, **jit_kwargs).lower(*structs).compile()
+
+
+MATMULS = {  # (512, 1024) @ (1024, 1024) on the (4, 2) mesh: the collectives both compilers insert
+    "contracting dim unsharded, x's columns gathered": (P("data", "model"), P(None, "model"), "all-gather", 2),
+    "contracting dim sharded over model": (P("data", "model"), P("model", None), "all-reduce", 2),
+    "no contracting dim sharded": (P("data", None), P(None, "model"), None, 0),
+    "contracting dim sharded over data": (P(None, "data"), P("data", None), "all-reduce", 4),
+}
+
+
+@pytest.mark.parametrize("case", list(MATMULS))
+def test_matmul_collectives_are_the_same_on_tpu_and_cpu(meshes, case):
+    x_spec, w_spec, kind, group = MATMULS[case]
+    for backend, mesh in meshes.items():
+        found = collectives(_compile(mesh, lambda a, b: a @ b, ((512, 1024), x_spec), ((1024, 1024), w_spec)))
+        assert found.count() == (0 if kind is None else 1), (backend, str(found))
+        if kind is not None:
+            assert (found.ops[0].kind, found.ops[0].group_size) == (kind, group), backend
+
+
+def test_tpu_gathers_matmul_operands_in_bf16(meshes):
+    x_spec, w_spec = P("data", "model"), P(None, "model")
+    ops = {b: collectives(_compile(m, lambda a, b: a @ b, ((512, 1024), x_spec), ((1024, 1024), w_spec))).ops[0]
+           for b, m in meshes.items()}
+    assert ops["cpu"].result_type == "f32[128,1024]" and ops["cpu"].result_bytes == 128 * 1024 * 4
+    assert ops["tpu"].result_type == "bf16[128,1024]" and ops["tpu"].result_bytes == 128 * 1024 * 2  # half
+    assert ops["tpu"].estimated_bytes == ops["cpu"].estimated_bytes / 2
+    # without a matmul there is no conversion: a plain reshard gathers f32 on both
+    for mesh in meshes.values():
+        (op,) = collectives(_compile(mesh, lambda w: w * 2, ((1024, 1024), P("data", "model")),
+                                     out_shardings=P(None, "model"))).ops
+        assert (op.kind, op.result_type, op.group_size) == ("all-gather", "f32[1024,512]", 4)
+
+
+def _loss(x, w):
+    return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+
+def test_fsdp_gradient_tpu_fuses_the_reduce_scatter_cpu_does_not(meshes):
+    grads = {b: _compile(m, jax.grad(_loss, argnums=1), ((512, 1024), P("data", None)),
+                         ((1024, 1024), P("data", None)), out_shardings=P("data", None))
+             for b, m in meshes.items()}
+    tpu, cpu = collectives(grads["tpu"]), collectives(grads["cpu"])
+    assert [(op.kind, op.result_type, op.group_size) for op in tpu.ops] == [
+        ("all-gather", "bf16[1024,1024]", 4), ("reduce-scatter", "f32[256,1024]", 4)]
+    assert tpu.count("all-reduce") == 0 and tpu.ops[1].form == "fused"
+    # how the TPU program writes it: a fusion calling %all-reduce-scatter, an all-reduce and a dynamic-slice inside
+    text = grads["tpu"].as_text()
+    assert re.search(r"%fusion[.\d]* = f32\[256,1024\]\S* fusion\(.*kind=kCustom, calls=%all-reduce-scatter", text)
+    inside = text.split("%all-reduce-scatter (", 1)[1].split("\n}", 1)[0]
+    assert " all-reduce(" in inside and " dynamic-slice(" in inside
+    # the CPU keeps the partitioner's all-reduce + dynamic-slice: reported as the all-reduce it is
+    assert [(op.kind, op.result_type, op.group_size) for op in cpu.ops] == [
+        ("all-gather", "f32[1024,1024]", 4), ("all-reduce", "f32[1024,1024]", 4)]
+    assert cpu.count("reduce-scatter") == 0 and "dynamic-slice" in grads["cpu"].as_text()
+
+
+def test_psum_scatter_is_a_reduce_scatter_on_cpu_too(meshes):
+    scatter = jax.shard_map(lambda a: jax.lax.psum_scatter(a, "data", scatter_dimension=0, tiled=True),
+                            mesh=MESH, in_specs=P(None, None), out_specs=P("data", None))
+    (op,) = collectives(jax.jit(scatter).lower(_struct(MESH, (512, 1024), P())).compile()).ops
+    assert (op.kind, op.result_type, op.group_size, op.form) == ("reduce-scatter", "f32[128,1024]", 4, "op")
+
+
+def test_tpu_async_chains_count_once(meshes):
+    """FSDP over two layers: the TPU overlaps one gather with compute, written as fusions sharing a channel."""
+    def loss(ws, x):
+        return jnp.sum(jnp.tanh(jnp.tanh(x @ ws[0]) @ ws[1]) ** 2)
+
+    fsdp = P(("data", "model"), None)
+    found = {}
+    for backend, mesh in meshes.items():
+        ws = [_struct(mesh, (1024, 1024), fsdp)] * 2
+        compiled = jax.jit(jax.grad(loss), out_shardings=[NamedSharding(mesh, fsdp)] * 2).lower(
+            ws, _struct(mesh, (512, 1024), fsdp)).compile()
+        found[backend] = (collectives(compiled), compiled.as_text())
+    (tpu, text), (cpu, _) = found["tpu"], found["cpu"]
+    assert 'custom_call_target="AsyncCollectiveStart"' in text  # the async spelling is there...
+    gather_channels = set(re.findall(r" all-gather\(.*?channel_id=(\d+)", text))
+    assert len(re.findall(r" all-gather\(", text)) > len(gather_channels)  # ...repeating one gather per step
+    assert tpu.count("all-gather") == len(gather_channels) == cpu.count("all-gather")  # ...counted once
+    assert any(op.form == "async" for op in tpu.ops)
+    reductions = [c.count("reduce-scatter") + c.count("all-reduce") for c in (tpu, cpu)]
+    assert reductions[0] == reductions[1]  # the TPU's fused reduce-scatter is the CPU's all-reduce + slice
+    assert tpu.count("all-to-all") == cpu.count("all-to-all")
+
+
+def test_ppermute_and_reshard_all_to_all_on_tpu_and_cpu(meshes):
+    for backend, mesh in meshes.items():
+        ring = jax.shard_map(lambda a: jax.lax.ppermute(a, "data", [(i, (i + 1) % 4) for i in range(4)]),
+                             mesh=mesh, in_specs=P("data", None), out_specs=P("data", None))
+        compiled = jax.jit(ring).lower(_struct(mesh, (512, 1024), P("data", None))).compile()
+        (op,) = collectives(compiled).ops
+        assert (op.kind, op.result_type, op.result_bytes, op.group_size) == (
+            "collective-permute", "f32[128,1024]", 128 * 1024 * 4, 4), backend
+        # the TPU sends it asynchronously: a -start whose type is (operand, result, ...); the result counts once
+        assert op.form == ("async" if backend == "tpu" else "op")
+        if backend == "tpu":
+            assert {"collective-permute-start(", "collective-permute-done("} <= set(
+                re.findall(r"collective-permute-\w+\(", compiled.as_text()))
+        (op,) = collectives(_compile(mesh, lambda a: a * 2, ((512, 1024), P("data", None)),
+                                     out_shardings=P(None, "data"))).ops
+        assert (op.kind, op.result_bytes, op.group_size) == ("all-to-all", 128 * 1024 * 4, 4), backend
+
+
+def test_collectives_in_loop_bodies_on_tpu_and_cpu(meshes):
+    for backend, mesh in meshes.items():
+        fori = _compile(mesh, lambda x, w: jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w), x),
+                        ((512, 1024), P(None, "model")), ((1024, 1024), P("model", None)))
+        found = collectives(fori)
+        assert found.count("all-reduce") == 1 and found.ops[0].group_size == 2, backend
+        assert all(op.in_loop for op in found.ops), backend
+        scan = _compile(mesh, lambda x, ws: jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0],
+                        ((512, 1024), P("data", None)), ((3, 1024, 1024), P(None, "data", None)))
+        (op,) = collectives(scan).ops
+        assert (op.kind, op.group_size, op.in_loop) == ("all-gather", 4, True), backend
+
+
+def test_memory_per_device_on_tpu(meshes):
+    x_spec, w_spec = P("data", "model"), P("model", None)
+    mem = {b: memory_per_device(_compile(m, lambda a, b: a @ b, ((512, 1024), x_spec), ((1024, 1024), w_spec)))
+           for b, m in meshes.items()}
+    shards = 128 * 512 * 4 + 512 * 1024 * 4  # x's (128, 512) shard + w's (512, 1024) shard
+    assert mem["tpu"].argument == mem["cpu"].argument == shards == 2_359_296  # per chip; no padding at these shapes
+    assert mem["tpu"].output == mem["cpu"].output == 128 * 1024 * 4
+    assert (mem["tpu"].platform, mem["cpu"].platform) == ("tpu", "cpu")
+    assert str(mem["tpu"]).startswith("per TPU device: arguments 2.2 MiB") and "peak" in str(mem["tpu"])
+    assert str(mem["cpu"]).startswith("per device: arguments 2.2 MiB") and "peak" not in str(mem["cpu"])
+    # CPU: peak leaves temporaries out (it is arguments + outputs); footprint is total there
+    assert mem["cpu"].peak == mem["cpu"].argument + mem["cpu"].output and mem["cpu"].footprint == mem["cpu"].total
+
+
+def test_tpu_memory_counts_tile_padding_and_temp_leaves_out_on_chip_buffers(meshes):
+    add = {b: memory_per_device(_compile(m, lambda a, b: a + b, ((100, 100), P()), ((100, 100), P())))
+           for b, m in meshes.items()}
+    assert add["cpu"].argument == 2 * 100 * 100 * 4
+    assert add["tpu"].argument == 2 * 104 * 128 * 4  # f32[100,100] stored in (8, 128) tiles: [104, 128]
+    if jax.__version_info__ >= (0, 12):  # peak_unpadded exists from jax 0.12
+        assert add["tpu"].peak_unpadded == 3 * 100 * 100 * 4 and add["tpu"].peak == 3 * 104 * 128 * 4
+    else:
+        assert add["tpu"].peak_unpadded is None
+    grad = _compile(meshes["tpu"], jax.grad(_loss, argnums=1), ((512, 1024), P("data", None)),
+                    ((1024, 1024), P("data", None)), out_shardings=P("data", None))
+    mem = memory_per_device(grad)
+    assert mem.temp == 0 and mem.peak > mem.argument + mem.output  # the gathered weight lives in S(1) memory
+    assert "S(1)}" in grad.as_text() and mem.footprint == mem.peak

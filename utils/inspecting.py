@@ -2,24 +2,39 @@
 
 These read the *compiled* program (``jax.jit(f).lower(*args).compile()``),
 which is the partitioned, per-device program: the only place where the
-collectives that GSPMD/Shardy inserted can be seen and counted.
+collectives that GSPMD/Shardy inserted can be seen and counted. A program
+compiled ahead of time for a TPU topology (``jax.experimental.topologies``,
+no TPU needed) is read the same way.
 
-On the CPU backend a reduce-scatter never appears: the partitioner emits an
-all-reduce followed by a dynamic-slice, and only the GPU and TPU compilers fuse
-that pair into a reduce-scatter. Count what the CPU program contains, and say so.
+The backend that compiled the program changes how a collective is written:
+
+- A reduce-scatter that the *partitioner* inserts (the gradient of a weight
+  sharded ``P('data', None)``, for example) appears in a CPU program as an
+  ``all-reduce`` followed by a ``dynamic-slice``: the CPU compiler keeps the
+  pair, and :func:`collectives` reports what is there, an all-reduce. The TPU
+  compiler fuses the pair into one op, a ``fusion`` that calls a computation
+  named ``%all-reduce-scatter``; :func:`collectives` counts it as one
+  reduce-scatter. A reduce-scatter written by hand (``jax.lax.psum_scatter``
+  in ``shard_map``) is a ``reduce-scatter`` op on both backends.
+- The TPU compiler converts f32 matmul operands to bf16 before gathering them
+  (the TPU's default matmul precision), so its all-gathers move half the
+  bytes of the CPU's; ``result_bytes`` follows the type the program states.
+- The TPU compiler runs some collectives asynchronously, split into a start,
+  several steps that overlap with compute, and a done; each such chain is one
+  collective here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .capture import quiet
 from .layout import as_layout, tiles
 
 __all__ = [
@@ -37,15 +52,18 @@ __all__ = [
 ]
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+FORMS = ("op", "async", "fused")
 
 _BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
          "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128,
-         "f8e4m3fn": 8, "f8e5m2": 8}
-_OP = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
-    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
-)
+         "f8e4m3fn": 8, "f8e5m2": 8, "f8e4m3fnuz": 8, "f8e5m2fnuz": 8, "f8e4m3b11fnuz": 8}
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9]*[a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
+_INSTR = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
+_HEADER = re.compile(r"^(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_CALLS = re.compile(
+    r"\b(?P<key>calls|to_apply|body|condition|true_computation|false_computation|branch_computations)="
+    r"(?P<target>\{[^}]*\}|%?[\w.\-]+)"
+)
 
 
 def format_bytes(n: float) -> str:
@@ -61,8 +79,28 @@ def format_bytes(n: float) -> str:
 class CollectiveOp:
     """One collective of the compiled per-device program.
 
-    ``result_bytes`` is the size of what the op produces on each device;
-    ``group_size`` the number of devices that talk in each group;
+    - ``kind``: one of :data:`COLLECTIVES`.
+    - ``name``: the HLO instruction's name (for a TPU fused reduce-scatter, the
+      fusion's name), to find it in ``compiled.as_text()``.
+    - ``result_type``: the per-device type of what the op produces, without
+      layouts (``{1,0:T(8,128)}``): ``'bf16[1024,1024]'``; a tuple of equal
+      arrays is ``'4 x f32[8]'``.
+    - ``result_bytes``: the size of that result on each device, from the type
+      the program states (so a bf16 all-gather counts 2 bytes per element; TPU
+      tile padding is not included). For an async pair, the bytes of the
+      result only, not of the start op's (operand, result, ...) tuple.
+    - ``group_size``: how many devices talk in each group (for
+      collective-permute, the size of the largest ring of its
+      source-target pairs).
+    - ``shapes``: the shape of each array the op produces (a combined op produces several).
+    - ``form``: how the program writes it: ``'op'`` (one synchronous
+      instruction), ``'async'`` (a ``-start``/``-done`` pair, an
+      ``async-start`` wrapper, or the TPU's chain of async-collective fusions),
+      ``'fused'`` (inside a fusion: the TPU's all-reduce + dynamic-slice fusion
+      that is one reduce-scatter, or a collective fused with other work).
+    - ``in_loop``: inside a ``while`` loop (a ``fori_loop`` or ``scan`` body): the
+      program states it once, and it runs once per iteration.
+
     ``estimated_bytes`` is an *estimate*, not a measurement: what each device would send under the
     textbook ring algorithm, computed from the result size and group size the program states:
     all-gather (N-1)/N x result, reduce-scatter (N-1) x result,
@@ -76,10 +114,12 @@ class CollectiveOp:
     result_bytes: int
     group_size: int
     shapes: tuple[tuple[int, ...], ...] = ()
-    """The shape of each array the op produces (a fused op produces several)."""
+    form: str = "op"
+    in_loop: bool = False
 
     @property
     def estimated_bytes(self) -> float:
+        """Ring-formula estimate of the bytes each device sends (not measured); 0 for a group of one."""
         n, b = self.group_size, self.result_bytes
         if n <= 1:
             return 0.0
@@ -94,7 +134,7 @@ class CollectiveOp:
 
 @dataclass(frozen=True)
 class Collectives:
-    """Every collective found in a compiled program, in program order."""
+    """Every collective found in a compiled program, in program order (see :func:`collectives`)."""
 
     ops: tuple[CollectiveOp, ...]
 
@@ -113,26 +153,34 @@ class Collectives:
 
     @property
     def kinds(self) -> set[str]:
+        """The kinds present."""
         return {op.kind for op in self.ops}
 
     @property
     def result_bytes(self) -> int:
+        """Sum of the ops' per-device result sizes (each op once, loop bodies once)."""
         return sum(op.result_bytes for op in self.ops)
 
     @property
     def estimated_bytes(self) -> float:
+        """Sum of the ops' ring-formula estimates: an estimate, not a measurement."""
         return sum(op.estimated_bytes for op in self.ops)
 
     def __str__(self) -> str:
         if not self.ops:
             return "no collectives: each device computes without talking to the others"
-        lines = [f"{'collective':<19}{'result (per device)':<28}{'group':>6}{'ring estimate':>14}"]
-        for op in self.ops:
+        labels = [op.kind + (" (in loop)" if op.in_loop else "") for op in self.ops]
+        width = max(19, max(len(label) for label in labels) + 1)
+        lines = [f"{'collective':<{width}}{'result (per device)':<28}{'group':>6}{'ring estimate':>14}"]
+        for label, op in zip(labels, self.ops, strict=True):
             shown = op.result_type
-            if len(shown) > 27:  # a fused tuple of many arrays: say how many, and their size
-                shown = f"{shown.count('[')} arrays, {format_bytes(op.result_bytes)}"
-            lines.append(f"{op.kind:<19}{shown:<28}{op.group_size:>6}{format_bytes(op.estimated_bytes):>14}")
-        lines.append(f"{'total (estimated: ring formula, not measured)':<53}{format_bytes(self.estimated_bytes):>14}")
+            if len(shown) > 27:  # a combined op of many arrays: say how many, and their size
+                shown = f"{len(op.shapes)} arrays, {format_bytes(op.result_bytes)}"
+            lines.append(f"{label:<{width}}{shown:<28}{op.group_size:>6}{format_bytes(op.estimated_bytes):>14}")
+        total = "total (estimated: ring formula, not measured)"
+        lines.append(f"{total:<{width + 34}}{format_bytes(self.estimated_bytes):>14}")
+        if any(op.in_loop for op in self.ops):
+            lines.append("(in loop): stated once in the loop body, runs once per iteration; counted once")
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -161,45 +209,72 @@ def _hlo_text(compiled: Any) -> str:
     return compiled.as_text()
 
 
+def _strip_type(type_text: str) -> str:
+    """Drop layouts (``{1,0}``, ``{1,0:T(8,128)(2,1)S(1)}``) and ``/*index=5*/`` comments from an HLO type."""
+    text = re.sub(r"/\*.*?\*/", "", type_text)
+    return re.sub(r"\]\{[^{}]*\}", "]", text).strip()
+
+
+def _tuple_elements(type_text: str) -> list[str]:
+    """Top-level elements of a tuple type ``(a, (b, c), d)``; ``[type_text]`` for an array."""
+    text = type_text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, current = [], 0, ""
+    for ch in text[1:-1]:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        parts.append(current.strip())
+    return parts
+
+
 def _short_type(type_text: str) -> str:
-    """'f32[4,8]{1,0}' -> 'f32[4,8]'; a tuple of equal arrays -> '4 x f32[4,8]'."""
-    text = re.sub(r"/\*.*?\*/", "", re.sub(r"\{[0-9,]*\}", "", type_text)).strip()  # drop layouts, comments
+    """'f32[4,8]{1,0:T(8,128)}' -> 'f32[4,8]'; a tuple of equal arrays -> '4 x f32[4,8]'."""
+    text = _strip_type(type_text)
     if text.startswith("("):
-        parts = [p.strip() for p in text.strip("()").split(", ") if p.strip()]
+        parts = _tuple_elements(text)
         if parts and len(set(parts)) == 1:
             return f"{len(parts)} x {parts[0]}"
         return " + ".join(parts)
     return text
 
 
-def _type_shapes(type_text: str) -> tuple[tuple[int, ...], ...]:
-    return tuple(
-        tuple(int(d) for d in m.group("dims").split(",") if d)
-        for m in _ARRAY.finditer(re.sub(r"/\*.*?\*/", "", type_text))
+def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
+    return [
+        (m.group("dtype"), tuple(int(d) for d in m.group("dims").split(",") if d))
+        for m in _ARRAY.finditer(_strip_type(type_text))
         if m.group("dtype") in _BITS
-    )
+    ]
+
+
+def _type_shapes(type_text: str) -> tuple[tuple[int, ...], ...]:
+    return tuple(shape for _, shape in _arrays(type_text))
 
 
 def _type_bytes(type_text: str) -> int:
-    total = 0
-    for m in _ARRAY.finditer(type_text):
-        dtype = m.group("dtype")
-        if dtype not in _BITS:
-            continue
-        dims = [int(d) for d in m.group("dims").split(",") if d]
-        total += math.prod(dims) * _BITS[dtype] // 8
-    return total
+    return sum(math.prod(shape) * _BITS[dtype] // 8 for dtype, shape in _arrays(type_text))
 
 
 def _group_size(line: str, total_devices: int | None) -> int:
     """Devices per group, from any of the replica_groups spellings XLA prints."""
-    # Shardy mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}
+    # Shardy mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, possibly with
+    # ", device_ids=([4,2]T(1,0))" between the mesh and the axes that talk.
     m = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
     if m:
-        sizes = dict((k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
         names = re.findall(r"'([^']+)'", m.group(2))
-        return math.prod(sizes[n] for n in names) if names else 1
-    # iota form: replica_groups=[4,2]<=[8]  (4 groups of 2)
+        if all(n in sizes for n in names):
+            return math.prod(sizes[n] for n in names) if names else 1
+        return total_devices or 1
+    # iota form: replica_groups=[4,2]<=[8], or transposed [2,4]<=[4,2]T(1,0): [groups, group size]
     m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
     if m:
         return int(m.group(2))
@@ -221,38 +296,198 @@ def _group_size(line: str, total_devices: int | None) -> int:
 
         for a, b in pairs:
             group[root(a)] = root(b)
-        sizes: dict[int, int] = {}
+        sizes_: dict[int, int] = {}
         for v in list(group):
-            sizes[root(v)] = sizes.get(root(v), 0) + 1
-        return max(max(sizes.values(), default=2), 2)
-    return total_devices or 1
+            sizes_[root(v)] = sizes_.get(root(v), 0) + 1
+        return max(max(sizes_.values(), default=2), 2)
+    return total_devices or 1  # replica_groups={} : every device
+
+
+@dataclass(frozen=True)
+class _Instr:
+    name: str
+    type: str
+    opcode: str
+    operands: tuple[str, ...]
+    attrs: str
+    line: str
+
+    @property
+    def called(self) -> list[tuple[str, str]]:
+        """(attribute, computation) for every computation this instruction calls."""
+        out = []
+        for m in _CALLS.finditer(self.attrs):
+            for target in re.findall(r"%?([\w.\-]+)", m.group("target")):
+                out.append((m.group("key"), target))
+        return out
+
+    @property
+    def channel(self) -> str | None:
+        m = re.search(r"\bchannel_id=(\d+)", self.attrs)
+        return m.group(1) if m else None
+
+
+def _matching(text: str, start: int) -> int:
+    """Index just past the bracket that closes the one at ``text[start]``."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] in "([{":
+            depth += 1
+        elif text[i] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
+
+
+def _parse_instr(line: str) -> _Instr | None:
+    m = _INSTR.match(line)
+    if not m:
+        return None
+    rest = m.group("rest")
+    words = rest.split(None, 1)
+    end = _matching(rest, 0) if rest.startswith("(") else len(words[0]) if words else 0
+    type_text, after = rest[:end], rest[end:]
+    op = re.match(r"\s*(?P<opcode>[\w\-]+)\(", after)
+    if not op:
+        return None
+    close = _matching(after, op.end() - 1)
+    operands = tuple(re.findall(r"%([\w.\-]+)", after[op.end() - 1:close]))
+    return _Instr(m.group("name"), type_text, op.group("opcode"), operands, after[close:], line)
+
+
+def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], list[str]]:
+    """Computations (name -> instructions in text order) and the roots to walk from (ENTRY, else all)."""
+    comps: dict[str, list[_Instr]] = {}
+    entry: str | None = None
+    current = ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            header = _HEADER.match(line)
+            if header and not line.startswith("HloModule"):
+                current = header.group("name")
+                comps.setdefault(current, [])
+                if header.group("entry"):
+                    entry = current
+                continue
+            if line.startswith("}"):
+                current = ""
+                continue
+        instr = _parse_instr(line)
+        if instr is not None:
+            comps.setdefault(current, []).append(instr)
+    roots = [entry] if entry is not None else list(comps)
+    return comps, roots
+
+
+_KIND = {**{k: k for k in COLLECTIVES}, **{f"{k}-start": k for k in COLLECTIVES}}
+
+
+def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, _Instr] | None:
+    """(all-reduce, dynamic-slice) when a fused computation is an all-reduce whose result is sliced."""
+    reduces = [i for i in body if i.opcode in ("all-reduce", "all-reduce-start")]
+    if len(reduces) != 1:
+        return None
+    names = {reduces[0].name}
+    for instr in body:  # text order is a topological order
+        if not instr.operands or instr.operands[0] not in names:
+            continue
+        if instr.opcode == "dynamic-slice":
+            return reduces[0], instr
+        if instr.opcode in ("all-reduce-done", "bitcast", "copy", "reshape"):
+            names.add(instr.name)
+    return None
 
 
 def collectives(compiled: Any) -> Collectives:
     """Find the collectives the compiler inserted, with per-device sizes.
 
-    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` (or its
-    ``as_text()``). Ops inside fused or called computations count too; the
-    ``-done`` halves of async pairs are not counted twice.
+    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (CPU,
+    or a TPU topology compiled ahead of time), or its ``as_text()``.
+
+    What is counted, walking the program from its entry computation in order:
+
+    - each collective instruction once (all-reduce, all-gather,
+      reduce-scatter, all-to-all, collective-permute), including those inside
+      called computations: loop bodies (``in_loop``), conditional branches,
+      fusions, ``async-start`` wrappers. A loop body's collective is counted
+      once, not once per iteration;
+    - an async pair (``all-gather-start``/``all-gather-done`` and the like)
+      once, with the bytes of its result (the ``-done`` op's type);
+    - the TPU's async chains (fusions that repeat one collective with the same
+      ``channel_id`` in a start, several overlap steps and a done) once;
+    - a fusion whose computation is an all-reduce followed by a
+      dynamic-slice of it (how the TPU compiler writes a reduce-scatter) as
+      one reduce-scatter, with the slice's type and the all-reduce's groups;
+      the all-reduce inside it is not counted again.
+
+    An unfused all-reduce + dynamic-slice (the CPU's spelling of the
+    partitioner's reduce-scatter) is reported as the all-reduce it is. Each
+    instruction of the program text counts once, even where its computation is
+    called from two places; computations the entry never calls are skipped.
+    Not counted: ``ragged-all-to-all``, ``collective-broadcast``,
+    ``send``/``recv`` (none appears in the course's programs).
     """
     text = _hlo_text(compiled)
     m = re.search(r"num_partitions=(\d+)", text)
     total = int(m.group(1)) if m else None
-    ops = []
-    for line in text.splitlines():
-        hit = _OP.match(line)
-        if not hit:
-            continue
-        ops.append(
-            CollectiveOp(
-                kind=hit.group("kind"),
-                name=hit.group("name"),
-                result_type=_short_type(hit.group("type")),
-                result_bytes=_type_bytes(hit.group("type")),
-                group_size=_group_size(line, total),
-                shapes=_type_shapes(hit.group("type")),
-            )
-        )
+    comps, roots = _parse_module(text)
+    ops: list[CollectiveOp] = []
+    seen_channels: set[tuple[str, str]] = set()
+    visited: set[str] = set()
+
+    def add(kind: str, instr: _Instr, type_text: str, form: str, in_loop: bool, group_line: str) -> None:
+        ops.append(CollectiveOp(
+            kind=kind, name=instr.name, result_type=_short_type(type_text), result_bytes=_type_bytes(type_text),
+            group_size=_group_size(group_line, total), shapes=_type_shapes(type_text), form=form, in_loop=in_loop,
+        ))
+
+    def visit(comp: str, in_loop: bool, context: str) -> None:
+        """``context``: 'op' for sequential code, 'fused' inside a fusion, 'async' inside an async wrapper."""
+        if comp in visited or comp not in comps:
+            return
+        visited.add(comp)
+        body = comps[comp]
+        done_types = {i.operands[0]: i.type for i in body if i.opcode.endswith("-done") and i.operands}
+        async_chain = any('custom_call_target="AsyncCollective' in i.attrs for i in body)
+        for instr in body:
+            kind = _KIND.get(instr.opcode)
+            if kind is not None:
+                key = (kind, instr.channel) if instr.channel else None
+                if context != "op" and key is not None and key in seen_channels:
+                    continue  # a later step of an async chain already counted
+                if key is not None:
+                    seen_channels.add(key)
+                if instr.opcode.endswith("-start"):
+                    elements = _tuple_elements(instr.type)
+                    result = done_types.get(instr.name, elements[1] if len(elements) > 1 else instr.type)
+                    add(kind, instr, result, "async", in_loop, instr.line)
+                else:
+                    form = "async" if context == "async" or async_chain else context
+                    add(kind, instr, instr.type, form, in_loop, instr.line)
+            for key_, callee in instr.called:
+                if instr.opcode == "fusion" and callee in comps and callee not in visited:
+                    pair = _fused_reduce_scatter(comps[callee])
+                    if pair is not None:
+                        reduce, piece = pair
+                        channel = ("reduce-scatter", reduce.channel) if reduce.channel else None
+                        visited.add(callee)
+                        if channel is None or channel not in seen_channels:
+                            if channel is not None:
+                                seen_channels.add(channel)
+                            add("reduce-scatter", instr, piece.type, "fused", in_loop, reduce.line)
+                        continue
+                if key_ == "to_apply" and instr.opcode != "call":
+                    continue  # a reduction's scalar computation
+                inner = context
+                if instr.opcode == "fusion":
+                    inner = "fused" if context == "op" else context
+                elif instr.opcode.startswith("async-"):
+                    inner = "async"
+                visit(callee, in_loop or (instr.opcode == "while" and key_ in ("body", "condition")), inner)
+
+    for root in roots:
+        visit(root, False, "op")
     return Collectives(tuple(ops))
 
 
@@ -261,9 +496,10 @@ def compile_with_log(lowered: Any) -> tuple[Any, str]:
 
     XLA's C++ warnings (such as "Involuntary full rematerialization", printed
     when a reshard goes through a full replica) bypass Python's ``warnings``
-    and ``sys.stderr``; they go straight to file descriptor 2. This captures
-    that descriptor during compilation so a notebook can show and assert them.
-    Each fresh compilation prints again; a cached one prints nothing.
+    and ``sys.stderr``; they go straight to file descriptors 1 and 2. This
+    catches them during compilation (with :func:`utils.capture.quiet`) so a
+    notebook can show and assert them. Each fresh compilation prints again; a
+    cached one prints nothing.
     """
     import jax
 
@@ -271,27 +507,50 @@ def compile_with_log(lowered: Any) -> tuple[Any, str]:
         raise TypeError(
             f"compile_with_log takes a Lowered program, e.g. jax.jit(f).lower(*args); got {type(lowered).__name__}"
         )
-    with tempfile.TemporaryFile(mode="w+b") as log:
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
-        try:
-            compiled = lowered.compile()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        return compiled, log.read().decode(errors="replace")
+    with quiet() as out:
+        compiled = lowered.compile()
+    return compiled, out.text
 
 
 @dataclass(frozen=True)
 class Memory:
-    """Per-device buffer sizes from ``compiled.memory_analysis()``, in bytes."""
+    """Buffer sizes of one device's compiled program, in bytes, from ``compiled.memory_analysis()``.
+
+    - ``argument``: the input buffers one device holds (its shard of every argument).
+    - ``output``: the output buffers it holds.
+    - ``temp``: temporaries the compiler allocated for the program.
+    - ``alias``: output bytes that reuse an input buffer (donation); counted in both of them.
+    - ``peak``: the compiler's figure for the most memory live at once (None where not reported).
+    - ``generated_code``: size of the compiled code (0 on CPU).
+    - ``peak_unpadded``: ``peak`` without TPU tile padding (jax 0.12 and later; None before).
+    - ``platform``: ``'cpu'``, ``'tpu'``, ``'gpu'`` (``''`` when unknown).
+    - ``raw``: the ``CompiledMemoryStats`` itself, for fields not copied here.
+
+    What the numbers mean depends on the backend (both checked by compiling
+    the same programs for 8 CPU devices and for a ``v5e:2x4`` TPU topology):
+
+    - CPU: ``argument`` and ``output`` are exactly the shard bytes; ``peak`` is
+      ``argument + output`` (to within a few bytes) in every program checked:
+      it leaves temporaries out, so use ``total``.
+    - TPU (per chip, HBM): every array is counted in its tiled layout, so
+      dimensions are padded up to the tile (f32/bf16 ``[100,100]`` is stored as
+      ``[104,128]``: 53,248 bytes in f32 rather than 40,000; shapes that are
+      multiples of (8, 128) have no padding). ``temp`` leaves out the buffers
+      the compiler places in the chip's other memory space (their layouts end
+      in ``S(1)`` in the HLO), so small programs show ``temp == 0``; ``peak``
+      includes them, so use ``peak``.
+
+    ``footprint`` picks the larger of ``total`` and ``peak``, the right one on both.
+    """
 
     argument: int
     output: int
     temp: int
     alias: int
     peak: int | None = None
+    generated_code: int = 0
+    peak_unpadded: int | None = None
+    platform: str = ""
     raw: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -299,22 +558,42 @@ class Memory:
         """Arguments + outputs + temporaries, less buffers shared by donation."""
         return self.argument + self.output + self.temp - self.alias
 
+    @property
+    def footprint(self) -> int:
+        """The larger of ``total`` and ``peak``: on CPU ``total``, on TPU usually ``peak`` (see the class)."""
+        return max(self.total, self.peak or 0)
+
     def __str__(self) -> str:
         parts = [f"arguments {format_bytes(self.argument)}", f"outputs {format_bytes(self.output)}",
                  f"temporaries {format_bytes(self.temp)}"]
         if self.alias:
             parts.append(f"aliased {format_bytes(self.alias)}")
-        return "per device: " + ", ".join(parts)
+        if self.platform not in ("", "cpu") and self.peak is not None:
+            parts.append(f"peak {format_bytes(self.peak)}")
+        where = "per device" if self.platform in ("", "cpu") else f"per {self.platform.upper()} device"
+        return f"{where}: " + ", ".join(parts)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
 
 
-def memory_per_device(compiled: Any) -> Memory:
-    """Per-device argument, output and temporary bytes of a compiled program.
+def _platform(compiled: Any) -> str:
+    """The platform the program was compiled for, from its input shardings ('' if none say)."""
+    import jax
 
-    On the CPU backend these are the sizes for one device's shard of the
-    program (the compiled program *is* the per-device program).
+    with contextlib.suppress(Exception):  # a program without shardings says nothing
+        for sharding in jax.tree_util.tree_leaves(compiled.input_shardings):
+            for device in getattr(sharding, "device_set", ()):
+                return str(device.platform)
+    return ""
+
+
+def memory_per_device(compiled: Any) -> Memory:
+    """Per-device argument, output, temporary and peak bytes of a compiled program.
+
+    The compiled program *is* the per-device program, so every number is for
+    one device (one TPU chip). See :class:`Memory` for what each field means on
+    CPU and on TPU (tile padding, which memory ``temp`` and ``peak`` count).
     """
     if isinstance(compiled, str) or not hasattr(compiled, "memory_analysis"):
         _hlo_text(compiled)  # raises the helpful TypeError
@@ -322,12 +601,16 @@ def memory_per_device(compiled: Any) -> Memory:
     stats = compiled.memory_analysis()
     if stats is None:
         raise RuntimeError("this backend reports no memory analysis for the compiled program")
+    unpadded = getattr(stats, "peak_unpadded_heap_bytes", None)
     return Memory(
         argument=int(stats.argument_size_in_bytes),
         output=int(stats.output_size_in_bytes),
         temp=int(stats.temp_size_in_bytes),
         alias=int(stats.alias_size_in_bytes),
-        peak=int(getattr(stats, "peak_memory_in_bytes", 0)) or None,
+        peak=int(getattr(stats, "peak_memory_in_bytes", 0) or 0) or None,
+        generated_code=int(getattr(stats, "generated_code_size_in_bytes", 0) or 0),
+        peak_unpadded=int(unpadded) if unpadded else None,
+        platform=_platform(compiled),
         raw=stats,
     )
 

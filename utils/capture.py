@@ -1,0 +1,132 @@
+"""Capture what C++ libraries and stray prints write while a block of code runs.
+
+XLA, libtpu and absl write warnings straight to the process's file descriptors
+1 and 2, past Python's ``sys.stdout``/``sys.stderr`` and ``warnings``: in a
+notebook they land in the cell output (or the terminal that started Jupyter)
+and cannot be caught with ``contextlib.redirect_stdout``. Some Python code
+prints too (jax 0.12.0.1 prints a bare source location on stdout, from
+``jax/_src/pjit.py`` line 859, before it raises ``IndivisibleError`` for an
+uneven ``device_put``). :func:`quiet` catches both kinds and hands the text
+back, so a notebook can hide the noise and still show or assert it.
+
+This is the one place in the course that redirects file descriptors;
+``utils.inspecting.compile_with_log`` is built on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["Captured", "quiet"]
+
+
+@dataclass
+class Captured:
+    """What was printed inside a :func:`quiet` block.
+
+    ``text`` is filled in when the block ends (also when it raises): C++
+    output on file descriptors 1 and 2 and Python output on ``sys.stdout`` and
+    ``sys.stderr``, in the order it was written, as one string.
+    """
+
+    text: str = ""
+
+    @property
+    def lines(self) -> list[str]:
+        """The non-empty lines of ``text``."""
+        return [line for line in self.text.splitlines() if line.strip()]
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __contains__(self, item: str) -> bool:
+        return item in self.text
+
+
+class _FdWriter:
+    """A text stream that writes straight to a file descriptor (so it keeps its order with C++ output)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.encoding = "utf-8"
+        self.errors = "replace"
+
+    def write(self, s: str) -> int:
+        os.write(self._fd, s.encode(self.encoding, self.errors))
+        return len(s)
+
+    def writelines(self, lines: list[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+
+def _flush_c_stdio() -> None:
+    """Flush C's stdio buffers (printf, std::cout) so their text lands where the descriptor points now."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # no C library to call (Windows): nothing to push
+        ctypes.CDLL(None).fflush(None)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[Captured]:
+    """Run a block with everything it prints caught instead of shown.
+
+    Use it around a call whose C++ output would clutter a notebook, and read
+    ``out.text`` afterwards::
+
+        with quiet() as out:
+            topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
+        print(len(out.lines), "lines of libtpu start-up warnings hidden")
+
+    Catches file descriptors 1 and 2 (C/C++ output: XLA, libtpu, absl
+    logging) and ``sys.stdout``/``sys.stderr`` (Python prints, warnings shown
+    by the ``warnings`` module) for the duration of the block. Exceptions
+    propagate unchanged; the text printed before them is still in ``out``.
+    Blocks nest (the inner one gets the text). Not thread-safe: output that
+    other threads write meanwhile is caught too.
+    """
+    captured = Captured()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    _flush_c_stdio()
+    log = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 - closed in the finally below, after the yield
+    saved_fds = (os.dup(1), os.dup(2))
+    saved_streams = (sys.stdout, sys.stderr)
+    try:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = _FdWriter(1)  # type: ignore[assignment]
+        sys.stderr = _FdWriter(2)  # type: ignore[assignment]
+        yield captured
+    finally:
+        _flush_c_stdio()
+        sys.stdout, sys.stderr = saved_streams
+        os.dup2(saved_fds[0], 1)
+        os.dup2(saved_fds[1], 2)
+        os.close(saved_fds[0])
+        os.close(saved_fds[1])
+        log.seek(0)
+        captured.text = log.read().decode("utf-8", errors="replace")
+        log.close()
