@@ -50,7 +50,10 @@ device_at = Exercise(
 
 def _as_mesh(answer: object) -> Mesh:
     if callable(answer) and not isinstance(answer, Mesh):
-        answer = answer()  # the reference solution is a function, so reveal() can show its code
+        try:
+            answer = answer()  # the reference solution is a function, so reveal() can show its code
+        except Exception as err:
+            raise AssertionError(f"building the mesh raised {type(err).__name__}: {err}") from None
     assert isinstance(answer, Mesh), (
         f"expected a jax.sharding.Mesh, such as jax.make_mesh((2, 4), ...); got {type(answer).__name__}"
     )
@@ -86,6 +89,7 @@ auto_mesh = Exercise(
         lambda: jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto)),
         lambda: Mesh(mesh_utils.create_device_mesh((2, 4)), axis_names=("model", "data")),
         lambda: jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Explicit)),
+        lambda: jax.make_mesh((4, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto)),  # 16 > 8
         (2, 4),
     ),
     hint="jax.make_mesh(shape, names, axis_types=...) with AxisType.Auto for each axis",
@@ -100,9 +104,11 @@ def _check_model_group(answer: object) -> None:
     assert isinstance(answer, Iterable) and not isinstance(answer, str | bytes), (
         f"give the device ids as a set, such as {{0, 1}}; got {answer!r}"
     )
-    ids = {getattr(d, "id", d) for d in answer}
-    assert all(isinstance(i, Integral) and not isinstance(i, bool) for i in ids), f"give device ids; got {answer!r}"
-    ids = {int(i) for i in ids}
+    items = [getattr(d, "id", d) for d in answer]
+    assert all(isinstance(i, Integral) and not isinstance(i, bool) for i in items), (
+        f"give device ids (whole numbers) or devices, such as {{0, 1}}; got {answer!r}"
+    )
+    ids = {int(i) for i in items}
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
     row = next(r for r in mesh.device_ids.tolist() if 5 in r)
     column = next(c for c in mesh.device_ids.T.tolist() if 5 in c)
@@ -121,7 +127,7 @@ model_group = Exercise(
     title="Exercise 3: device 5's group over 'model'",
     checker=_check_model_group,
     solution={4, 5, 6, 7},
-    wrong=({1, 5}, {4, 5}, {5}, [5, 6], "4567"),
+    wrong=({1, 5}, {4, 5}, {5}, [5, 6], "4567", [[4, 5, 6, 7]], 5),
     hint="find device 5 on the (2, 4) grid; the devices of its group keep its data coordinate and differ in model",
     explanation="Row data=1 of the (2, 4) mesh is devices 4, 5, 6, 7: all four take part in every collective "
     "over 'model' that involves device 5.",

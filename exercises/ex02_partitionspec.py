@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
@@ -43,7 +45,9 @@ block_16x512 = Exercise(
 
 
 def _check_predict_shard_shape(shape: object) -> None:
-    assert isinstance(shape, tuple | list) and all(isinstance(n, int) for n in shape), (
+    assert isinstance(shape, tuple | list) and all(
+        isinstance(n, Integral) and not isinstance(n, bool) for n in shape
+    ), (
         f"give the shape as a tuple of whole numbers, such as (64, 96, 8); got {shape!r}"
     )
     assert len(shape) == 3, f"the array has 3 dimensions, so its blocks do too; got {len(shape)} numbers"
@@ -58,7 +62,7 @@ predict_shard_shape = Exercise(
     title="Exercise 2: predict the shard shape",
     checker=_check_predict_shard_shape,
     solution=(64, 12, 8),
-    wrong=((64, 24, 8), (64, 48, 8), (16, 48, 8), (64, 12, 4)),
+    wrong=((64, 24, 8), (64, 48, 8), (16, 48, 8), (64, 12, 4), (64, 12), (64.0, 12.0, 8.0), "(64, 12, 8)"),
     hint="divide each dimension by the product of the sizes of the mesh axes in its entry; a missing entry is None",
     explanation="(64, 96 / (4 x 2), 8) = (64, 12, 8): 96 split 8 ways, the other dimensions whole.",
 )
@@ -76,7 +80,9 @@ def _devices_holding_rows(start: int, stop: int) -> set[int]:
 
 
 def _check_rows_32_64(devices: object) -> None:
-    assert isinstance(devices, set | frozenset | list | tuple) and all(isinstance(d, int) for d in devices), (
+    assert isinstance(devices, set | frozenset | list | tuple) and all(
+        isinstance(d, Integral) and not isinstance(d, bool) for d in devices
+    ), (
         f"give the device ids as a set of whole numbers, such as {{0, 1}}; got {devices!r}"
     )
     truth = _devices_holding_rows(32, 64)
@@ -93,7 +99,7 @@ rows_32_64 = Exercise(
     title="Exercise 3: who holds rows 32:64?",
     checker=_check_rows_32_64,
     solution={4, 6},
-    wrong=({2, 3}, {4}, {4, 5}, {1, 3}),
+    wrong=({2, 3}, {4}, {4, 5}, {1, 3}, {4, 6, 8}, 4),
     hint=(
         "blocks are 16 rows, so rows 32:64 are blocks 2 and 3; section 3 says which mesh position holds which "
         "block when 'model' is the first axis of the tuple"

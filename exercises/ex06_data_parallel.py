@@ -12,6 +12,15 @@ def _data_mesh() -> jax.sharding.Mesh:
     return jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 
 
+def _shard_shape(mesh: jax.sharding.Mesh, spec: PartitionSpec, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """The block of `shape` each device holds under `spec`; an AssertionError that says why if it cannot."""
+    assert len(spec) <= len(shape), f"{spec} has {len(spec)} entries, but {what} has only {len(shape)} dimensions"
+    try:
+        return NamedSharding(mesh, spec).shard_shape(shape)
+    except Exception as err:  # unknown axis, an axis used twice, a size that does not divide
+        raise AssertionError(f"{spec} cannot lay out {what} {shape} on the mesh {dict(mesh.shape)}: {err}") from None
+
+
 def _check_dp_specs(answer: object) -> None:
     assert isinstance(answer, tuple) and len(answer) == 2, (
         f"give a pair (batch spec, parameter spec) such as (P(...), P(...)); got {answer!r}"
@@ -20,16 +29,14 @@ def _check_dp_specs(answer: object) -> None:
     for name, spec in (("batch spec", batch_spec), ("parameter spec", param_spec)):
         assert isinstance(spec, PartitionSpec), f"the {name} must be a PartitionSpec; got {type(spec).__name__}"
     mesh = _data_mesh()
-    batch = NamedSharding(mesh, batch_spec)
-    assert len(batch_spec) <= 2, f"{batch_spec} has more entries than x has dimensions"
-    assert batch.shard_shape((64, 64)) == (8, 64), (
-        f"{batch_spec} gives each device a {batch.shard_shape((64, 64))} block of x; data parallelism splits "
+    batch_block = _shard_shape(mesh, batch_spec, (64, 64), "the batch x")
+    assert batch_block == (8, 64), (
+        f"{batch_spec} gives each device a {batch_block} block of x; data parallelism splits "
         "the examples (dimension 0) and keeps every feature: (8, 64)"
     )
-    param = NamedSharding(mesh, param_spec)
-    assert len(param_spec) <= 2, f"{param_spec} has more entries than the kernel has dimensions"
-    assert param.is_fully_replicated, (
-        f"{param_spec} splits the kernel into {param.shard_shape((64, 256))} blocks; in data parallelism every "
+    param_block = _shard_shape(mesh, param_spec, (64, 256), "the kernel")
+    assert param_block == (64, 256), (
+        f"{param_spec} splits the kernel into {param_block} blocks; in data parallelism every "
         "device holds the whole model"
     )
 
@@ -43,6 +50,8 @@ dp_specs = Exercise(
         (PartitionSpec("data"), PartitionSpec("data")),  # shards the parameters too (that is FSDP, notebook 09)
         (PartitionSpec(), PartitionSpec()),  # nothing split: every device computes the whole batch
         ("data", None),
+        (PartitionSpec("model"), PartitionSpec()),  # an axis this mesh does not have
+        (PartitionSpec("data", "data"), PartitionSpec()),  # one mesh axis used for two dimensions
     ),
     hint="the batch is split along its first dimension; a parameter is copied whole to every device",
     explanation=(
@@ -85,6 +94,9 @@ wider_allreduce_bytes = Exercise(
 def _check_sixteen_devices(answer: object) -> None:
     assert isinstance(answer, tuple) and len(answer) == 2, f"give a pair (global batch, bytes); got {answer!r}"
     global_batch, nbytes = answer
+    assert all(isinstance(v, int) and not isinstance(v, bool) for v in answer), (
+        f"give two whole numbers (global batch, bytes); got {answer!r}"
+    )
     assert global_batch == 16 * 8, (
         f"global batch {global_batch!r} is not it: with the per-device batch fixed at 8, the global batch is "
         "8 x the number of devices"
@@ -104,6 +116,7 @@ sixteen_devices = Exercise(
     hint="the per-device batch stays 8; the all-reduce follows the model, not the batch",
     explanation=(
         "128 examples per step, and the same 76,844-byte all-reduce as on 2, 4 or 8 devices. What grows slowly "
-        "is the ring's traffic per device, 2(N-1)/N x 76,844 bytes: 1.75x on 8 devices, 1.875x on 16."
+        "is the ring-formula estimate of what each device sends, 2(N-1)/N x 76,844 bytes: 1.75x on 8 devices, "
+        "1.875x on 16."
     ),
 )

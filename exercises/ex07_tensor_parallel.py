@@ -17,10 +17,11 @@ def _model_mesh() -> jax.sharding.Mesh:
 def _check_row_parallel_spec(spec: object) -> None:
     assert isinstance(spec, PartitionSpec), f"expected a PartitionSpec such as P(...); got {type(spec).__name__}"
     mesh = _model_mesh()
+    assert len(spec) <= 2, f"{spec} has {len(spec)} entries, but the kernel has only 2 dimensions"
     try:
         given = NamedSharding(mesh, spec)
         shard = given.shard_shape((256, 10))
-    except ValueError as err:
+    except Exception as err:  # unknown axis, an axis used twice, a size that does not divide
         raise AssertionError(f"{spec} cannot lay out a (256, 10) kernel on this mesh: {err}") from None
     row_parallel = NamedSharding(mesh, PartitionSpec("model", None))
     assert given.is_equivalent_to(row_parallel, 2), (
@@ -33,7 +34,7 @@ row_parallel_spec = Exercise(
     title="Exercise 1: make the second kernel row-parallel",
     checker=_check_row_parallel_spec,
     solution=PartitionSpec("model", None),
-    wrong=(PartitionSpec(None, "model"), PartitionSpec(), "model"),
+    wrong=(PartitionSpec(None, "model"), PartitionSpec(), "model", PartitionSpec("model", "model")),
     hint="device k computed hidden units 32k to 32k+31; which part of linear2/kernel multiplies exactly those?",
     explanation=(
         "P('model', None) gives each device the 32 rows of linear2/kernel that match its 32 hidden units, "
@@ -85,6 +86,6 @@ tp_allreduce_bytes = Exercise(
     hint="what does the all-reduce add up: the hidden activations, the logits, or the gradients?",
     explanation=(
         "The all-reduce produces the (1024, 10) float32 logits on every device: 40960 bytes, 16 times the "
-        "2560 bytes at batch 64. Under the ring algorithm each device sends 2 x 7/8 of that."
+        "2560 bytes at batch 64. The ring formula estimates that each device sends 2 x 7/8 of that."
     ),
 )

@@ -40,10 +40,11 @@ gradient_group_size = Exercise(
 def _check_activation_spec(spec: object) -> None:
     assert isinstance(spec, PartitionSpec), f"expected a PartitionSpec such as P(...); got {type(spec).__name__}"
     mesh = _mesh_4x2()
+    assert len(spec) <= 2, f"{spec} has {len(spec)} entries, but the activation has only 2 dimensions"
     try:
         given = NamedSharding(mesh, spec)
         shard = given.shard_shape((64, 256))
-    except ValueError as err:
+    except Exception as err:  # unknown axis, an axis used twice, a size that does not divide
         raise AssertionError(f"{spec} cannot lay out a (64, 256) activation on this mesh: {err}") from None
     want = NamedSharding(mesh, PartitionSpec("data", "model"))
     assert given.is_equivalent_to(want, 2), (
@@ -56,7 +57,8 @@ activation_spec = Exercise(
     title="Exercise 2: pin the hidden activation to both axes",
     checker=_check_activation_spec,
     solution=PartitionSpec("data", "model"),
-    wrong=(PartitionSpec("model", "data"), PartitionSpec("data"), PartitionSpec(None, "model")),
+    wrong=(PartitionSpec("model", "data"), PartitionSpec("data"), PartitionSpec(None, "model"),
+           PartitionSpec("data", "data")),
     hint="one entry per dimension: first the examples, then the hidden units",
     explanation="P('data', 'model'): each device holds a (16, 128) block, f32[64@data,256@model].",
 )

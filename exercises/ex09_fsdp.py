@@ -29,7 +29,15 @@ def _entries(spec: PartitionSpec, ndim: int) -> list:
 def _check_fsdp_rule(rule: object) -> None:
     assert callable(rule), f"give a function fsdp_spec(path, leaf) that returns a PartitionSpec; got {rule!r}"
     state = {name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, shape in _STATE.items()}
-    specs = jax.tree_util.tree_map_with_path(rule, state)
+    specs = {}
+    for name, leaf in state.items():
+        try:
+            specs[name] = rule((jax.tree_util.DictKey(name),), leaf)
+        except Exception as err:  # the learner's function failed: say on which leaf, and how
+            raise AssertionError(
+                f"your function raised {type(err).__name__}: {err} for {name} {leaf.shape} "
+                "(leaf is a jax.ShapeDtypeStruct: use leaf.shape, leaf.ndim and leaf.size)"
+            ) from None
     for name, leaf in state.items():
         spec = specs[name]
         assert isinstance(spec, PartitionSpec), (
@@ -40,6 +48,10 @@ def _check_fsdp_rule(rule: object) -> None:
         entries = _entries(spec, leaf.ndim)
         assert all(e in (None, "fsdp") for e in entries), f"{name} got {spec}: use only 'fsdp' and None"
         split = [d for d, e in enumerate(entries) if e == "fsdp"]
+        assert len(split) <= 1, (
+            f"{name} got {spec}: the 'fsdp' axis appears {len(split)} times, but a mesh axis can split only one "
+            "dimension of an array (its 8 devices cannot be 8 ways along two dimensions at once)"
+        )
         divisible = [d for d, n in enumerate(leaf.shape) if n % _N == 0]
         if leaf.size > 1024 and divisible:
             assert split, f"{name} {leaf.shape} has {leaf.size} elements (more than 1,024): split it on 'fsdp'"
@@ -68,7 +80,7 @@ fsdp_rule = Exercise(
     checker=_check_fsdp_rule,
     solution=_solution_fsdp_spec,
     wrong=(
-        # the seed's rule: always dimension 0
+        # always dimension 0, whether it divides or not
         lambda path, leaf: PartitionSpec("fsdp") if leaf.size > 1024 else PartitionSpec(),
         # everything split, whatever its size
         lambda path, leaf: PartitionSpec("fsdp") if leaf.ndim else PartitionSpec(),
@@ -78,6 +90,12 @@ fsdp_rule = Exercise(
         lambda path, leaf: PartitionSpec("fsdp") if leaf.ndim == 1 and leaf.size >= 1024 else _solution_fsdp_spec(
             path, leaf
         ),
+        # one axis on two dimensions: not a valid layout
+        lambda path, leaf: PartitionSpec("fsdp", "fsdp") if leaf.shape == (1024, 64) else _solution_fsdp_spec(
+            path, leaf
+        ),
+        # a function that fails: rejected with its error, not a crash
+        lambda path, leaf: PartitionSpec("fsdp") if leaf.shape[0] % 8 == 0 else PartitionSpec(),
     ),
     hint=(
         "if leaf.size > 1024, loop over enumerate(leaf.shape) and return P(*[None] * dim, 'fsdp') for the first "
@@ -143,8 +161,8 @@ gradient_traffic = Exercise(
     checker=_check_gradient_traffic,
     solution=(_RS, _AR),
     wrong=((_AR, _RS), (65_536, 65_536), (8 * 256 * 4, 64 * 256 * 4), (_RS, _RS)),
-    hint="reduce-scatter sends (N-1) x its result; all-reduce sends 2(N-1)/N x its result; results are (8, 256) "
-    "and (64, 256) float32",
+    hint="ring-formula estimates: a reduce-scatter sends (N-1) x its result, an all-reduce 2(N-1)/N x its result; "
+    "the results are (8, 256) and (64, 256) float32",
     explanation=(
         "57,344 against 114,688 bytes (56 and 112 KiB): an all-reduce is a reduce-scatter plus an all-gather, so "
         "keeping only a slice of its result wastes the all-gather half."

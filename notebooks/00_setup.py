@@ -3,42 +3,46 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/00_setup.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/00_setup.ipynb)
 #
-# Every notebook of this course shards arrays over **8 devices**, and runs the same on a laptop, in CI,
-# on Binder, on Colab and on a real 8-accelerator machine. This notebook shows how that works, why the
-# device count has to be chosen before JAX does anything, and then takes a first sharded array apart
-# three ways: its spec, its per-device shard table, and a picture.
+# This notebook teaches how the course gets **8 devices** on any machine, and how to read a sharded
+# array. Every notebook shards arrays over 8 devices, the same way on a laptop, in CI, on Binder, on
+# Colab and on an 8-accelerator machine. You will see why the device count must be chosen before JAX
+# does anything, then read a first sharded array three ways.
 #
 # **You will learn**
-# - what the setup cell at the top of every notebook does, and why it must run first;
-# - how to check which devices you got (real or simulated);
+# - what the setup cell at the top of every notebook does, and the one JAX setting underneath it;
+# - how the course starts on Colab, on Binder and on your own machine;
 # - how `P('data', 'model')` on a `(4, 2)` mesh cuts a `(128, 512)` array into `(32, 256)` blocks,
-#   read three ways: the type `f32[128@data,512@model]`, the shard table, and the picture;
+#   read as the type `f32[128@data,512@model]`, as a shard table, and as a picture;
 # - what happens when you ask for another device count too late, and how to recover.
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
+import subprocess
 import sys
 from pathlib import Path
 
-if "google.colab" in sys.modules and not Path("spmd-course").exists():
-    # !git clone -q --depth 1 https://github.com/spmd-course/spmd-sharding-course spmd-course
-    # %pip install -q -r spmd-course/requirements.txt
-sys.path[:0] = [str(p) for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils").is_dir()]
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
+    url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
+    subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
+    git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
+    assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
+    course = Path(tmp).rename("spmd-course")
+sys.path[:0] = [str(course.resolve())] if course else []
+from utils import launch, setup_devices
 
-from utils import setup_devices
-
+launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the memory in use. Elsewhere: nothing.
 SETUP = setup_devices(8)
 
 # %% [markdown]
 # ## 1. What the setup cell did
 #
-# JAX creates its devices **once**, at the first JAX operation (`jnp.ones`, `jax.devices()`, a
-# `jit` call, ...). Where a machine has no 8 accelerators, JAX can still pretend: the CPU backend
-# can be split into N *simulated* devices, with `jax.config.update("jax_num_cpu_devices", N)`. Each
-# simulated device is a separate XLA device with its own buffers; collectives between them are real
-# memory copies. Only speed is missing, which is fine: this course is about **layouts**, not FLOPs.
+# JAX creates its devices **once**, at the first JAX operation (`jnp.ones`, `jax.devices()`, a `jit`
+# call, ...). Where a machine has no 8 accelerators, JAX can split the CPU into N *simulated* devices,
+# if told before that first operation. Each is a separate XLA device with its own buffers, and
+# collectives between them really copy memory. Only speed is missing; this course is about **layouts**.
 #
-# `setup_devices(8)` from the course's `utils` makes that choice for you, before any JAX operation:
+# `setup_devices(8)` makes that choice:
 #
 # | where you run | what you get |
 # |---|---|
@@ -46,30 +50,50 @@ SETUP = setup_devices(8)
 # | Colab TPU (a v5e-1: **one** TPU device), a 1-GPU machine | 8 simulated CPU devices; the CPU is made the only platform, so `jax.make_mesh` works unchanged |
 # | 8 or more GPUs/TPUs (a TPU v5e-8, an 8-GPU server) | the 8 real accelerators |
 #
-# On Colab the same cell first clones the course and installs its pinned requirements, because a
-# notebook opened from GitHub arrives without the rest of the repository. Binder's `start` script
-# sets the device count for every kernel too.
+# For simulated devices it runs two lines of JAX configuration, which you can use in your own scripts
+# right after `import jax`:
+#
+# ```python
+# jax.config.update("jax_platforms", "cpu")      # only the CPU, even where one GPU/TPU exists
+# jax.config.update("jax_num_cpu_devices", 8)    # split it into 8 devices
+# ```
 #
 # The cell returned a record of its choice. Check what you got:
 
 # %%
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, DeviceCountError, draw_mesh, draw_sharding, shard_table, tile_labels, type_string
+from utils import NOT_ANSWERED, DeviceCountError, draw_mesh, draw_sharding, shard_table, type_string
 
-print("devices:        ", jax.devices())
-print("device_count:   ", jax.device_count())
-print("default backend:", jax.default_backend())
-print("simulated:      ", SETUP.simulated, "-", SETUP.reason)
+print("devices:           ", jax.devices())
+print("default backend:   ", jax.default_backend())
+print("simulated:         ", SETUP.simulated, "-", SETUP.reason)
+print("jax_num_cpu_devices:", jax.config.jax_num_cpu_devices)
 
 assert jax.device_count() == 8 == SETUP.count
 assert len({d.id for d in jax.devices()}) == 8  # eight distinct devices, not one device eight times
+if SETUP.simulated:
+    assert jax.default_backend() == "cpu" and jax.config.jax_num_cpu_devices == 8
 
 # %% [markdown]
+# **Where the course runs.**
+#
+# - **Colab.** A notebook opened from GitHub arrives alone, so the setup cell first clones the course
+#   next to it and installs only the packages that are missing or at another version, never Colab's
+#   own Jupyter packages. If a package that the runtime had already imported had to change version, the
+#   cell stops with one line asking you to restart the session (Runtime > Restart session) and run the
+#   cell again.
+# - **Binder** gives 1 to 2 GB of memory, and each open notebook keeps its kernel alive. Shut a
+#   notebook's kernel down (Kernel > Shut Down Kernel) before you open the next one.
+# - **Your machine**: `make lab` opens JupyterLab with everything installed. Notebook 14 (PyTorch/XLA
+#   side by side) runs only there, in its own environment: `make lab-xla`.
+#
 # ## 2. A first sharded array
 #
 # Arrange the 8 devices as a `(4, 2)` grid with named axes, a **mesh**: `data` runs down (4 devices),
@@ -81,13 +105,10 @@ print(mesh)
 draw_mesh(mesh)
 
 # %% [markdown]
-# A `PartitionSpec` says, dimension by dimension, which mesh axis splits it. The JAX guide that
-# seeded this course claims:
-#
-# > `P('data', 'model')` with mesh `(4, 2)`: `(128, 512)` → each device gets `(32, 256)`.
-#
-# Dimension 0 (128 rows) is split over `data` (4 devices) → 32 rows; dimension 1 (512 columns) over
-# `model` (2 devices) → 256 columns. Put an array there with `jax.device_put` and check the claim:
+# A `PartitionSpec` says, dimension by dimension, which mesh axis splits it. `P('data', 'model')` splits
+# dimension 0 (128 rows) over `data` (4 devices), so 32 rows each, and dimension 1 (512 columns) over
+# `model` (2 devices), so 256 columns each: every device holds a `(32, 256)` block. Put an array there
+# with `jax.device_put` and check:
 
 # %%
 x = jax.device_put(jnp.arange(128 * 512, dtype=jnp.float32).reshape(128, 512),
@@ -103,48 +124,41 @@ assert all(s.data.shape == (32, 256) for s in x.addressable_shards)
 # ## 3. The same layout, three ways
 #
 # **The type.** The course writes a sharded array's type as `f32[128@data,512@model]`: each dimension's
-# size, and after `@` the mesh axis that splits it. On a mesh whose axes are *Explicit* (as here),
-# `jax.typeof` prints the same thing, because the sharding is part of the type (notebook 01 explains
-# Explicit vs Auto axes). `utils.type_string` writes it for any sharded array.
+# size and, after `@`, the mesh axis that splits it. On a mesh whose axes are *Explicit* (as here),
+# `jax.typeof` prints the same, because the sharding is part of the type (notebook 01 explains Explicit
+# and Auto axes). `type_string` from the course's `utils` writes it for an array on any mesh.
 
 # %%
 print("jax.typeof: ", jax.typeof(x))
 print("type_string:", type_string(x))
 assert str(jax.typeof(x)) == "float32[128@data,512@model]"
-assert type_string(x) == "f32[128@data,512@model]"
 
 # %% [markdown]
 # **The shard table.** One row per device: which slice of the global array it holds, whether it is a
-# replica, the block's shape and bytes. This is `x.addressable_shards`, tabulated:
+# copy (replica), the block's shape and bytes. It is `x.addressable_shards`, tabulated:
 
 # %%
 table = shard_table(x)
 print(table)
 
-assert table.shard_shapes == {(32, 256)}
 assert set(table.bytes_per_device.values()) == {32 * 256 * 4}  # 32 KiB on every device
-assert table.total_bytes == x.nbytes  # no replication: the 8 blocks add up to the array
+assert table.total_bytes == x.nbytes  # no copies: the 8 blocks add up to the array
 # Device 3 holds rows 32:64 and columns 256:512, and its block is exactly that slice of x:
 shard3 = next(s for s in x.addressable_shards if s.device.id == 3)
 np.testing.assert_array_equal(np.asarray(shard3.data), np.asarray(x)[32:64, 256:512])
 
 # %% [markdown]
-# **The picture.** `draw_sharding` draws each block where it sits in the array, coloured by the device
-# that holds it (device colours are the same in every figure of the course and match `draw_mesh`).
-# It returns a matplotlib `Figure`, so the notebook can check what the picture says:
+# **The picture.** `draw_sharding` draws each block where it sits, in the colour of the device that
+# holds it (the same colour in every figure of the course).
 
 # %%
-fig = draw_sharding(x)
-labels = tile_labels(fig)
-assert len(labels) == 8 and all("(32, 256)" in label for label in labels)
-assert "dev 3\n(32, 256)\n32.0 KiB" in labels
-fig
+draw_sharding(x)
 
 # %% [markdown]
 # ## 4. Gotcha: the device count is fixed once JAX has started
 #
-# JAX's backend now exists with 8 devices. Asking for another count cannot work any more. The raw
-# JAX error says so in backend vocabulary:
+# JAX's backend now exists with 8 devices. Asking for another count cannot work any more, and JAX says
+# so in backend vocabulary:
 
 # %%
 raised = []
@@ -155,9 +169,9 @@ except RuntimeError as err:
     print("RuntimeError from JAX:\n ", err)
 
 # %% [markdown]
-# Re-running the setup cell is harmless (it asks for the same 8). Asking `setup_devices` for another
+# Re-running the setup cell is harmless: it asks for the same 8. Asking `setup_devices` for another
 # count raises `DeviceCountError`, which says what to do: restart the kernel, then run the setup cell
-# first. (Setting `XLA_FLAGS` after JAX has started is worse: it is ignored *silently*.)
+# first.
 
 # %%
 assert setup_devices(8) is SETUP  # the same choice again: fine
@@ -170,6 +184,27 @@ assert raised == ["jax", "utils"]
 assert jax.device_count() == 8  # nothing changed
 
 # %% [markdown]
+# > **You will see this online:**
+# > ```python
+# > os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# > ```
+# > It works only when set before JAX starts (before `import jax` is safest). Set later, it is ignored
+# > without a word. Here it asks for 4 devices, after JAX started:
+
+# %%
+old_flags = os.environ.get("XLA_FLAGS")
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+print("XLA_FLAGS asks for 4; jax.device_count() =", jax.device_count())
+assert jax.device_count() == 8  # no error, no warning, no effect
+if old_flags is None:
+    del os.environ["XLA_FLAGS"]
+else:
+    os.environ["XLA_FLAGS"] = old_flags
+
+# %% [markdown]
+# The fix: `jax.config.update("jax_num_cpu_devices", N)` right after `import jax` (or the course's
+# `setup_devices(N)`). Too late, it raises the error above instead of doing nothing.
+#
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. For the
@@ -194,12 +229,14 @@ ex.bytes_per_device.check(answer_2);
 
 # %% [markdown]
 # ## Takeaways
-# - The device count is decided at JAX's first operation; the setup cell decides it first, the same way
-#   in every notebook: 8 real accelerators where they exist, else 8 simulated CPU devices.
-# - A sharded array can be read three ways that must agree: its type (`f32[128@data,512@model]`), its
-#   shard table (who holds which slice, how many bytes) and its picture.
+# - The device count is decided at JAX's first operation. The setup cell decides it first, the same way
+#   in every notebook: 8 real accelerators where they exist, else 8 simulated CPU devices through
+#   `jax.config.update("jax_num_cpu_devices", 8)`.
+# - A sharded array reads three ways that must agree: its type (`f32[128@data,512@model]`), its shard
+#   table (who holds which slice, how many bytes) and its picture.
 # - `P('data', 'model')` on a `(4, 2)` mesh gives each device a `(32, 256)` block of a `(128, 512)`
-#   array: 32 KiB each, 256 KiB in total, nothing replicated.
-# - Asking for another device count after JAX started is an error; restart the kernel.
+#   array: 32 KiB each, 256 KiB in total, nothing copied.
+# - Asking for another device count after JAX started raises an error (`XLA_FLAGS` set too late is
+#   silently ignored); restart the kernel.
 #
 # **Next:** [01 · Device meshes](01_meshes.ipynb): the grid of devices, its axis names and types.

@@ -23,16 +23,21 @@
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
+import subprocess
 import sys
 from pathlib import Path
 
-if "google.colab" in sys.modules and not Path("spmd-course").exists():
-    # !git clone -q --depth 1 https://github.com/spmd-course/spmd-sharding-course spmd-course
-    # %pip install -q -r spmd-course/requirements.txt
-sys.path[:0] = [str(p) for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils").is_dir()]
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
+    url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
+    subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
+    git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
+    assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
+    course = Path(tmp).rename("spmd-course")
+sys.path[:0] = [str(course.resolve())] if course else []
+from utils import launch, setup_devices
 
-from utils import setup_devices
-
+launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the memory in use. Elsewhere: nothing.
 SETUP = setup_devices(8)
 
 # %%

@@ -1,22 +1,32 @@
 """The renderer: tests read the returned Figure (tiles, labels, colours, panels)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
+from utils import drawing
 from utils.drawing import (
     device_color,
     device_label,
+    draw_matmul,
     draw_mesh,
+    draw_permute,
     draw_sharding,
     draw_shardings,
     mesh_labels,
     tile_labels,
 )
+from utils.inspecting import collectives
+from utils.layout import Tile, matmul_traffic
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
@@ -25,8 +35,8 @@ def _patches(fig, gid):
     return [p for ax in fig.axes for p in ax.patches if p.get_gid() == gid]
 
 
-def _stripe_colors(ax):
-    return [to_rgba(p.get_facecolor(), 1.0) for p in ax.patches if p.get_gid() is None]
+def _card_colors(ax):
+    return [to_rgba(p.get_facecolor(), 1.0) for p in ax.patches if p.get_gid() == "copy"]
 
 
 def test_2d_blocks_with_devices_and_shapes():
@@ -70,10 +80,10 @@ def test_dims_picks_the_drawn_dimensions():
     assert fig.axes[0].get_ylabel() == "dim 0 (8)"
 
 
-def test_replicated_array_is_one_block_striped_with_every_device():
+def test_replicated_array_is_one_block_with_a_card_for_every_device():
     fig = draw_sharding(jax.device_put(jnp.ones((16, 16)), NamedSharding(MESH, P())))
-    assert tile_labels(fig) == ["dev 0-7\n(16, 16)\n1.0 KiB"]
-    assert _stripe_colors(fig.axes[0]) == [to_rgba(device_color(i), 1.0) for i in range(8)]
+    assert tile_labels(fig) == ["dev 0-7\n(16, 16)\n1.0 KiB\n8 copies"]
+    assert _card_colors(fig.axes[0]) == [to_rgba(device_color(i), 1.0) for i in range(8)]
 
 
 def test_partly_replicated_block_names_every_holder():
@@ -206,3 +216,329 @@ def test_draw_shardings_mixes_arrays_structs_and_shape_pairs():
     fig = draw_shardings(arrays)
     assert [ax.get_title().split("\n")[0] for ax in fig.axes] == ["array", "struct", "pair"]
     assert len(tile_labels(fig)) == 4 + 2 + 1
+
+
+# --- replicas: a deck of cards, never stripes --------------------------------------------------------------------
+
+
+def _cards(ax):
+    return [p for p in ax.patches if p.get_gid() == "copy"]
+
+
+def test_replicated_block_is_a_deck_not_a_split():
+    fig = draw_sharding((128, 512), NamedSharding(MESH, P(None, "model")))
+    assert tile_labels(fig) == [f"dev {a},{a + 2},{a + 4},{a + 6}\n(128, 256)\n128.0 KiB\n4 copies" for a in (0, 1)]
+    cards = _cards(fig.axes[0])
+    assert len(cards) == 8  # one card per device
+    left = [c for c in cards if c.get_x() < 0.5]
+    assert [to_rgba(c.get_facecolor(), 1.0) for c in left] == [to_rgba(device_color(d), 1.0) for d in (0, 2, 4, 6)]
+    # every card is nearly the whole block (a stripe would be a quarter of it), each one offset down-right
+    assert all(c.get_width() > 0.8 * 0.5 and c.get_height() > 0.8 for c in left)
+    assert [c.get_x() for c in left] == sorted(c.get_x() for c in left)
+    assert [c.get_y() for c in left] == sorted(c.get_y() for c in left)
+    assert [c.get_zorder() for c in left] == sorted((c.get_zorder() for c in left), reverse=True)  # dev 0 on top
+    assert len({(round(c.get_width(), 9), round(c.get_height(), 9)) for c in left}) == 1  # same size: copies
+
+
+def test_unreplicated_block_is_one_card_filling_it():
+    fig = draw_sharding((128, 512), NamedSharding(MESH, P("data", "model")))
+    cards = _cards(fig.axes[0])
+    assert len(cards) == 8 and all(round(c.get_width(), 6) == 0.5 and round(c.get_height(), 6) == 0.25 for c in cards)
+    assert not any("copies" in label for label in tile_labels(fig))
+
+
+def test_label_lines_come_in_the_documented_order():
+    (last,) = tile_labels(draw_sharding((10,), NamedSharding(MESH, P("data"))))[-1:]
+    assert last == "dev 6,7\n(1)\n4 B\npadded to (3)\n2 copies"
+    labels = tile_labels(draw_sharding((8, 8), NamedSharding(MESH, P(None, "model")), show_bytes=False))
+    assert labels[0] == "dev 0,2,4,6\n(8, 4)\n4 copies"
+
+
+def test_a_big_deck_shows_fewer_cards_when_the_block_is_small():
+    fig, ax = plt.subplots()
+    drawing._draw_deck(ax, 0, 0, 1, 1, list(range(64)), (10.0, 10.0), 0.8)  # a 10 x 10 point block
+    cards = _cards(ax)
+    assert 2 <= len(cards) < 64 and to_rgba(cards[0].get_facecolor(), 1.0) == to_rgba(device_color(0), 1.0)
+    plt.close(fig)
+
+
+def _label_boxes(fig):
+    canvas = FigureCanvasAgg(fig)  # the returned figure is closed: give it a canvas to measure text on
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    return [(t.get_text(), t.get_window_extent(renderer)) for ax in fig.axes for t in ax.texts
+            if t.get_gid() == "tile-label"]
+
+
+@pytest.mark.parametrize("spec", [P(None, "model"), P("data", None), P(), P("data", "model"), P("model", "data")],
+                         ids=str)
+def test_labels_never_overlap(spec):
+    pair = {"w": ((512, 1024), NamedSharding(MESH, spec)), "b": ((1024,), NamedSharding(MESH, P()))}
+    for fig in (draw_sharding((512, 1024), NamedSharding(MESH, spec)), draw_shardings(pair)):
+        boxes = _label_boxes(fig)
+        for i, (a_text, a) in enumerate(boxes):
+            for b_text, b in boxes[i + 1 :]:
+                assert not a.overlaps(b), (a_text, b_text)
+        assert all(t.get_fontsize() >= drawing._MIN_FONT for ax in fig.axes for t in ax.texts)
+
+
+def test_many_blocks_in_one_dimension_wrap_onto_rows():
+    # 64 blocks of a 1-D array, as on a 64-device mesh (tests run with 8 devices, so the tiles are made by hand)
+    tiles_64 = [Tile((16 * i,), (16 * (i + 1),), (i,), (16,)) for i in range(64)]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    drawing._draw_tiles(ax, (1024,), tiles_64, None, 0, 4, True, 9.0)
+    drawing._finish_blocks(fig)
+    assert len(_patches(fig, "array")) == 4  # 4 rows of 16 blocks
+    ys = sorted({round(p.get_y(), 6) for p in _patches(fig, "tile")})
+    assert len(ys) == 4 and ax.get_xlabel() == "dim 0 (1024), wrapped: 256 per row"
+    assert all(t.get_fontsize() >= 6 for t in ax.texts if t.get_gid() == "tile-label")  # legible, not squeezed
+    plt.close(fig)
+
+
+# --- contents: what each block holds --------------------------------------------------------------------------------
+
+
+def _ring_shift(x):
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+    return jax.shard_map(lambda b: jax.lax.ppermute(b, "data", ring), mesh=MESH, in_specs=P("data", "model"),
+                         out_specs=P("data", "model"))(x)
+
+
+def _first(b):
+    return f"starts {b.flat[0]:.0f}"
+
+
+def test_contents_tell_a_ppermute_before_from_after():
+    x = jax.device_put(jnp.arange(16.0 * 8).reshape(16, 8), NamedSharding(MESH, P("data", "model")))
+    xp = _ring_shift(x)
+    before = tile_labels(draw_sharding(x, contents=_first, show_bytes=False))
+    after = tile_labels(draw_sharding(xp, contents=_first, show_bytes=False))
+    assert before[0] == "dev 0\n(4, 4)\nstarts 0"
+    assert before != after
+    assert [a.split("\n")[:2] for a in after] == [b.split("\n")[:2] for b in before]  # same layout
+    by_dev = {label.split("\n")[0]: label.split("\n")[-1] for label in before}
+    assert after[2].split("\n")[-1] == by_dev["dev 0"]  # dev 2 now holds what dev 0 held
+    both = tile_labels(draw_shardings({"before": x, "after": xp}, ncols=2, contents=_first, show_bytes=False))
+    assert both == before + after
+
+
+def test_contents_of_copies_one_line_when_equal_else_per_device():
+    same = jax.device_put(jnp.ones((4, 2)), NamedSharding(MESH, P("data")))
+    assert tile_labels(draw_sharding(same, contents=_first))[0] == "dev 0,1\n(1, 2)\n8 B\n2 copies\nstarts 1"
+    shards = [jax.device_put(np.full((1, 2), d.id, np.float32), d) for d in MESH.devices.flat]
+    differ = jax.make_array_from_single_device_arrays((4, 2), NamedSharding(MESH, P("data")), shards)
+    assert tile_labels(draw_sharding(differ, contents=_first))[0].endswith("2 copies\ndev 0: starts 0\ndev 1: starts 1")
+
+
+@pytest.mark.parametrize(
+    "call,exc,message",
+    [
+        (lambda: draw_sharding((8, 8), NamedSharding(MESH, P()), contents=_first), TypeError, "no data"),
+        (lambda: draw_shardings({"w": ((8, 8), NamedSharding(MESH, P()))}, contents=_first), TypeError, "'w'"),
+        (lambda: draw_sharding(jnp.ones(8), contents=lambda b: 3), TypeError, "must return a str"),
+        (lambda: draw_sharding(jnp.ones(8), contents="first"), TypeError, "a function of one block"),
+    ],
+)
+def test_contents_bad_input(call, exc, message):
+    with pytest.raises(exc, match=message):
+        call()
+
+
+# --- draw_permute ----------------------------------------------------------------------------------------------------
+
+
+def _arrows(fig):
+    return [p.get_label() for ax in fig.axes for p in ax.patches if p.get_gid() == "permute-arrow"]
+
+
+def _notes(fig, gid):
+    return [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == gid]
+
+
+def test_draw_permute_arrows_are_the_compiled_source_target_pairs():
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+    fig = draw_permute(MESH, "data", ring)
+    x = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(MESH, P("data", "model")))
+    hlo = jax.jit(_ring_shift).lower(x).compile().as_text()
+    pairs = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", hlo).group(1)
+    compiled = {f"dev {a} -> dev {b}" for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs)}
+    assert set(_arrows(fig)) == compiled and len(_arrows(fig)) == 8  # two rings of 4, one per model column
+    assert _notes(fig, "zeros-note") == []
+    assert "0\u21921, 1\u21922, 2\u21923, 3\u21920" in fig._suptitle.get_text()
+
+
+def test_draw_permute_marks_devices_that_receive_zeros_or_keep_their_block():
+    fig = draw_permute(MESH, "data", [(0, 2), (2, 0), (1, 1)])
+    assert sorted(_arrows(fig)) == ["dev 0 -> dev 4", "dev 1 -> dev 5", "dev 4 -> dev 0", "dev 5 -> dev 1"]
+    assert _notes(fig, "zeros-note") == ["receives zeros"] * 2  # data index 3: devices 6 and 7
+    assert _notes(fig, "keeps-note") == ["keeps its block"] * 2
+    mesh_1d = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    one = draw_permute(mesh_1d, "x", [(i, (i + 1) % 8) for i in range(8)])
+    assert len(_arrows(one)) == 8 and mesh_labels(one) == [[list(range(8))]]
+    model = draw_permute(MESH, "model", [(0, 1), (1, 0)])
+    assert sorted(_arrows(model))[:2] == ["dev 0 -> dev 1", "dev 1 -> dev 0"] and len(_arrows(model)) == 8
+
+
+MESH3 = jax.make_mesh((2, 2, 2), ("pod", "data", "model"), axis_types=(AxisType.Auto,) * 3)
+
+
+@pytest.mark.parametrize(
+    "call,exc,message",
+    [
+        (lambda: draw_permute((4, 2), "data", [(0, 1)]), TypeError, "needs a jax.sharding.Mesh"),
+        (lambda: draw_permute(MESH, "rows", [(0, 1)]), ValueError, r"no axis 'rows'; its axes are \('data', 'model'\)"),
+        (lambda: draw_permute(MESH, "data", [(0, 4)]), ValueError, "not device ids"),
+        (lambda: draw_permute(MESH, "data", [(0, 1), (0, 2)]), ValueError, "source twice"),
+        (lambda: draw_permute(MESH, "data", [(0, 1), (2, 1)]), ValueError, "destination twice"),
+        (lambda: draw_permute(MESH, "data", [0, 1]), ValueError, r"\(source, destination\) index pairs"),
+        (lambda: draw_permute(MESH, "data", [(0.5, 1)]), ValueError, r"\(source, destination\) index pairs"),
+        (lambda: draw_permute(MESH3, "pod", [(0, 1)]), ValueError, "among its last two axes"),
+    ],
+)
+def test_draw_permute_bad_input(call, exc, message):
+    with pytest.raises(exc, match=message):
+        call()
+
+
+def test_draw_permute_on_a_3d_mesh_draws_one_slice():
+    fig = draw_permute(MESH3, "model", [(0, 1), (1, 0)])
+    assert "first pod=0 slice shown" in fig._suptitle.get_text() and len(_arrows(fig)) == 4
+
+
+# --- draw_matmul -----------------------------------------------------------------------------------------------------
+
+A, B = (512, 1024), (1024, 1024)
+CASES = {  # the four classic cases: A's spec, B's spec, C's spec as XLA chooses it
+    "gather": (P("data", "model"), P(None, "model"), P("data", "model")),
+    "all-reduce": (P("data", "model"), P("model", None), P("data", None)),
+    "nothing": (P("data", None), P(None, "model"), P("data", "model")),
+    "all-reduce-data": (P(None, "data"), P("data", None), P()),
+}
+
+
+def _ns(spec):
+    return NamedSharding(MESH, spec)
+
+
+def _roles(fig):
+    return [label.split("\n")[-1] for label in tile_labels(fig) if "dev 0" in label.split("\n")[-1]]
+
+
+def test_draw_matmul_the_four_cases():
+    figs = {name: draw_matmul((A, _ns(a)), (B, _ns(b)), _ns(c)) for name, (a, b, c) in CASES.items()}
+    assert _roles(figs["gather"]) == ["held by dev 0", "held by dev 0", "dev 0's block: complete"]
+    assert "fetched from dev 1" in tile_labels(figs["gather"])[1]
+    assert "fetches 1 block of A over 'model' (all-gather)" in figs["gather"]._suptitle.get_text()
+    assert _roles(figs["all-reduce"])[-1] == "dev 0's block: partial sum over 'model'"
+    assert "(all-reduce)" in figs["all-reduce"]._suptitle.get_text()
+    assert _roles(figs["nothing"]) == ["held by dev 0", "held by dev 0", "dev 0's block: complete"]
+    assert "nothing moves" in figs["nothing"]._suptitle.get_text()
+    assert not _patches(figs["nothing"], "fetched") and not _patches(figs["nothing"], "partial")
+    assert _roles(figs["all-reduce-data"])[-1] == "dev 0's block: partial sum over 'data'"
+    (fetched,) = _patches(figs["gather"], "fetched")  # the one piece dev 0 fetches: A[0:128, 512:1024]
+    assert (round(fetched.get_x(), 6), round(fetched.get_y(), 6), round(fetched.get_width(), 6)) == (0.5, 0.0, 0.5)
+    legend = [t.get_text() for t in figs["gather"].legends[0].get_texts()]
+    assert legend[:2] == ["held by dev 0", "needed by dev 0, held elsewhere: fetched (all-gather)"]
+
+
+def test_draw_matmul_accepts_arrays_structs_pairs_and_shardings():
+    a = jax.device_put(jnp.ones((16, 32)), _ns(P("data", "model")))
+    b = jax.ShapeDtypeStruct((32, 8), jnp.float32, sharding=_ns(P(None, "model")))
+    c = jax.jit(lambda a, b: a @ b).lower(a, b).compile().output_shardings
+    for out in (c, c.spec, ((16, 8), c), jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=c)):
+        fig = draw_matmul(a, b, out, device=3, title="case 1", names=("x", "w", "y"))
+        assert fig._suptitle.get_text().startswith("case 1\ndev 3 fetches 1 block of x over 'model'")
+        assert "held by dev 3" in "".join(tile_labels(fig)) and "fetched from dev 2" in "".join(tile_labels(fig))
+    assert [ax.get_title().split("\n")[0] for ax in fig.axes] == ["x", "w", "y = x @ w"]
+
+
+def test_draw_matmul_reduce_scatter_marks_the_partial_sums_it_sends():
+    fig = draw_matmul((A, _ns(P(None, "data"))), (B, _ns(P("data", None))), _ns(P("data", None)))
+    assert "(reduce-scatter)" in fig._suptitle.get_text()
+    assert sum("gets a partial sum from dev 0" in label for label in tile_labels(fig)) == 3
+    (partial,) = _patches(fig, "partial")
+    assert round(partial.get_height(), 6) == 1.0  # dev 0 computes partial sums for all of C
+
+
+@pytest.mark.parametrize(
+    "call,exc,message",
+    [
+        (lambda: draw_matmul(((4, 8, 8), _ns(P())), (B, _ns(P())), P()), ValueError, "2-D shape"),
+        (lambda: draw_matmul((A, _ns(P())), ((512, 8), _ns(P())), P()), ValueError, r"A's columns \(1024\) must equal"),
+        (lambda: draw_matmul((A, _ns(P())), (B, _ns(P())), ((512, 8), _ns(P()))), ValueError, r"has shape \(512, 8\)"),
+        (lambda: draw_matmul((A, _ns(P())), (B, _ns(P())), P(), device=8), ValueError, "not on this mesh"),
+        (lambda: draw_matmul("A", (B, _ns(P())), P()), TypeError, r"\(shape, NamedSharding\) pair"),
+        (lambda: draw_matmul(A, (B, _ns(P())), P()), ValueError, "needs a layout"),
+        (lambda: draw_matmul((A, _ns(P())), (B, jax.sharding.SingleDeviceSharding(jax.devices()[0])), P()), TypeError,
+         "needs a NamedSharding"),
+        (lambda: draw_matmul((A, _ns(P())), (B, NamedSharding(MESH3, P())), P()), ValueError, "another mesh"),
+    ],
+)
+def test_draw_matmul_bad_input(call, exc, message):
+    with pytest.raises(exc, match=message):
+        call()
+
+
+# the geometry against the compiler: the four classic cases, then others where XLA follows the same plan
+AGREE = [
+    *CASES.values(),
+    (P("data", "model"), P(None, None), P("data", None)),
+    (P(None, "data"), P("model", None), P()),  # both gathered: A over data, B over model
+    (P("model", "data"), P("data", "model"), P(None, "model")),  # A gathered over model, then partial over data
+    (P(("data", "model"), None), P(("data", "model"), None), P(("data", "model"), None)),  # FSDP: gather B
+    (P(None, "data"), P("data", None), P("data", None)),  # reduce-scatter: on CPU an all-reduce + dynamic-slice
+    (P("data", "model"), P("model", None), P("data", "model")),
+]
+
+
+@pytest.mark.parametrize("a,b,c", AGREE, ids=lambda s: str(s))
+def test_matmul_traffic_agrees_with_the_compiled_collectives(a, b, c):
+    lhs = jax.ShapeDtypeStruct(A, jnp.float32, sharding=_ns(a))
+    rhs = jax.ShapeDtypeStruct(B, jnp.float32, sharding=_ns(b))
+    compiled = jax.jit(lambda x, y: x @ y, out_shardings=_ns(c)).lower(lhs, rhs).compile()
+    found = collectives(compiled)
+    traffic = matmul_traffic(A, _ns(a), B, _ns(b), _ns(c), device=0)
+    cpu = sorted("all-reduce" if k == "reduce-scatter" else k for k in traffic.collectives)  # CPU has no reduce-scatter
+    assert cpu == sorted(op.kind for op in found.ops)
+    sizes = dict(MESH.shape)
+    expected = sorted(
+        [("all-gather", op.needed_shape, int(np.prod([sizes[x] for x in op.gather_axes])))
+         for op in (traffic.lhs, traffic.rhs) if op.missing]
+        + ([("all-reduce", traffic.computed_shape, int(np.prod([sizes[x] for x in traffic.partial_axes])))]
+           if traffic.partial_axes else [])
+    )
+    assert expected == sorted((op.kind, op.shapes[0], op.group_size) for op in found.ops)
+
+
+# --- the inline switch -----------------------------------------------------------------------------------------------
+
+
+class _FakeShell:
+    def __init__(self, kernel=True):
+        if kernel:
+            self.kernel = object()
+        self.magics = []
+
+    def run_line_magic(self, name, line):
+        self.magics.append((name, line))
+
+
+@pytest.mark.parametrize("backend", ["agg", "Agg"])
+def test_inline_switch_in_a_kernel_on_agg(backend):
+    shell = _FakeShell()
+    assert drawing._show_figures_inline(shell, backend) is True
+    assert shell.magics == [("matplotlib", "inline")]
+
+
+@pytest.mark.parametrize("backend", ["module://ipympl.backend_nbagg", "widget", "module://matplotlib_inline.backend_inline",
+                                     "QtAgg", "TkAgg"])
+def test_inline_switch_leaves_a_chosen_backend_alone(backend):
+    shell = _FakeShell()
+    assert drawing._show_figures_inline(shell, backend) is False
+    assert shell.magics == []
+
+
+def test_inline_switch_needs_a_kernel():
+    shell = _FakeShell(kernel=False)  # terminal IPython: no kernel, nothing to display inline
+    assert drawing._show_figures_inline(shell, "agg") is False and shell.magics == []
+    assert drawing._show_figures_inline(None, "agg") is False  # plain Python (pytest): no shell at all

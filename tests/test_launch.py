@@ -1,59 +1,644 @@
-"""Launch paths: the setup cell, Binder and a Colab-like runtime."""
+"""Launch paths: the setup cell, the Colab installer (utils.launch), Binder, and a Colab-like runtime.
 
+The fast tests check the installer's decisions against made-up environments (no network, no pip).
+The slow one builds a Colab-like runtime for real with uv and runs the real setup cell in it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
 import os
+import re
 import shutil
+import subprocess
+import sys
+import urllib.request
+import zipfile
+from pathlib import Path
 
+import pytest
+
+from utils import launch
 from utils.course import (
+    BADGES_LINE,
     REPO,
     ROOT,
+    XLA_NOTEBOOKS,
+    badges_markdown,
+    binder_url,
+    colab_url,
+    launchable,
     setup_source,
 )
+from utils.launch import (
+    KERNEL_PACKAGES,
+    Environment,
+    Installed,
+    InstallError,
+    RestartRequired,
+    binder_memory_note,
+    binder_requirements,
+    install_requirements,
+    mismatched_plugins,
+    plan_install,
+    prepare_runtime,
+    requirements,
+)
+
+# jax 0.12.0.1's own requirement lines for its plugins (importlib.metadata.requires('jax'), abridged)
+JAX_REQUIRES = [
+    "jaxlib<=0.12.0.1,>=0.11.2",
+    "numpy>=2.2",
+    'libtpu==0.0.50.*; extra == "tpu"',
+    'jax-cuda12-plugin[with-cuda]<=0.12.0.1,>=0.12.0.1; extra == "cuda12"',
+    'jax-cuda13-plugin[with-cuda]<=0.12.0.1,>=0.12.0.1; extra == "cuda13"',
+]
 
 
-def test_setup_source_is_short_and_asks_for_devices():
+@pytest.fixture(autouse=True)
+def _no_restart_pending(monkeypatch):
+    """Each test starts in a 'fresh kernel' as far as utils.launch is concerned."""
+    monkeypatch.setattr(launch, "_restart_pending", None)
+
+
+# --- the setup cell and the badges ----------------------------------------------------------------------------------
+
+
+def test_setup_source_is_short_plain_python_and_asks_for_devices():
     src = setup_source()
+    lines = src.splitlines()
+    assert lines[0] == "# Setup (the same cell opens every notebook; notebook 00 explains it)."
     assert src.endswith("SETUP = setup_devices(8)") and setup_source(64).endswith("setup_devices(64)")
-    assert f"https://github.com/{REPO}" in src
-    assert len(src.splitlines()) <= 15
+    assert f'"https://github.com/{REPO}"' in src
+    assert len(lines) <= 17 and max(map(len, lines)) <= 120
+    assert not [line for line in lines if line.lstrip().startswith(("!", "%"))], "no IPython magics"
+    compile(src, "<setup cell>", "exec")  # plain Python
+    for bad in (0, -1, 2.0, True, "8"):
+        with pytest.raises(ValueError, match="whole number of devices"):
+            setup_source(bad)
 
 
-def test_binder_installs_the_course_requirements():
+def test_setup_cell_pairs_as_percent_format_not_hydrogen(tmp_path):
+    """Magics in the setup cell made jupytext read the paired .py as 'hydrogen'; plain Python keeps 'percent'."""
+    jupytext = pytest.importorskip("jupytext")
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 99 · Demo"),
+                                         nbformat.v4.new_code_cell(setup_source())])
+    text = jupytext.writes(nb, fmt="py:percent")
+    assert jupytext.formats.guess_format(text, ".py")[0] == "percent"
+    back = jupytext.reads(text, fmt="py")
+    assert back.cells[1].source == setup_source()
+
+
+def test_badges_for_launchable_and_local_only_notebooks():
+    assert launchable("00_setup.ipynb") and not launchable("14_pytorch_xla.ipynb")
+    badges = badges_markdown("00_setup.ipynb")
+    assert colab_url("00_setup.ipynb") in badges and binder_url("00_setup.ipynb") in badges
+    for name in XLA_NOTEBOOKS:
+        line = badges_markdown(name)
+        assert "make lab-xla" in line and "colab" not in line.lower() and "binder" not in line.lower()
+    for name in ["00_setup.ipynb", *XLA_NOTEBOOKS]:  # a re-stamp finds either kind of line
+        title = f"# 00 · Title\n\n{badges_markdown(name)}\n\nPromise."
+        assert BADGES_LINE.findall(title) == [badges_markdown(name)]
+
+
+# --- reading pyproject and deciding what to install ---------------------------------------------------------------
+
+
+def test_requirements_follow_pyproject_and_its_markers():
+    on_311 = {str(r.name): str(r.specifier) for r in requirements(environment={"python_version": "3.11"})}
+    on_312 = {str(r.name): str(r.specifier) for r in requirements(environment={"python_version": "3.12"})}
+    assert on_311["jax"] == "==0.10.2" and on_312["jax"] == "==0.12.0.1"
+    assert on_311["numpy"] == on_312["numpy"] == ">=2.0"
+    assert not {"ipykernel", "jupyterlab"} & on_312.keys(), "pyproject's dependencies are compute only"
+
+
+def test_requirements_name_the_fix_for_a_bad_pyproject(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        requirements(tmp_path / "missing.toml")
+    (tmp_path / "a.toml").write_text("[tool.x]\ny = 1\n")
+    with pytest.raises(ValueError, match=r"no \[project\] dependencies"):
+        requirements(tmp_path / "a.toml")
+    (tmp_path / "b.toml").write_text('[project]\ndependencies = ["jax >> 1"]\n')
+    with pytest.raises(ValueError, match="not a valid requirement"):
+        requirements(tmp_path / "b.toml")
+
+
+def _reqs(*lines):
+    from packaging.requirements import Requirement
+
+    return [Requirement(line) for line in lines]
+
+
+def test_plan_installs_only_what_is_missing_or_outside_its_specifier():
+    installed = {"jax": "0.7.2", "numpy": "2.0.2", "matplotlib": "3.10.0", "rich": "13.9.4", "flax": "0.12.12"}
+    reqs = _reqs("jax==0.12.0.1", "numpy>=2.0", "matplotlib>=3.8", "rich>=13", "flax==0.12.12", "optax==0.2.8",
+                 "orbax-checkpoint==0.12.8", "jax-extras[cpu]>=1")
+    plan = plan_install(reqs, installed)
+    assert plan.installed == ("jax==0.12.0.1", "optax==0.2.8", "orbax-checkpoint==0.12.8", "jax-extras[cpu]>=1")
+    assert plan_install(reqs[1:5], installed) == Installed()
+    assert plan_install(_reqs("numpy>=2.0"), {"numpy": "not-a-version"}).installed == ("numpy>=2.0",)
+    assert plan_install(_reqs("Orbax_Checkpoint==1.0"), {"orbax-checkpoint": "1.0"}) == Installed(), "names normalise"
+
+
+def test_plan_never_installs_the_kernels_own_packages():
+    plan = plan_install(_reqs("ipykernel==7.4.0", "IPython>=9", "tornado>=6", "jax==0.12.0.1"),
+                        {"ipykernel": "6.17.1", "ipython": "7.34.0", "tornado": "6.4.2"})
+    assert plan.installed == ("jax==0.12.0.1",)
+    assert len(plan.kept) == 2 and "ipykernel 6.17.1" in plan.kept[0] and "ipython 7.34.0" in plan.kept[1]
+    assert {"ipykernel", "ipython", "jupyter-client", "tornado", "pyzmq", "jupyter-server", "notebook",
+            "google-colab"} <= KERNEL_PACKAGES
+
+
+def test_plugins_that_belong_to_another_jax_are_found():
+    installed = {"jax": "0.12.0.1", "jax-cuda12-plugin": "0.7.2", "jax-cuda12-pjrt": "0.7.2", "libtpu": "0.0.17",
+                 "jax-rocm60-plugin": "0.12.0.1", "numpy": "2.0.2"}
+    assert mismatched_plugins(installed, JAX_REQUIRES) == [
+        "jax-cuda12-pjrt", "jax-cuda12-plugin", "jax-rocm60-plugin", "libtpu"]
+    matching = {"jax-cuda12-plugin": "0.12.0.1", "jax-cuda12-pjrt": "0.12.0.1", "libtpu": "0.0.50.1"}
+    assert mismatched_plugins(matching, JAX_REQUIRES) == []
+    assert mismatched_plugins({"libtpu-nightly": "0.1.dev1"}, ["not a requirement ::"]) == ["libtpu-nightly"]
+
+
+def test_module_names_of_a_distribution():
+    files = ["numpy/__init__.py", "numpy/linalg/_umath_linalg.cpython-312-x86_64-linux-gnu.so", "numpy/py.typed",
+             "numpy-2.0.2.dist-info/RECORD", "../../bin/f2py", "numpy/__pycache__/x.cpython-312.pyc",
+             "jax_plugins/xla_cuda12/__init__.py", "weird-name/x.py"]
+    assert launch._module_names(files) == {"numpy", "numpy.linalg._umath_linalg", "jax_plugins.xla_cuda12"}
+
+
+class FakeEnvironment(Environment):
+    """Made-up installed versions; pip 'installs' from a catalogue and records every call."""
+
+    def __init__(self, installed, catalogue=None, modules=None, requires=None, fail=0):
+        self.installed = dict(installed)
+        self.catalogue = catalogue or {}  # name -> version pip would install (also for dependencies)
+        self.module_map = modules or {}
+        self.jax_requires = requires if requires is not None else JAX_REQUIRES
+        self.fail = fail  # pip calls that fail before one succeeds
+        self.calls: list[list[str]] = []
+        self.constraints: list[str] = []
+
+    def versions(self):
+        return dict(self.installed)
+
+    def requires(self, name):
+        return self.jax_requires if name == "jax" else []
+
+    def modules(self, name):
+        return set(self.module_map.get(name, {name.replace("-", "_")}))
+
+    def pip(self, args):
+        self.calls.append(args)
+        if "--constraint" in args:
+            self.constraints = Path(args[args.index("--constraint") + 1]).read_text().splitlines()
+        if self.fail:
+            self.fail -= 1
+            return 1, "Collecting jax==0.12.0.1\n" + "\n".join(f"line {i}" for i in range(30)) + "\nERROR: no network"
+        if args[0] == "install":
+            self.installed.update(self.catalogue)
+        else:
+            for name in args[2:]:
+                self.installed.pop(name)
+        return 0, "done"
+
+
+def _colab(**overrides):
+    installed = {"jax": "0.7.2", "jaxlib": "0.7.2", "numpy": "2.0.2", "matplotlib": "3.10.0", "rich": "13.9.4",
+                 "ipywidgets": "8.1.5", "ipykernel": "6.17.1", "ipython": "7.34.0", "tornado": "6.4.2",
+                 "jax-cuda12-plugin": "0.7.2", "jax-cuda12-pjrt": "0.7.2", "scipy": "1.16.1"}
+    catalogue = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "flax": "0.12.12", "optax": "0.2.8",
+                 "orbax-checkpoint": "0.12.8", "numpy": "2.3.5"}
+    return FakeEnvironment(installed, {**catalogue, **overrides})
+
+
+PYPROJECT = """[project]
+dependencies = [
+    "jax==0.12.0.1", "jax==0.4.0; python_version < '3.0'", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "numpy>=2.0", "matplotlib>=3.8", "rich>=13", "ipywidgets>=8.1", "ipykernel==7.4.0",
+]
+"""
+
+
+@pytest.fixture
+def pyproject(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text(PYPROJECT)
+    return path
+
+
+def test_install_runs_pip_once_for_what_is_needed_and_pins_the_kernel(pyproject, capsys):
+    env = _colab()
+    done = install_requirements(pyproject, environment=env, imported={"sys", "os"})
+    assert done.installed == ("jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
+                              "orbax-checkpoint==0.12.8")
+    assert done.removed == ("jax-cuda12-pjrt", "jax-cuda12-plugin")
+    assert len(done.kept) == 1 and done.kept[0].startswith("ipykernel 6.17.1")
+    install, uninstall = env.calls
+    assert install[:3] == ["install", "--upgrade-strategy", "only-if-needed"] and install[5:] == list(done.installed)
+    assert env.constraints == ["ipykernel==6.17.1", "ipython==7.34.0", "tornado==6.4.2"]
+    assert uninstall == ["uninstall", "--yes", "jax-cuda12-pjrt", "jax-cuda12-plugin"]
+    out = capsys.readouterr().out
+    assert "launch: installing jax==0.12.0.1" in out and "launch: removing jax-cuda12-pjrt" in out
+    # the same call again (a re-run, or the next notebook): everything is satisfied, no pip at all
+    assert install_requirements(pyproject, environment=env, imported={"numpy"}) == Installed(kept=done.kept)
+    assert len(env.calls) == 2
+
+
+def test_an_imported_package_that_changed_asks_for_a_restart_in_one_line(pyproject):
+    env = _colab()
+    with pytest.raises(RestartRequired) as caught:
+        install_requirements(pyproject, environment=env, imported={"numpy", "numpy.linalg", "sys"})
+    message = str(caught.value)
+    assert "\n" not in message and "numpy 2.0.2 -> 2.3.5" in message
+    assert "restart the session (Runtime > Restart session) and run this cell again" in message
+    assert caught.value._render_traceback_() == [f"RestartRequired: {message}"], "Jupyter shows just the message"
+    calls = len(env.calls)
+    with pytest.raises(RestartRequired, match="Runtime > Restart session"):  # re-run without restarting
+        install_requirements(pyproject, environment=env, imported={"numpy"})
+    assert len(env.calls) == calls, "nothing to install again: only the restart is missing"
+    launch._restart_pending = None  # the restart: a new kernel, where numpy is not yet imported
+    assert install_requirements(pyproject, environment=env, imported=set()).installed == ()
+    assert len(env.calls) == calls
+
+
+def test_a_removed_plugin_that_was_imported_also_asks_for_a_restart(pyproject):
+    env = _colab(**{"jax-cuda12-plugin": "0.7.2"})  # pip leaves the plugin; the installer removes it
+    env.module_map = {"jax-cuda12-pjrt": {"jax_plugins.xla_cuda12"}, "jax-cuda12-plugin": {"jax_cuda12_plugin"}}
+    with pytest.raises(RestartRequired, match=r"jax-cuda12-pjrt 0\.7\.2 -> removed"):
+        install_requirements(pyproject, environment=env, imported={"jax_plugins", "jax_plugins.xla_cuda12"})
+
+
+def test_a_failed_pip_run_raises_its_last_lines_and_the_next_run_retries(pyproject):
+    env = _colab()
+    env.fail = 1
+    with pytest.raises(InstallError) as caught:
+        install_requirements(pyproject, environment=env, imported=set(), quiet=True)
+    message = str(caught.value)
+    assert "run this cell again to retry" in message and message.endswith("ERROR: no network")
+    assert "line 0" not in message, "only pip's last lines"
+    done = install_requirements(pyproject, environment=env, imported=set(), quiet=True)
+    assert done.installed and env.installed["jax"] == "0.12.0.1" and len(env.calls) == 3
+
+
+def test_pip_that_succeeds_without_installing_is_an_error(pyproject):
+    env = _colab(jax="0.7.2")  # pip's "success" left jax where it was (say, a constraint won)
+    with pytest.raises(InstallError, match=r"jax==0\.12\.0\.1 is still not installed"):
+        install_requirements(pyproject, environment=env, imported=set(), quiet=True)
+
+
+def test_the_real_environment_is_read_without_pip():
+    env = Environment()
+    versions = env.versions()
+    assert versions["pytest"] and "packaging" in versions
+    assert "numpy" in env.modules("numpy") and env.modules("no-such-dist") == set()
+    assert env.requires("no-such-dist") == []
+    assert any(line.startswith("jaxlib") for line in env.requires("jax"))
+
+
+def test_prepare_runtime_does_nothing_locally_and_routes_colab_and_binder(monkeypatch, capsys):
+    monkeypatch.delenv(launch.BINDER_ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    assert prepare_runtime() is None and capsys.readouterr().out == ""
+    monkeypatch.setenv(launch.BINDER_ENV, "binder")
+    assert prepare_runtime() is None and capsys.readouterr().out.startswith("Binder: ")
+    monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
+    monkeypatch.setattr(launch, "install_requirements", lambda: Installed(installed=("x==1",)))
+    assert prepare_runtime() == Installed(installed=("x==1",))
+
+
+# --- Binder -----------------------------------------------------------------------------------------------------------
+
+
+def test_binder_installs_what_pyproject_says_and_nothing_of_its_server():
     assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.12"
-    assert (ROOT / "binder" / "requirements.txt").read_text() == (ROOT / "requirements.txt").read_text()
+    text = (ROOT / "binder" / "requirements.txt").read_text()
+    assert text == binder_requirements(), "binder/requirements.txt is stale: run python -m utils.launch"
+    names = {re.split(r"[=<>!~\[ ;@]", line, maxsplit=1)[0].lower()
+             for line in text.splitlines() if line and not line.startswith("#")}
+    assert "jax==0.12.0.1" in text.splitlines() and "numpy>=2.0" in text.splitlines()
+    assert not names & KERNEL_PACKAGES and not names & {"jupyterlab", "ipykernel", "notebook"}
+
+
+def test_binder_requirements_leave_kernel_packages_out_and_check_runtime(tmp_path, pyproject):
+    (tmp_path / "runtime.txt").write_text("python-3.11\n")
+    text = binder_requirements(pyproject, tmp_path / "runtime.txt")
+    assert "jax==0.12.0.1" in text and "0.4.0" not in text and "ipykernel" not in text and "Python 3.11" in text
+    (tmp_path / "runtime.txt").write_text("3.12\n")
+    with pytest.raises(ValueError, match=r"python-3\.12"):
+        binder_requirements(pyproject, tmp_path / "runtime.txt")
+
+
+def test_binder_start_sets_devices_path_and_keeps_memory_small():
     start = (ROOT / "binder" / "start").read_text()
-    assert start.startswith("#!") and "JAX_NUM_CPU_DEVICES=8" in start and 'exec "$@"' in start
+    assert start.startswith("#!") and start.rstrip().endswith('exec "$@"')
+    assert os.access(ROOT / "binder" / "start", os.X_OK)
+    assert "export JAX_NUM_CPU_DEVICES=8" in start and "export PYTHONPATH=" in start
+    assert f"export {launch.BINDER_ENV}=binder" in start and "JUPYTER_CONFIG_PATH" in start
+    culling = json.loads((ROOT / "binder" / "jupyter" / "jupyter_server_config.json").read_text())
+    assert culling == {"MappingKernelManager": {"cull_idle_timeout": 1200, "cull_interval": 60,
+                                                "cull_connected": True}}
+    tracker = json.loads((ROOT / "binder" / "jupyter" / "tracker.jupyterlab-settings").read_text())
+    assert tracker == {"kernelShutdown": True}
 
 
-def test_setup_cell_bootstraps_a_lone_notebook_like_colab(tmp_path, monkeypatch):
-    """Run the real setup cell in a kernel that looks like Colab, in a folder without the course.
+def test_jupyter_reads_the_binder_settings(tmp_path):
+    """The settings are real: Jupyter's server loads the culling config, and JupyterLab knows the setting."""
+    jupyterlab = pytest.importorskip("jupyterlab")
+    schema = Path(jupyterlab.__file__).parent / "schemas" / "@jupyterlab" / "notebook-extension" / "tracker.json"
+    assert json.loads(schema.read_text())["properties"]["kernelShutdown"]["type"] == "boolean"
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(ROOT / "binder" / "jupyter"), JUPYTER_CONFIG_DIR=str(tmp_path))
+    shown = subprocess.run([sys.executable, "-m", "jupyter_server", "--show-config"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert "cull_connected = True" in shown.stdout and "cull_idle_timeout = 1200" in shown.stdout, shown.stderr
 
-    `google.colab` is faked, and `git` is a stand-in that copies this checkout instead of
-    cloning from GitHub (no network here). The cell must fetch the course, install its
-    requirements (already satisfied in this environment) and import utils from the copy.
+
+def test_binder_memory_note_counts_kernels_and_their_memory(tmp_path, monkeypatch):
+    proc = tmp_path / "proc"
+    for pid, cmd, rss_kb in [(10, "python -m ipykernel_launcher -f k1.json", 400 * 1024),
+                             (11, "python -m ipykernel_launcher -f k2.json", 224 * 1024),
+                             (12, "jupyter-lab --port 8888", 150 * 1024)]:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cmdline").write_bytes(cmd.replace(" ", "\0").encode())
+        (proc / str(pid) / "status").write_text(f"Name:\tpython\nVmRSS:\t  {rss_kb} kB\n")
+    (proc / "13").mkdir()  # a process that ended while we looked: no files
+    monkeypatch.setenv("MEM_LIMIT", str(2 * 2**30))
+    note = binder_memory_note(proc, tmp_path / "no-cgroup")
+    assert note.startswith("Binder: 2 notebook kernels running (this one included), holding 0.6 GiB of this "
+                           "session's 2.0 GiB") and "Close and Shut Down Notebook" in note
+    monkeypatch.delenv("MEM_LIMIT")
+    (tmp_path / "cgroup").mkdir()
+    (tmp_path / "cgroup" / "memory.max").write_text("1073741824\n")
+    assert "of this session's 1.0 GiB" in binder_memory_note(proc, tmp_path / "cgroup")
+    (tmp_path / "cgroup" / "memory.max").write_text("max\n")
+    assert "session's" not in binder_memory_note(proc, tmp_path / "cgroup")
+
+
+# --- utils stays light until asked ------------------------------------------------------------------------------------
+
+
+def test_utils_loads_lazily_and_launch_imports_nothing_heavy():
+    code = ("import sys, utils, utils.launch\nfrom utils import launch, setup_devices\n"
+            "heavy = sorted({'jax', 'numpy', 'matplotlib'} & set(sys.modules))\n"
+            "assert not heavy, heavy\n"
+            "assert all(getattr(utils, n) is not None for n in utils.__all__)\n"
+            "assert set(utils.__all__) <= set(dir(utils)) and 'launch' in dir(utils)\n"
+            "from utils.devices import setup_devices as direct\nassert setup_devices is direct\n"
+            "try:\n    utils.no_such_name\nexcept AttributeError as e:\n    print('ok', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ok module 'utils' has no attribute 'no_such_name'" in r.stdout
+
+
+# --- the setup cell, run for real ----------------------------------------------------------------------------------
+
+
+def _git_stand_in(tmp_path: Path) -> Path:
+    """A `git` that copies this checkout (tracked and new files) to the clone's folder instead of using GitHub."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "git").write_text(
+        f"#!{sys.executable}\n"
+        "import shutil, subprocess, sys\nfrom pathlib import Path\n"
+        "assert sys.argv[1] == 'clone', sys.argv\n"
+        "dest = Path(sys.argv[-1]).resolve()\n"
+        f"root = Path({str(ROOT)!r})\n"
+        f"git = {shutil.which('git')!r}\n"
+        "files = subprocess.run([git, 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], cwd=root,\n"
+        "                       capture_output=True, check=True).stdout.decode().split('\\0')\n"
+        "for name in filter(None, files):\n"
+        "    if (root / name).is_file():\n"
+        "        (dest / name).parent.mkdir(parents=True, exist_ok=True)\n"
+        "        shutil.copy2(root / name, dest / name)\n"
+        "(dest / '.cloned-with').write_text(' '.join(sys.argv[1:]))\n")
+    (shim / "git").chmod(0o755)
+    return shim
+
+
+def _cell_text(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o["output_type"] == "stream")
+
+
+FAKE_COLAB = ("import sys, types\n"  # google.colab and the google.colab.output that jax's debugger imports there
+              "colab = sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+              "colab.output = sys.modules['google.colab.output'] = types.ModuleType('google.colab.output')\n"
+              "import numpy\nprint('numpy', numpy.__version__)")
+
+
+def test_setup_cell_fetches_the_course_whole_into_a_lone_folder(tmp_path, monkeypatch):
+    """The real setup cell in a kernel that looks like Colab, in a folder without the course.
+
+    This environment already has everything, so the installer must call no pip (pip is pointed at
+    no index, so a mistake would fail instead of changing the environment). A half-cloned folder
+    from an earlier, interrupted run is replaced by a whole clone.
     """
     import nbformat
     from nbclient import NotebookClient
 
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    real_git = shutil.which("git")
-    (shim / "git").write_text(  # stand-in for `git clone -q --depth 1 URL DEST`: copy the tracked files
-        f'#!/bin/sh\nfor last; do :; done\nmkdir -p "$last" && dest=$(cd "$last" && pwd)\n'
-        f'(cd "{ROOT}" && "{real_git}" ls-files -z | xargs -0 cp --parents -t "$dest")\n'
-        f'echo "$@" > "$last/.cloned-with"\n')
-    (shim / "git").chmod(0o755)
+    env = Environment()
+    if plan_install(requirements(), env.versions()).installed or mismatched_plugins(env.versions(),
+                                                                                    env.requires("jax")):
+        pytest.skip("this environment lacks course requirements: the installer would change it")
     work = tmp_path / "content"
-    work.mkdir()
+    (work / "spmd-course" / "utils").mkdir(parents=True)  # what an interrupted earlier clone left
+    (work / "spmd-course.tmp").mkdir()
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", f"{_git_stand_in(tmp_path)}:{os.environ['PATH']}")
+    monkeypatch.setenv("PIP_LOG", str(tmp_path / "pip.log"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
     nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("import sys, types\n"
-                                  "colab = sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
-                                  "colab.output = sys.modules['google.colab.output'] = types.ModuleType('output')"),
+        nbformat.v4.new_code_cell(FAKE_COLAB),
         nbformat.v4.new_code_cell(setup_source()),
         nbformat.v4.new_code_cell("import utils, jax\nprint(utils.__file__, jax.device_count())"),
     ])
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
-    out = "".join(o.get("text", "") for o in nb.cells[2].outputs)
-    assert f"{work}/spmd-course/utils/__init__.py 8" in out
+    assert f"{work}/spmd-course/utils/__init__.py 8" in _cell_text(nb.cells[2])
+    assert "launch:" not in _cell_text(nb.cells[1]) and not (tmp_path / "pip.log").exists(), "no pip call"
+    assert f"https://github.com/{REPO} spmd-course.tmp" in (work / "spmd-course" / ".cloned-with").read_text()
+    assert not (work / "spmd-course.tmp").exists() and (work / "spmd-course" / "pyproject.toml").is_file()
+
+
+# --- a Colab-like runtime, built for real --------------------------------------------------------------------------
+
+COLAB_PACKAGES = [  # what Colab has, older than the course's pins (its Python is 3.12)
+    "numpy==2.0.2", "scipy==1.16.1", "jax==0.7.2", "jaxlib==0.7.2", "matplotlib==3.10.0", "rich==13.9.4",
+    "ipywidgets==7.7.1", "notebook==6.5.7", "ipykernel==6.17.1", "ipython==7.34.0", "jupyter-client==7.4.9",
+    "tornado==6.4.2", "pyzmq==26.2.1", "traitlets==5.7.1", "packaging",
+]
+KERNEL_SIDE = ["ipykernel", "ipython", "jupyter-client", "tornado", "pyzmq", "traitlets"]
+PLUGIN_CHECK = '''
+import os, sys
+VERSION = "0.7.2"
+def initialize():
+    import jax
+    if jax.__version__ != VERSION:  # like a PJRT plugin built for another jaxlib: the process dies
+        sys.stderr.write(f"jax-cuda12-pjrt {VERSION} cannot run under jax {jax.__version__}\\n")
+        sys.stderr.flush()
+        os.abort()
+'''
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
+    """A minimal, valid pure-Python wheel (uv and pip install and uninstall it like any other)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    info = f"{dist}.dist-info"
+    files = {**files,
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+                 name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        for arcname, text in files.items():
+            data = text.encode()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{arcname},sha256={digest},{len(data)}")
+            whl.writestr(arcname, data)
+        whl.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return path
+
+
+def _fake_cuda_plugin(folder: Path) -> list[Path]:
+    """jax-cuda12-plugin and jax-cuda12-pjrt 0.7.2 as Colab's GPU runtime has them, minus the CUDA binaries.
+
+    The real pair weighs hundreds of MB; what matters here is its contract: JAX imports
+    ``jax_plugins.xla_cuda12`` and calls ``initialize()`` whenever a backend starts (even on CPU),
+    and a plugin built for another jaxlib takes the process down there.
+    """
+    folder.mkdir(exist_ok=True)
+    return [_wheel(folder, "jax-cuda12-pjrt", "0.7.2", {"jax_plugins/xla_cuda12/__init__.py": PLUGIN_CHECK}),
+            _wheel(folder, "jax-cuda12-plugin", "0.7.2", {"jax_cuda12_plugin/__init__.py": ""},
+                   requires=("jax-cuda12-pjrt==0.7.2",))]
+
+
+def _find_uv() -> Path | None:
+    """The course's bootstrapped uv (make puts it in <repo>/.uv), here or in the main checkout of a worktree."""
+    roots = [ROOT]
+    common = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=ROOT, capture_output=True, text=True)
+    if common.returncode == 0:
+        roots.append((ROOT / common.stdout.strip()).resolve().parent)
+    return next((r / ".uv" / "bin" / "uv" for r in roots if (r / ".uv" / "bin" / "uv").is_file()), None)
+
+
+def _find_python() -> str | None:
+    for name in ("python3.12", "python3.13"):
+        r = subprocess.run([str(ROOT / "tools" / "find-python"), name], capture_output=True, text=True)
+        if r.returncode == 0:
+            return r.stdout.strip()
+    return None
+
+
+def _versions(python: Path) -> dict[str, str]:
+    code = ("import importlib.metadata as m, json, re\n"
+            "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version "
+            "for d in m.distributions()}))")
+    return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+@pytest.mark.slow
+def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
+    """Colab, for real: a Python 3.12 runtime with older packages, a version-locked jax plugin, a live kernel.
+
+    1. The first kernel has imported numpy 2.0.2; jax 0.12 needs numpy >= 2.2, so the cell installs
+       what is needed, removes the plugin, and stops with the one-line restart message.
+    2. The "restarted" kernel runs the same cell: no pip call, 8 devices.
+    3. An older optax and the plugin again, nothing imported that changes: the cell installs optax
+       alone, removes the plugin, and runs through to 8 devices without a restart.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    uv, python = _find_uv(), _find_python()
+    if uv is None:
+        pytest.skip("no bootstrapped uv in <repo>/.uv (make env creates it)")
+    if python is None:
+        pytest.skip("no Python 3.12 or 3.13 found by tools/find-python")
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/jax/", timeout=15).close()
+    except OSError as err:
+        pytest.skip(f"PyPI is unreachable ({err}): the Colab-like runtime is built from PyPI")
+
+    venv = tmp_path / "colab"
+    vpy = venv / "bin" / "python"
+    request.addfinalizer(lambda: shutil.rmtree(venv, ignore_errors=True))  # the runtime weighs about 1.5 GB
+    uv_env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
+    subprocess.run([str(uv), "venv", "--quiet", "--seed", "--python", python, str(venv)], check=True, env=uv_env)
+    plugins = _fake_cuda_plugin(tmp_path / "wheels")
+    subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), *COLAB_PACKAGES, *map(str, plugins)],
+                   check=True, env=uv_env)
+    before = _versions(vpy)
+    assert before["jax-cuda12-pjrt"] == "0.7.2" and before["numpy"] == "2.0.2"
+
+    kernels = tmp_path / "share" / "jupyter" / "kernels" / "colab"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(json.dumps({
+        "argv": [str(vpy), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Colab-like", "language": "python"}))
+    for name in ("PYTHONPATH", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", "VIRTUAL_ENV"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "share" / "jupyter"))
+    monkeypatch.setenv("PATH", f"{_git_stand_in(tmp_path)}:{os.environ['PATH']}")
+    pip_log = tmp_path / "pip.log"
+    monkeypatch.setenv("PIP_LOG", str(pip_log))
+    monkeypatch.setenv("PIP_NO_COMPILE", "1")  # faster; the installed files are the same
+    work = tmp_path / "content"
+    work.mkdir()
+    check = "import jax, utils\nprint('jax', jax.__version__, 'devices', jax.device_count(), utils.__file__)"
+
+    def run(*cells):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        NotebookClient(nb, timeout=600, kernel_name="colab", allow_errors=True,
+                       resources={"metadata": {"path": str(work)}}).execute()
+        return nb.cells
+
+    # 1. the first kernel: numpy 2.0.2 is imported, and jax 0.12 needs a newer one
+    cells = run(FAKE_COLAB, setup_source())  # (importing jax next to the old numpy in memory is not safe)
+    assert "numpy 2.0.2" in _cell_text(cells[0])
+    printed = _cell_text(cells[1])
+    installed = re.search(r"launch: installing (.*) \(", printed)[1].split()
+    assert installed == ["jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
+                         "orbax-checkpoint==0.12.8", "ipywidgets>=8.1"], printed
+    assert "launch: removing jax-cuda12-pjrt jax-cuda12-plugin" in printed
+    error = next(o for o in cells[1].outputs if o["output_type"] == "error")
+    assert error["ename"] == "RestartRequired" and "\n" not in error["evalue"], error
+    assert error["traceback"] == [f"RestartRequired: {error['evalue']}"], "shown as one line, no traceback"
+    assert "numpy 2.0.2 -> " in error["evalue"] and "Runtime > Restart session" in error["evalue"]
+    after = _versions(vpy)
+    for name, version in [("jax", "0.12.0.1"), ("jaxlib", "0.12.0.1"), ("flax", "0.12.12"), ("optax", "0.2.8"),
+                          ("orbax-checkpoint", "0.12.8")]:
+        assert after[name] == version
+    assert {n: after[n] for n in KERNEL_SIDE} == {n: before[n] for n in KERNEL_SIDE}, "the kernel's own packages"
+    assert after["matplotlib"] == before["matplotlib"] and after["rich"] == before["rich"], "satisfied: untouched"
+    assert "jax-cuda12-pjrt" not in after and "jax-cuda12-plugin" not in after
     assert f"https://github.com/{REPO}" in (work / "spmd-course" / ".cloned-with").read_text()
+
+    # 2. after the restart: a new kernel runs the same cell, everything is satisfied, pip is not called
+    log_size = pip_log.stat().st_size
+    cells = run(FAKE_COLAB, setup_source(), check)
+    assert not [o for c in cells for o in c.outputs if o["output_type"] == "error"], cells
+    assert "launch:" not in _cell_text(cells[1]) and pip_log.stat().st_size == log_size, "no pip call"
+    assert f"jax 0.12.0.1 devices 8 {work}/spmd-course/utils/__init__.py" in _cell_text(cells[2])
+
+    # 3. an older optax and the plugin again (its crash is real), nothing imported that changes: runs through
+    subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), "--no-deps", "optax==0.2.5",
+                    *map(str, plugins)], check=True, env=uv_env)
+    crash = subprocess.run([str(vpy), "-c", "import jax; jax.config.update('jax_platforms', 'cpu'); jax.devices()"],
+                           capture_output=True, text=True, timeout=300)
+    assert crash.returncode != 0 and "cannot run under jax 0.12.0.1" in crash.stderr
+    before = _versions(vpy)
+    cells = run(FAKE_COLAB, setup_source(), check)
+    assert not [o for c in cells for o in c.outputs if o["output_type"] == "error"], cells
+    printed = _cell_text(cells[1])
+    assert "launch: installing optax==0.2.8 (" in printed and "launch: removing jax-cuda12-pjrt" in printed
+    assert "setup_devices: 8 simulated CPU devices" in printed
+    assert "jax 0.12.0.1 devices 8" in _cell_text(cells[2])
+    after = _versions(vpy)
+    changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+    assert changed == {"optax", "jax-cuda12-pjrt", "jax-cuda12-plugin"}, changed

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import nbformat
 import pytest
 
 from utils.course import ROOT, badges_markdown, notebooks, setup_source
@@ -30,12 +31,8 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_valid_json_and_outputs_stripped(path):
-    nb = json.loads(path.read_text())
-    assert nb["nbformat"] == 4
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path.name}: strip outputs"
+def test_valid_notebook_format(path):
+    nbformat.validate(nbformat.read(path, as_version=4))  # raises ValidationError on a malformed notebook
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -44,11 +41,11 @@ def test_title_with_badges_then_the_shared_setup_cell(path):
     title = _text(cells[0])
     assert cells[0]["cell_type"] == "markdown"
     assert title.startswith(f"# {path.name[:2]} · "), "title must start with '# NN · '"
-    assert badges_markdown(path.name) in title
+    assert badges_markdown(path.name) in title  # may be empty: a notebook that runs only locally has none
     assert "**You will learn**" in title
     setup = _text(cells[1])
     n = int(re.search(r"setup_devices\((\d+)\)$", setup).group(1))
-    assert cells[1]["cell_type"] == "code" and setup == setup_source(n), "run tools/notebooks.py sync"
+    assert cells[1]["cell_type"] == "code" and setup == setup_source(n), "run `python tools/notebooks.py stamp`"
     code_before = [c for c in cells[:1] if c["cell_type"] == "code"]
     assert not code_before, "no code may run before the setup cell"
 

@@ -1,23 +1,20 @@
 #!/usr/bin/env python3
-"""Build, stamp and strip the course's notebooks.
+"""The two jobs jupytext and nbstripout do not do for this course.
 
-    python tools/notebooks.py build SRC.py notebooks/NN_name.ipynb   # percent-format script -> notebook
-    python tools/notebooks.py sync                                   # re-stamp badges + setup cell in all
-    python tools/notebooks.py strip [PATH ...]                       # remove outputs and execution counts
-    python tools/notebooks.py export notebooks/NN_name.ipynb         # notebook -> percent script on stdout
-    python tools/notebooks.py readme                                 # rewrite README's table of notebooks
+    python tools/notebooks.py stamp     # write utils.course's badges and setup cell into every notebook
+    python tools/notebooks.py readme    # rewrite README's table of notebooks
 
-A notebook source in percent format separates cells with ``# %%`` (code) and
-``# %% [markdown]`` (markdown; each line starts with ``# ``). The line
-``# %% setup`` (or ``# %% setup 64`` for another device count) stands for the
-course's setup cell, and the title cell's line ``{{badges}}`` for the launch
-badges, both taken from ``utils/course.py``.
+Each notebook ``notebooks/NN_name.ipynb`` is paired with ``notebooks/NN_name.py`` (percent format) by
+jupytext (``[tool.jupytext]`` in pyproject.toml); ``make sync`` pairs and strips them, and the
+pre-commit hooks do the same on every commit. ``stamp`` edits the ``.py`` sources (the launch badges
+under each title, the shared setup cell as the second cell) and then lets jupytext bring each
+``.ipynb`` up to date, so both stay paired. Run it after changing ``utils/course.py``.
 """
 
 from __future__ import annotations
 
-import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,98 +23,44 @@ sys.path.insert(0, str(ROOT))
 
 from utils.course import badges_markdown, notebooks, setup_source, title_and_promise  # noqa: E402
 
-BADGE_LINE = re.compile(r"^\[!\[Open in Colab\].*$", re.M)
+CELL = re.compile(r"^# %%.*$", re.M)
+SETUP_N = re.compile(r"^SETUP = setup_devices\((\d+)\)$", re.M)
+BADGES = re.compile(r"^# (?:\[!\[Open in Colab\]|\*Runs locally only).*$", re.M)
 
 
-def setup_devices_count(source: str) -> int | None:
-    """The N of ``SETUP = setup_devices(N)`` in a setup cell, else None."""
-    m = re.search(r"^SETUP = setup_devices\((\d+)\)$", source, re.M)
-    return int(m.group(1)) if m else None
+def source_of(notebook: Path) -> Path:
+    """The percent-format twin of a notebook."""
+    return notebook.with_suffix(".py")
 
 
-def _cell(kind: str, source: str) -> dict:
-    cell: dict = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
-    if kind == "code":
-        cell.update(execution_count=None, outputs=[])
-    return cell
+def stamp_source(text: str, name: str) -> str:
+    """``text`` (a percent-format source) with the course's current badges and setup cell."""
+    starts = [m.start() for m in CELL.finditer(text)] + [len(text)]
+    if len(starts) < 3:
+        raise ValueError(f"{name}: expected a title cell and the setup cell first")
+    title, setup = text[starts[0] : starts[1]], text[starts[1] : starts[2]]
+    badges = badges_markdown(name)
+    if not BADGES.search(title):
+        raise ValueError(f"{name}: the title cell has no launch-badge line to stamp")
+    title = BADGES.sub(lambda _: "# " + badges if badges else "#", title, count=1)
+    m = SETUP_N.search(setup)
+    if not m:
+        raise ValueError(f"{name}: the second cell is not the setup cell (SETUP = setup_devices(N))")
+    setup = "# %%\n" + setup_source(int(m.group(1))) + "\n\n"
+    return text[: starts[0]] + title + setup + text[starts[2] :]
 
 
-def parse_percent(text: str, name: str) -> list[dict]:
-    cells: list[dict] = []
-    kind, lines = None, []
-
-    def flush() -> None:
-        if kind is None:
-            return
-        body = "\n".join(lines).strip("\n")
-        if kind == "markdown":
-            body = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
-            body = body.replace("{{badges}}", badges_markdown(name))
-        cells.append(_cell(kind, body))
-
-    for line in text.splitlines():
-        if line.startswith("# %%"):
-            flush()
-            tag = line[4:].strip()
-            if tag.split()[:1] == ["setup"]:  # "# %% setup" or "# %% setup 64" (device count)
-                n = int(tag.split()[1]) if len(tag.split()) > 1 else 8
-                cells.append(_cell("code", setup_source(n)))
-                kind, lines = None, []
-                continue
-            kind, lines = ("markdown" if tag.startswith("[markdown]") else "code"), []
-        elif kind is not None:
-            lines.append(line)
-    flush()
-    return cells
-
-
-def write(nb_cells: list[dict], path: Path) -> None:
-    nb = {
-        "cells": nb_cells,
-        "metadata": {
-            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-            "language_info": {"name": "python"},
-        },
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    for i, cell in enumerate(nb["cells"]):
-        cell["id"] = f"c{i:03d}"
-    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-
-
-def build(src: Path, dst: Path) -> None:
-    write(parse_percent(src.read_text(), dst.name), dst)
-    print(f"wrote {dst} from {src}")
-
-
-def strip(paths: list[Path]) -> None:
-    for path in paths:
-        nb = json.loads(path.read_text())
-        for cell in nb["cells"]:
-            if cell["cell_type"] == "code":
-                cell["outputs"], cell["execution_count"] = [], None
-            cell["metadata"] = {}
-        nb["metadata"] = {k: v for k, v in nb["metadata"].items() if k in ("kernelspec", "language_info")}
-        nb["metadata"]["language_info"] = {"name": "python"}
-        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-
-
-def export(path: Path) -> str:
-    """The inverse of build: a percent-format script to edit, then build again."""
-    nb = json.loads(path.read_text())
-    out = []
-    for cell in nb["cells"]:
-        body = "".join(cell["source"])
-        n = setup_devices_count(body)
-        if cell["cell_type"] == "code" and n is not None and body == setup_source(n):
-            out.append("# %% setup" + ("" if n == 8 else f" {n}"))
-        elif cell["cell_type"] == "code":
-            out.append("# %%\n" + body)
-        else:
-            body = BADGE_LINE.sub("{{badges}}", body)
-            out.append("# %% [markdown]\n" + "\n".join(("# " + line).rstrip() for line in body.splitlines()))
-    return "\n\n".join(out) + "\n"
+def stamp() -> None:
+    for path in notebooks():
+        src = source_of(path)
+        old = src.read_text()
+        new = stamp_source(old, path.name)
+        if new != old:
+            src.write_text(new)
+            print(f"stamped {src.relative_to(ROOT)}")
+    paths = [str(p) for p in notebooks()]
+    subprocess.run([sys.executable, "-m", "jupytext", "--sync", "--quiet", *paths], check=True)
+    subprocess.run([sys.executable, "-m", "nbstripout", *paths], check=True)
 
 
 def readme_table() -> str:
@@ -139,31 +82,12 @@ def readme() -> None:
     print(f"rewrote the table of {len(notebooks())} notebooks in README.md")
 
 
-def sync() -> None:
-    for path in notebooks():
-        nb = json.loads(path.read_text())
-        cells = nb["cells"]
-        title = "".join(cells[0]["source"])
-        badges = badges_markdown(path.name)
-        cells[0]["source"] = BADGE_LINE.sub(lambda _, b=badges: b, title).splitlines(keepends=True)
-        n = setup_devices_count("".join(cells[1]["source"])) or 8
-        cells[1]["source"] = setup_source(n).splitlines(keepends=True)
-        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-        print(f"synced {path.name}")
-
-
 if __name__ == "__main__":
-    cmd, *args = sys.argv[1:] or ["help"]
-    if cmd == "build" and len(args) == 2:
-        build(Path(args[0]), Path(args[1]))
-    elif cmd == "sync":
-        sync()
-    elif cmd == "export" and len(args) == 1:
-        sys.stdout.write(export(Path(args[0])))
-    elif cmd == "readme":
+    cmd = sys.argv[1:] or ["help"]
+    if cmd == ["stamp"]:
+        stamp()
+    elif cmd == ["readme"]:
         readme()
-    elif cmd == "strip":
-        strip([Path(a) for a in args] or notebooks())
     else:
         print(__doc__)
         sys.exit(2)

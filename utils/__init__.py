@@ -7,14 +7,50 @@ and ``jax.device_put`` themselves).
 - ``drawing``: matplotlib pictures of shardings and meshes;
 - ``inspecting``: collectives and memory of compiled programs, shard tables;
 - ``exercises``: self-checking exercises;
-- ``course``: where the course lives and how its notebooks start.
+- ``explorer``: an ipywidgets explorer of layouts and matmuls, for JupyterLab;
+- ``course``: where the course lives and how its notebooks start;
+- ``launch``: readying a live runtime (Colab, Binder) before the setup cell starts JAX.
+
+Names load lazily (PEP 562): ``from utils import setup_devices`` imports
+``utils.devices`` and nothing else, so the setup cell can install packages
+(``utils.launch``) before numpy, matplotlib or JAX are imported in the kernel.
 """
 
-from .devices import DeviceCountError, DeviceSetup, setup_devices
-from .drawing import device_color, draw_mesh, draw_sharding, draw_shardings, mesh_labels, tile_labels
-from .exercises import NOT_ANSWERED, Exercise
-from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
-from .layout import tiles, type_string
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
+    from .devices import DeviceCountError, DeviceSetup, setup_devices
+    from .drawing import (
+        device_color,
+        draw_matmul,
+        draw_mesh,
+        draw_permute,
+        draw_sharding,
+        draw_shardings,
+        mesh_labels,
+        tile_labels,
+    )
+    from .exercises import NOT_ANSWERED, Exercise
+    from .explorer import explore
+    from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
+    from .layout import matmul_traffic, tiles, type_string
+
+_SOURCES = {
+    "devices": ("DeviceCountError", "DeviceSetup", "setup_devices"),
+    "drawing": (
+        "device_color", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings", "mesh_labels",
+        "tile_labels",
+    ),
+    "exercises": ("NOT_ANSWERED", "Exercise"),
+    "explorer": ("explore",),
+    "inspecting": ("collectives", "compile_with_log", "format_bytes", "memory_per_device", "shard_table"),
+    "layout": ("matmul_traffic", "tiles", "type_string"),
+}
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
+_SUBMODULES = frozenset({*_SOURCES, "course", "launch"})
 
 __all__ = [
     "NOT_ANSWERED",
@@ -24,10 +60,14 @@ __all__ = [
     "collectives",
     "compile_with_log",
     "device_color",
+    "draw_matmul",
     "draw_mesh",
+    "draw_permute",
     "draw_sharding",
     "draw_shardings",
+    "explore",
     "format_bytes",
+    "matmul_traffic",
     "memory_per_device",
     "mesh_labels",
     "setup_devices",
@@ -36,3 +76,19 @@ __all__ = [
     "tiles",
     "type_string",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load an exported name (or a submodule) the first time it is asked for."""
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})

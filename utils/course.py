@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 __all__ = [
+    "BADGES_LINE",
     "BRANCH",
     "REPO",
     "ROOT",
@@ -18,6 +19,7 @@ __all__ = [
     "badges_markdown",
     "binder_url",
     "colab_url",
+    "launchable",
     "needs_torch_xla",
     "notebooks",
     "runnable_here",
@@ -60,8 +62,23 @@ def binder_url(name: str) -> str:
     return f"https://mybinder.org/v2/gh/{REPO}/{BRANCH}?urlpath=lab/tree/notebooks/{name}"
 
 
+BADGES_LINE = re.compile(r"^(?:\[!\[Open in Colab\]|\*Runs locally only:\*).*$", re.MULTILINE)
+"""Matches the line :func:`badges_markdown` writes under a title, whichever kind it is (to re-stamp it)."""
+
+
+def launchable(name: str) -> bool:
+    """Whether a notebook runs on Colab and Binder (those that need torch_xla run only locally)."""
+    return not needs_torch_xla(name)
+
+
 def badges_markdown(name: str) -> str:
-    """The two launch badges a notebook (and its README row) carries."""
+    """The launch line a notebook (and its README row) carries under its title.
+
+    The Colab and Binder badges, or for a notebook that needs torch_xla (its own 4 GB environment,
+    which neither Colab nor Binder can hold next to JAX) a line that says how to run it locally.
+    """
+    if not launchable(name):
+        return "*Runs locally only:* `make lab-xla` (PyTorch/XLA needs its own environment, about 4 GB)."
     return (
         f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(name)}) "
         f"[![Launch Binder](https://mybinder.org/badge_logo.svg)]({binder_url(name)})"
@@ -69,24 +86,35 @@ def badges_markdown(name: str) -> str:
 
 
 def setup_source(n_devices: int = 8) -> str:
-    """The setup cell: identical in every notebook (notebook 00 explains each line).
+    """The setup cell: identical in every notebook (notebook 00 explains it). Plain Python, no magics.
 
-    On Colab, where the notebook arrives alone, it first fetches the course
-    and installs its pinned requirements; everywhere it makes the course's
-    utils importable and asks for the devices before JAX starts.
+    - It finds the course beside the notebook (``notebooks/..``) or in ``spmd-course/``. On Colab,
+      where a notebook arrives alone, it clones the course into ``spmd-course.tmp`` and renames it
+      once complete, so ``spmd-course/`` is never half there (an incomplete one is cloned again).
+    - :func:`utils.launch.prepare_runtime` then installs on Colab what is missing (by versions; it
+      says when the session must restart), prints the memory in use on Binder, and does nothing
+      elsewhere. ``utils`` loads lazily, so nothing imports numpy or JAX before that.
+    - :func:`utils.setup_devices` asks for the devices before JAX starts.
     """
+    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
+        raise ValueError(f"setup_source(n_devices) takes a whole number of devices, such as 8; got {n_devices!r}")
     return f"""\
 # Setup (the same cell opens every notebook; notebook 00 explains it).
+import subprocess
 import sys
 from pathlib import Path
 
-if "google.colab" in sys.modules and not Path("spmd-course").exists():
-    !git clone -q --depth 1 https://github.com/{REPO} spmd-course
-    %pip install -q -r spmd-course/requirements.txt
-sys.path[:0] = [str(p) for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils").is_dir()]
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
+    url, tmp = "https://github.com/{REPO}", "spmd-course.tmp"
+    subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
+    git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
+    assert git.returncode == 0, f"could not fetch the course (is the network on?): {{git.stderr}}"
+    course = Path(tmp).rename("spmd-course")
+sys.path[:0] = [str(course.resolve())] if course else []
+from utils import launch, setup_devices
 
-from utils import setup_devices
-
+launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the memory in use. Elsewhere: nothing.
 SETUP = setup_devices({n_devices})"""
 
 

@@ -16,9 +16,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 __all__ = [
+    "MatmulTraffic",
+    "OperandTraffic",
+    "Piece",
     "Tile",
     "as_layout",
     "check_spec",
+    "matmul_traffic",
     "short_dtype",
     "spec_entries",
     "tiles",
@@ -243,3 +247,272 @@ def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = 
         else:
             dims.append(f"{n}@({','.join(axes)})")
     return f"{short_dtype(dtype)}[{','.join(dims)}]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Matmul traffic: which blocks of C = A @ B one device holds, needs, and must fetch.
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A rectangle of an operand that one device needs for its output block.
+
+    ``holders`` are the devices that hold it; ``source`` is the device it is
+    taken from: the device itself when ``held``, otherwise the holder nearest on
+    the mesh (fewest mesh coordinates differing, then lowest id). ``axes`` are
+    the mesh axes along which ``source`` differs from the device: the axes of
+    the all-gather that brings the piece (``()`` when held).
+    """
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    holders: tuple[int, ...]
+    source: int
+    held: bool
+    axes: tuple[str, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
+
+    def index_string(self) -> str:
+        """Like numpy's indexing: '[0:128, 512:1024]'."""
+        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
+
+
+@dataclass(frozen=True)
+class OperandTraffic:
+    """One matmul input as seen by one device: what it holds, needs, and lacks.
+
+    ``needed_start``/``needed_stop`` bound the rectangle the device multiplies
+    (its output rows or columns times its contraction range); ``pieces`` cover
+    that rectangle, one per block of the operand it overlaps.
+    """
+
+    shape: tuple[int, ...]
+    held: Tile
+    needed_start: tuple[int, ...]
+    needed_stop: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+
+    @property
+    def needed_shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.needed_start, self.needed_stop, strict=True))
+
+    @property
+    def missing(self) -> tuple[Piece, ...]:
+        """The needed pieces the device does not hold: they must be fetched (an all-gather)."""
+        return tuple(p for p in self.pieces if not p.held)
+
+    @property
+    def gather_axes(self) -> tuple[str, ...]:
+        """Mesh axes the missing pieces come over, in mesh order (``()`` when nothing is missing)."""
+        axes = {a for p in self.missing for a in p.axes}
+        return tuple(a for a in self.mesh_axes if a in axes)
+
+    @property
+    def fetched_elements(self) -> int:
+        return sum(math.prod(p.shape) for p in self.missing)
+
+    mesh_axes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MatmulTraffic:
+    """What one device does for ``C = A @ B`` under the textbook plan.
+
+    The plan: fetch the missing pieces of A and B (all-gather), multiply, and,
+    when A's and B's contracting dimension are split the same way, add the
+    partial sums across ``partial_axes`` (all-reduce, or reduce-scatter when C
+    is itself split over those axes). ``out`` is the device's block of C;
+    ``computed_start``/``computed_stop`` the block it multiplies out before
+    the reduction (larger than ``out`` only for a reduce-scatter).
+
+    This is the plan XLA's partitioner picks when C's layout follows from A's
+    and B's; when C is asked for in another layout the compiler may move
+    data differently (gather C instead, or permute blocks). The compiled
+    program is the truth: check it with ``utils.inspecting.collectives``.
+    """
+
+    device: int
+    mesh_shape: dict[str, int]
+    lhs: OperandTraffic
+    rhs: OperandTraffic
+    out: Tile
+    computed_start: tuple[int, int]
+    computed_stop: tuple[int, int]
+    contracting: tuple[int, int]
+    partial_axes: tuple[str, ...]
+
+    @property
+    def computed_shape(self) -> tuple[int, int]:
+        return (self.computed_stop[0] - self.computed_start[0], self.computed_stop[1] - self.computed_start[1])
+
+    @property
+    def reduction(self) -> str | None:
+        """'all-reduce', 'reduce-scatter', or None when the output block is complete."""
+        if not self.partial_axes:
+            return None
+        return "reduce-scatter" if self.computed_shape != self.out.shape else "all-reduce"
+
+    @property
+    def collectives(self) -> tuple[str, ...]:
+        """The collectives of the plan: one all-gather per operand with missing pieces, then the reduction."""
+        kinds = ["all-gather" for op in (self.lhs, self.rhs) if op.missing]
+        if self.reduction:
+            kinds.append(self.reduction)
+        return tuple(kinds)
+
+    def summary(self, names: tuple[str, str, str] = ("A", "B", "C")) -> str:
+        """One sentence: what moves for this device, e.g. "dev 0 fetches 1 block of A over 'model' (all-gather)"."""
+        parts = []
+        for name, op in zip(names[:2], (self.lhs, self.rhs), strict=True):
+            if op.missing:
+                n = len(op.missing)
+                parts.append(f"fetches {n} block{'s' if n > 1 else ''} of {name} over {_axes_text(op.gather_axes)}"
+                             " (all-gather)")
+        if self.partial_axes:
+            parts.append(f"holds only a partial sum of its {names[2]} block: adds over "
+                         f"{_axes_text(self.partial_axes)} ({self.reduction})")
+        if not parts:
+            return f"dev {self.device} holds everything its {names[2]} block needs: nothing moves"
+        return f"dev {self.device} " + "; ".join(parts)
+
+
+def _axes_text(axes: tuple[str, ...]) -> str:
+    return " and ".join(repr(a) for a in axes)
+
+
+def _device_coords(mesh: Any) -> dict[int, tuple[int, ...]]:
+    return {int(d.id): tuple(int(i) for i in idx) for idx, d in np.ndenumerate(mesh.devices)}
+
+
+def _own_tile(shape: tuple[int, ...], sharding: Sharding, device: int) -> Tile:
+    return next(t for t in tiles(shape, sharding) if device in t.devices)
+
+
+def _operand(
+    shape: tuple[int, ...], sharding: NamedSharding, device: int, start: tuple[int, int], stop: tuple[int, int],
+) -> OperandTraffic:
+    mesh = sharding.mesh
+    coords = _device_coords(mesh)
+    names = tuple(mesh.axis_names)
+    pieces = []
+    for t in tiles(shape, sharding):
+        a = tuple(max(x, y) for x, y in zip(t.start, start, strict=True))
+        b = tuple(min(x, y) for x, y in zip(t.stop, stop, strict=True))
+        if any(x >= y for x, y in zip(a, b, strict=True)):
+            continue
+        held = device in t.devices
+
+        def distance(d: int) -> tuple[int, int]:
+            return sum(x != y for x, y in zip(coords[d], coords[device], strict=True)), d
+
+        source = device if held else min(t.devices, key=distance)
+        axes = tuple(n for n, x, y in zip(names, coords[source], coords[device], strict=True) if x != y)
+        pieces.append(Piece(a, b, t.devices, source, held, axes))
+    return OperandTraffic(tuple(shape), _own_tile(shape, sharding, device), start, stop, tuple(pieces), names)
+
+
+def _matmul_sharding(name: str, shape: tuple[int, ...], sharding: Any, mesh: Any) -> NamedSharding:
+    if isinstance(sharding, PartitionSpec):
+        if mesh is None:
+            raise ValueError(f"{name}: {sharding} needs a mesh; pass NamedSharding(mesh, {sharding})")
+        try:
+            check_spec(sharding, dict(mesh.shape), len(shape))
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
+        sharding = NamedSharding(mesh, sharding)
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(
+            f"{name}: matmul traffic reads mesh axes, so it needs a NamedSharding(mesh, P(...)); "
+            f"got {type(sharding).__name__}"
+        )
+    if mesh is not None and (
+        tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names)
+        or not np.array_equal(sharding.mesh.device_ids, mesh.device_ids)
+    ):
+        raise ValueError(
+            f"{name} lives on another mesh than A: put A, B and C on the same mesh "
+            f"(same axis names, same devices in the same places)"
+        )
+    try:
+        check_spec(sharding.spec, dict(sharding.mesh.shape), len(shape))
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    return sharding
+
+
+def matmul_traffic(
+    lhs_shape: tuple[int, int],
+    lhs_sharding: NamedSharding,
+    rhs_shape: tuple[int, int],
+    rhs_sharding: NamedSharding,
+    out_sharding: NamedSharding | PartitionSpec,
+    device: Any = 0,
+) -> MatmulTraffic:
+    """Which blocks device ``device`` holds, needs and must fetch for ``C = A @ B``.
+
+    ``A`` is ``(M, K)``, ``B`` is ``(K, N)``, ``C`` is ``(M, N)``; the three
+    shardings must be ``NamedSharding`` on one mesh (``out_sharding`` may be a
+    bare ``PartitionSpec``, read on A's mesh). The device owes C's block under
+    ``out_sharding``. If A and B split K over the same mesh axes, it multiplies
+    its own slice of K and its block is a partial sum over those axes;
+    otherwise it needs all of K. Whatever it needs and does not hold is a
+    :class:`Piece` to fetch, from the nearest device that holds it.
+    """
+    lhs_shape, rhs_shape = _matmul_shape("A", lhs_shape), _matmul_shape("B", rhs_shape)
+    if lhs_shape[1] != rhs_shape[0]:
+        raise ValueError(
+            f"A {lhs_shape} @ B {rhs_shape}: A's columns ({lhs_shape[1]}) must equal B's rows ({rhs_shape[0]})"
+        )
+    lhs_sharding = _matmul_sharding("A", lhs_shape, lhs_sharding, None)
+    mesh = lhs_sharding.mesh
+    rhs_sharding = _matmul_sharding("B", rhs_shape, rhs_sharding, mesh)
+    out_shape = (lhs_shape[0], rhs_shape[1])
+    out_sharding = _matmul_sharding("C", out_shape, out_sharding, mesh)
+    coords = _device_coords(mesh)
+    try:
+        device_id = -1 if isinstance(device, bool) else int(getattr(device, "id", device))
+    except (TypeError, ValueError):
+        device_id = -1
+    if device_id not in coords:
+        raise ValueError(f"device {device!r} is not on this mesh; pick one of its ids {sorted(coords)}")
+
+    k_lhs = spec_entries(lhs_sharding.spec, 2)[1]
+    k_rhs = spec_entries(rhs_sharding.spec, 2)[0]
+    partial = k_lhs if k_lhs and k_lhs == k_rhs else ()
+    if partial:
+        own = _own_tile(lhs_shape, lhs_sharding, device_id)
+        k0, k1 = own.start[1], own.stop[1]
+    else:
+        k0, k1 = 0, lhs_shape[1]
+
+    out_entries = spec_entries(out_sharding.spec, 2)
+    compute_spec = PartitionSpec(*(tuple(a for a in axes if a not in partial) or None for axes in out_entries))
+    computed = _own_tile(out_shape, NamedSharding(mesh, compute_spec), device_id)
+    (m0, n0), (m1, n1) = computed.start, computed.stop
+    return MatmulTraffic(
+        device=device_id,
+        mesh_shape=dict(mesh.shape),
+        lhs=_operand(lhs_shape, lhs_sharding, device_id, (m0, k0), (m1, k1)),
+        rhs=_operand(rhs_shape, rhs_sharding, device_id, (k0, n0), (k1, n1)),
+        out=_own_tile(out_shape, out_sharding, device_id),
+        computed_start=(m0, n0),
+        computed_stop=(m1, n1),
+        contracting=(k0, k1),
+        partial_axes=partial,
+    )
+
+
+def _matmul_shape(name: str, shape: Any) -> tuple[int, int]:
+    if (
+        not isinstance(shape, tuple | list)
+        or len(shape) != 2
+        or not all(isinstance(d, int | np.integer) and not isinstance(d, bool) and d > 0 for d in shape)
+    ):
+        raise ValueError(
+            f"{name} must be a 2-D shape such as (512, 1024) with sizes >= 1; got {shape!r}: "
+            f"matmul traffic covers (M, K) @ (K, N)"
+        )
+    return (int(shape[0]), int(shape[1]))

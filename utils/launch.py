@@ -1,0 +1,437 @@
+"""Ready a live notebook runtime (Colab, Binder) for the course without breaking it.
+
+The setup cell calls :func:`prepare_runtime` before anything imports numpy,
+matplotlib or JAX, so this module imports only the standard library and
+``packaging`` (which Colab, Binder and pip all carry).
+
+**Colab** hands a kernel that is already running, with its own (older) numpy,
+jax and Jupyter packages installed and some of them imported. So the installer
+decides by versions, never by a folder:
+
+- it reads the course's requirements from ``pyproject.toml``
+  (``[project] dependencies``, markers evaluated for this Python), compares each
+  with the installed version, and runs ``python -m pip install`` for what is
+  missing or outside its specifier, and nothing else;
+- the kernel's and the server's own packages (:data:`KERNEL_PACKAGES`) are
+  never installed, even where a requirement names them, and are pinned at their
+  installed versions through a pip constraints file, so that no dependency can
+  upgrade them under the running kernel;
+- JAX plugins that do not belong to the installed jax are uninstalled (see
+  :func:`mismatched_plugins` for why uninstalling, not upgrading);
+- a package that this kernel had already imported and that now has another
+  version cannot be used until the kernel restarts: :class:`RestartRequired`
+  says so in one line, and says it again if the cell is re-run without a
+  restart. After the restart the same call finds everything satisfied and runs
+  no pip at all;
+- a failed pip run raises :class:`InstallError` with pip's last lines; nothing
+  is remembered as done, so running the cell again retries.
+
+**Binder** builds its image from ``binder/requirements.txt``, which
+:func:`binder_requirements` derives from the same pyproject (compute packages
+only: Binder's kernel and server stay as Binder built them). Its sessions have
+1-2 GB of memory and JupyterLab keeps every opened notebook's kernel alive, so
+on Binder :func:`prepare_runtime` prints :func:`binder_memory_note`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+except ImportError:  # pragma: no cover - pip vendors packaging wherever pip is installed
+    from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    from pip._vendor.packaging.specifiers import SpecifierSet
+    from pip._vendor.packaging.utils import canonicalize_name
+    from pip._vendor.packaging.version import InvalidVersion, Version
+
+__all__ = [
+    "BINDER_ENV",
+    "KERNEL_PACKAGES",
+    "Environment",
+    "InstallError",
+    "Installed",
+    "RestartRequired",
+    "binder_memory_note",
+    "binder_requirements",
+    "install_requirements",
+    "mismatched_plugins",
+    "plan_install",
+    "prepare_runtime",
+    "requirements",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNEL_PACKAGES = frozenset({
+    # the running kernel and what it has loaded to talk to the frontend
+    "ipykernel", "ipython", "traitlets", "comm", "debugpy", "matplotlib-inline",
+    "jupyter-client", "jupyter-core", "pyzmq", "tornado",
+    # the server and frontends a runtime brings (Colab's own package included)
+    "jupyter-server", "jupyterlab", "notebook", "google-colab",
+})
+"""Distributions (canonical names) that belong to the runtime's kernel and server, not to the course.
+
+Replacing them under a live kernel breaks it (Colab's runtime crashes, Binder's server changes), so
+the installer neither installs nor upgrades them."""
+
+BINDER_ENV = "SPMD_COURSE_RUNTIME"
+"""Set to ``binder`` by ``binder/start``: how :func:`prepare_runtime` knows it runs on Binder."""
+
+_PLUGIN = re.compile(r"^(?:jax-[a-z0-9]+-(?:plugin|pjrt)|libtpu|libtpu-nightly)$")
+_BINDER_MARKERS = {  # the machine Binder builds for (binder/runtime.txt gives the Python)
+    "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
+    "implementation_name": "cpython", "platform_python_implementation": "CPython",
+}
+_RESTART = "restart the session (Runtime > Restart session) and run this cell again"
+_restart_pending: str | None = None  # the message, once this kernel holds a package that has since changed
+
+
+class _ShownPlainly(RuntimeError):
+    """An error whose message is the whole story: IPython shows it without the traceback into this module."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython's hook for exceptions that draw themselves
+        return [f"{type(self).__name__}: {self}"]
+
+
+class InstallError(_ShownPlainly):
+    """pip could not install or remove what the course needs; running the cell again retries."""
+
+
+class RestartRequired(_ShownPlainly):
+    """A package this kernel had imported has another version now; only a restart loads the new one."""
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What one :func:`install_requirements` call changed (all empty when everything was satisfied)."""
+
+    installed: tuple[str, ...] = ()
+    """Requirements handed to pip, e.g. ``('jax==0.12.0.1', 'flax==0.12.12')``."""
+    removed: tuple[str, ...] = ()
+    """JAX plugins uninstalled because they belong to another jax."""
+    kept: tuple[str, ...] = ()
+    """Kernel packages a requirement asked to change, left as the runtime has them."""
+
+
+class Environment:
+    """The Python environment the installer inspects and changes: this interpreter's.
+
+    Tests pass a subclass with made-up versions and a fake pip, so the
+    decisions can be checked without a network.
+    """
+
+    def versions(self) -> dict[str, str]:
+        """Installed distributions, canonical name -> version; the first on ``sys.path`` wins, as for import."""
+        found: dict[str, str] = {}
+        for dist in importlib.metadata.distributions():
+            name = dist.metadata["Name"]
+            if name:
+                found.setdefault(canonicalize_name(name), dist.version)
+        return found
+
+    def requires(self, name: str) -> list[str]:
+        """The installed distribution's requirement lines (extras included)."""
+        try:
+            return importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            return []
+
+    def modules(self, name: str) -> set[str]:
+        """Dotted names of the modules the installed distribution provides."""
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            return set()
+        return _module_names(str(f) for f in files)
+
+    def pip(self, args: list[str]) -> tuple[int, str]:
+        """Run ``python -m pip ARGS`` for this interpreter; return its exit code and output."""
+        env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+        try:
+            run = subprocess.run([sys.executable, "-m", "pip", *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=env)
+        except OSError as err:
+            return 1, f"could not start pip: {err}"
+        return run.returncode, run.stdout
+
+
+def requirements(pyproject: Path | str | None = None,
+                 environment: Mapping[str, str] | None = None) -> list[Requirement]:
+    """The course's requirements that apply here: ``[project] dependencies`` with their markers evaluated.
+
+    ``environment`` overrides marker variables (``{"python_version": "3.12"}``) to ask about another Python.
+    """
+    path = Path(pyproject) if pyproject is not None else ROOT / "pyproject.toml"
+    try:
+        lines = tomllib.loads(path.read_text())["project"]["dependencies"]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist: pass the course's pyproject.toml") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"{path} has no [project] dependencies list: it is not the course's pyproject.toml") from None
+    found = []
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as err:
+            raise ValueError(f"{path}: the dependency {line!r} is not a valid requirement ({err})") from None
+        if req.marker is None or req.marker.evaluate(dict(environment) if environment else None):
+            found.append(req)
+    return found
+
+
+def _satisfies(version: str | None, specifier: SpecifierSet) -> bool:
+    if version is None:
+        return False
+    try:
+        return specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _pip_argument(req: Requirement) -> str:
+    """The requirement as pip takes it on the command line, without its (already evaluated) marker."""
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return f"{req.name}{extras} @ {req.url}" if req.url else f"{req.name}{extras}{req.specifier}"
+
+
+def plan_install(reqs: Iterable[Requirement], installed: Mapping[str, str]) -> Installed:
+    """Which requirements need pip (missing, or installed at a version outside their specifier).
+
+    Kernel packages are never planned: they land in ``kept`` with the reason. Extras are taken on
+    trust: a requirement with extras counts as satisfied when the base distribution is.
+    """
+    install, kept = [], []
+    for req in reqs:
+        name = canonicalize_name(req.name)
+        have = installed.get(name)
+        if _satisfies(have, req.specifier) and not req.url:
+            continue
+        if name in KERNEL_PACKAGES:
+            kept.append(f"{name} {have or '(not installed)'}: the course asks {req.name}{req.specifier}")
+        else:
+            install.append(_pip_argument(req))
+    return Installed(installed=tuple(install), kept=tuple(kept))
+
+
+def mismatched_plugins(installed: Mapping[str, str], jax_requires: Iterable[str]) -> list[str]:
+    """Installed JAX plugins that the installed jax does not declare as its own.
+
+    A plugin (``jax-cuda12-plugin``, ``jax-cuda12-pjrt``, ``jax-rocm*-*``, ``libtpu``...) is built
+    for one jaxlib: jax's own metadata pins it in its extras (``jax[cuda12]`` asks
+    ``jax-cuda12-plugin==<its version>``; the ``-pjrt`` half follows its ``-plugin``). JAX loads every
+    installed plugin when it starts, even with ``jax_platforms="cpu"``, and a plugin built for
+    another jaxlib can abort the process there. The installer removes such plugins rather than
+    upgrading them: the course needs 8 devices, Colab offers one accelerator at most, so
+    :func:`utils.setup_devices` runs on 8 simulated CPU devices there anyway; a matching plugin would
+    only be probed and set aside, after downloading hundreds of MB (CUDA plugins, libtpu) into a
+    runtime that lasts hours. The runtime is throwaway: a fresh one has its plugins back.
+    """
+    allowed: dict[str, list[SpecifierSet]] = {}
+    for line in jax_requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        allowed.setdefault(canonicalize_name(req.name), []).append(req.specifier)
+    mismatched = []
+    for name, version in installed.items():
+        if not _PLUGIN.match(name):
+            continue
+        specifiers = allowed.get(re.sub(r"-pjrt$", "-plugin", name), [])
+        if not any(_satisfies(version, spec) for spec in specifiers):
+            mismatched.append(name)
+    return sorted(mismatched)
+
+
+def _module_names(files: Iterable[str]) -> set[str]:
+    """Dotted module names of a distribution's files (``numpy/linalg/__init__.py`` -> ``numpy.linalg``)."""
+    names = set()
+    for file in files:
+        parts = file.replace("\\", "/").split("/")
+        if parts[0] in ("..", "") or any(p.endswith((".dist-info", ".data")) or p == "__pycache__" for p in parts):
+            continue
+        last = parts[-1]
+        if last.endswith(".py"):
+            stem = last[:-3]
+        elif last.endswith((".so", ".pyd")):
+            stem = last.split(".", 1)[0]
+        else:
+            continue
+        dotted = [*parts[:-1], stem] if stem != "__init__" else parts[:-1]
+        if dotted and all(p.isidentifier() for p in dotted):
+            names.add(".".join(dotted))
+    return names
+
+
+def _constraints(installed: Mapping[str, str]) -> str:
+    return "".join(f"{name}=={installed[name]}\n" for name in sorted(KERNEL_PACKAGES & installed.keys()))
+
+
+def _last_lines(output: str, n: int = 12) -> str:
+    return "\n".join(output.strip().splitlines()[-n:])
+
+
+def install_requirements(
+    pyproject: Path | str | None = None,
+    *,
+    environment: Environment | None = None,
+    imported: Collection[str] | None = None,
+    quiet: bool = False,
+) -> Installed:
+    """Install what the course needs into this Python, as a live runtime (Colab) allows.
+
+    Returns what changed. Raises :class:`InstallError` when pip fails (run again to retry) and
+    :class:`RestartRequired` when a package this kernel had imported (``imported``, default
+    ``sys.modules``) now has another version. ``environment`` stands in for this interpreter in tests.
+    """
+    global _restart_pending
+    if _restart_pending:
+        raise RestartRequired(_restart_pending)
+    env = environment or Environment()
+    loaded = set(imported if imported is not None else sys.modules)
+    say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
+
+    reqs = requirements(pyproject)
+    before = env.versions()
+    plan = plan_install(reqs, before)
+    output = ""
+    for note in plan.kept:
+        say(f"launch: leaving {note} (it belongs to the runtime's kernel)")
+    if plan.installed:
+        say(f"launch: installing {' '.join(plan.installed)} (about a minute)")
+        with tempfile.TemporaryDirectory() as tmp:
+            constraints = Path(tmp) / "kernel-packages.txt"
+            constraints.write_text(_constraints(before))
+            code, output = env.pip(["install", "--upgrade-strategy", "only-if-needed",
+                                    "--constraint", str(constraints), *plan.installed])
+        importlib.invalidate_caches()  # let this kernel's imports see the new files
+        if code != 0:
+            raise InstallError(f"pip could not install {' '.join(plan.installed)} (exit {code}); run this cell "
+                               f"again to retry. pip's last lines:\n{_last_lines(output)}")
+    after = env.versions() if plan.installed else before
+    missing = plan_install(reqs, after).installed
+    if missing:
+        raise InstallError(f"pip finished, yet {' '.join(missing)} is still not installed as the course needs; "
+                           f"run this cell again to retry. pip's last lines:\n{_last_lines(output)}")
+
+    removed_modules: dict[str, set[str]] = {}
+    plugins = mismatched_plugins(after, env.requires("jax")) if "jax" in after else []
+    if plugins:
+        removed_modules = {name: env.modules(name) for name in plugins}
+        say(f"launch: removing {' '.join(plugins)}: built for another jax; the course simulates 8 CPU devices")
+        code, output = env.pip(["uninstall", "--yes", *plugins])
+        if code != 0:
+            raise InstallError(f"pip could not remove {' '.join(plugins)} (exit {code}); run this cell again "
+                               f"to retry. pip's last lines:\n{_last_lines(output)}")
+        after = env.versions()
+
+    changed = {name: (old, after.get(name)) for name, old in before.items() if after.get(name) != old}
+    stale = sorted(name for name in changed
+                   if not loaded.isdisjoint(removed_modules.get(name) or env.modules(name)))
+    if stale:
+        what = ", ".join(f"{name} {changed[name][0]} -> {changed[name][1] or 'removed'}" for name in stale)
+        _restart_pending = f"This session had imported packages that have changed ({what}): {_RESTART}."
+        raise RestartRequired(_restart_pending)
+    return Installed(installed=plan.installed, removed=tuple(plugins), kept=plan.kept)
+
+
+def binder_requirements(pyproject: Path | str | None = None, runtime: Path | str | None = None) -> str:
+    """The text of ``binder/requirements.txt``: pyproject's dependencies for Binder's Python, compute only.
+
+    Markers are evaluated for the Python in ``binder/runtime.txt`` on Linux, so each line is one
+    package. Kernel and server packages are left out: on Binder the kernel runs in the server's own
+    environment, and installing them would replace the server Binder built.
+    """
+    runtime_path = Path(runtime) if runtime is not None else ROOT / "binder" / "runtime.txt"
+    match = re.fullmatch(r"python-(\d+)\.(\d+)", runtime_path.read_text().strip())
+    if not match:
+        raise ValueError(f"{runtime_path} must hold one line like 'python-3.12'")
+    python = f"{match[1]}.{match[2]}"
+    markers = {**_BINDER_MARKERS, "python_version": python, "python_full_version": f"{python}.0"}
+    lines = [_pip_argument(req) for req in requirements(pyproject, markers)
+             if canonicalize_name(req.name) not in KERNEL_PACKAGES]
+    header = (f"# pyproject.toml's [project] dependencies for Python {python}, written by `python -m utils.launch`\n"
+              "# (tests/test_launch.py checks that they agree). Compute packages only: Binder's Jupyter server\n"
+              "# and kernel stay as Binder built them.\n")
+    return header + "".join(f"{line}\n" for line in lines)
+
+
+def _kernels(proc: Path) -> list[tuple[int, int]]:
+    """(pid, resident bytes) of the Jupyter kernels running on this machine, read from /proc."""
+    found = []
+    for entry in proc.glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            if b"ipykernel" not in cmdline:
+                continue
+            status = (entry / "status").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        rss = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.MULTILINE)
+        found.append((int(entry.name), int(rss[1]) * 1024 if rss else 0))
+    return sorted(found)
+
+
+def _memory_limit(cgroup: Path) -> int | None:
+    """This session's memory limit in bytes: Binder's MEM_LIMIT, else the cgroup's, else None."""
+    if os.environ.get("MEM_LIMIT", "").isdigit():
+        return int(os.environ["MEM_LIMIT"])
+    for path in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+        try:
+            value = path.read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < 2**50:  # cgroup v1 writes a huge number for "no limit"
+            return int(value)
+    return None
+
+
+def binder_memory_note(proc: Path | str = "/proc", cgroup: Path | str = "/sys/fs/cgroup") -> str:
+    """One line on the kernels alive in this session and the memory they hold, against the session's limit.
+
+    JupyterLab keeps a notebook's kernel alive after you move on to the next notebook; each course
+    kernel holds a few hundred MB once JAX runs, and Binder stops the whole session when it passes
+    its limit. The note tells the learner what to close.
+    """
+    kernels = _kernels(Path(proc))
+    held = sum(rss for _, rss in kernels)
+    limit = _memory_limit(Path(cgroup))
+    of_limit = f" of this session's {_gib(limit)}" if limit else ""
+    count = f"{len(kernels)} notebook kernel{'s' if len(kernels) != 1 else ''}"
+    return (f"Binder: {count} running (this one included), holding {_gib(held)}{of_limit}; each open notebook "
+            "keeps its kernel: finish one with File > Close and Shut Down Notebook before opening the next.")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def prepare_runtime() -> Installed | None:
+    """The setup cell's first call: on Colab install what is missing, on Binder print the memory note.
+
+    Elsewhere (``make lab``, CI, the book) it does nothing: those environments are built from uv.lock.
+    """
+    if "google.colab" in sys.modules:
+        return install_requirements()
+    if os.environ.get(BINDER_ENV) == "binder":
+        print(binder_memory_note())
+    return None
+
+
+if __name__ == "__main__":  # python -m utils.launch: rewrite binder/requirements.txt from pyproject.toml
+    (ROOT / "binder" / "requirements.txt").write_text(binder_requirements())
+    print(f"wrote {ROOT / 'binder' / 'requirements.txt'}")
