@@ -18,11 +18,14 @@ page shows the code without outputs, and says so.
 
 from __future__ import annotations
 
+import html
+import re
 import sys
 from pathlib import Path
 
 from docutils import nodes
 from sphinx import addnodes
+from sphinx.util import logging
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -36,6 +39,7 @@ from utils.course import (  # noqa: E402
     XLA_NOTEBOOKS,
     binder_url,
     colab_url,
+    launchable,
     notebooks,
     runnable_here,
     title_and_promise,
@@ -43,17 +47,18 @@ from utils.course import (  # noqa: E402
 
 REPO_URL = f"https://github.com/{REPO}"
 NOTEBOOKS = notebooks()
-_BUILD = {"xla_executed": False}  # decided once the command line's -D overrides are known
+_BUILD = {"xla_executed": False}  # set at config-inited, once the command line's -D options are applied
 
 project = "SPMD automatic sharding in JAX"
-author = "The course's authors"
-copyright = "the course's authors; text CC-BY-4.0, code Apache-2.0"
+author = "the course's authors"
+copyright = "the course's authors: prose under CC BY 4.0, code under Apache 2.0"
 language = "en"
 
 extensions = ["myst_nb"]
 root_doc = "index"
-include_patterns = ["index.md", "notebooks/[0-9][0-9]_*.ipynb"]
-exclude_patterns = ["notebooks/*.py", "**/.ipynb_checkpoints", "**/__pycache__"]
+# The sources: this page and the course's notebooks, nothing else under docs/notebooks (.py twins, conftest.py).
+include_patterns = ["index.md", *(f"notebooks/{p.name}" for p in NOTEBOOKS)]
+exclude_patterns = ["**/.ipynb_checkpoints"]
 
 # Notebook 06 writes a formula in $...$; it is rendered to MathML here (see setup), no MathJax from a CDN.
 myst_enable_extensions = ["dollarmath"]
@@ -82,6 +87,7 @@ html_theme_options = {
     },
     "home_page_in_toc": True,
     "show_toc_level": 2,
+    "navbar_persistent": [],
 }
 html_show_sourcelink = True
 
@@ -90,12 +96,13 @@ def _docname(path: Path) -> str:
     return f"notebooks/{path.stem}"
 
 
-def _index_parts(app) -> dict[str, str]:
+def _index_parts() -> dict[str, str]:
     """What ``index.md`` leaves to be filled in: the notebook list and the links built from REPO."""
     first = NOTEBOOKS[0].name
     rows = []
     for path in NOTEBOOKS:
         title, promise = title_and_promise(path)
+        promise = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", promise)  # a link relative to the notebook: its text
         rows.append(f"- [{path.stem[:2]} · {title}]({_docname(path)}.ipynb): {promise}")
     toctree = "\n".join(["```{toctree}", ":hidden:", ":caption: Notebooks", ""] + [_docname(p) for p in NOTEBOOKS])
     return {
@@ -109,7 +116,7 @@ def _index_parts(app) -> dict[str, str]:
 def fill_index(app, docname: str, source: list[str]) -> None:
     """``source-read``: write the course's notebooks and addresses into the landing page."""
     if docname == app.config.root_doc:
-        for marker, text in _index_parts(app).items():
+        for marker, text in _index_parts().items():
             source[0] = source[0].replace(marker, text)
 
 
@@ -150,9 +157,10 @@ def fix_notebook_links(app, doctree: nodes.document) -> None:
 def adapt_notebook_page(app, doctree: nodes.document) -> None:
     """``doctree-read``: IPython highlighting, no launch badges, the torch_xla note.
 
-    Code cells are IPython (the setup cell has ``!git`` and ``%pip``), not plain Python. Each notebook
-    starts with Colab and Binder badges, images on the web that an offline reader cannot load: the
-    theme's launch buttons (the rocket at the top of the page) replace them.
+    Code cells are IPython (magics allowed): an executed notebook gets that lexer from its kernel, a stored
+    one says "python"; the same highlighting either way. Each notebook starts with Colab and Binder
+    badges, images on the web that an offline reader cannot load: the theme's launch buttons (the rocket
+    at the top of the page) replace them.
     """
     docname = app.env.docname
     if not docname.startswith("notebooks/"):
@@ -164,47 +172,45 @@ def adapt_notebook_page(app, doctree: nodes.document) -> None:
         parts = [c for c in paragraph.children if not (isinstance(c, nodes.Text) and not c.strip())]
         if parts and all(_is_remote_badge(c) for c in parts):
             paragraph.parent.remove(paragraph)
-    if Path(docname).name + ".ipynb" in XLA_NOTEBOOKS:
+    if not launchable(Path(docname).name + ".ipynb"):
         note = nodes.note()
-        text = ("This notebook needs PyTorch/XLA, which Colab and Binder do not provide, so it has no launch "
-                "buttons. Run it locally in its own environment: ")
-        note += nodes.paragraph("", text, nodes.literal("", "make lab-xla"), nodes.Text(" (or "),
-                                nodes.literal("", "make test-xla"), nodes.Text(")."))
+        note += nodes.paragraph("", "Colab and Binder cannot run this notebook (it needs its own environment), "
+                                "so this page has no launch buttons.")
         if not _BUILD["xla_executed"]:
-            note += nodes.paragraph("", "This page shows its code without outputs: the book was built without ",
-                                    nodes.literal("", ".venv-xla"), nodes.Text(" ("),
-                                    nodes.literal("", "make env-xla"), nodes.Text(" creates it)."))
+            note += nodes.paragraph("", "This book was built without ", nodes.literal("", ".venv-xla"),
+                                    nodes.Text(", so the page shows the code without outputs. "),
+                                    nodes.literal("", "make env-xla"),
+                                    nodes.Text(" creates it; the next book build then executes this notebook."))
         section = next(doctree.findall(nodes.section))
         section.insert(section.first_child_not_matching_class(nodes.title) or len(section), note)
 
 
 def drop_xla_launch_buttons(app, pagename: str, templatename: str, context: dict, doctree) -> None:
-    """``html-page-context``, after the theme's: no Colab/Binder buttons on a torch_xla notebook."""
-    if Path(pagename).name + ".ipynb" in XLA_NOTEBOOKS and "header_buttons" in context:
+    """``html-page-context``, after the theme's: no Colab/Binder buttons where the notebook cannot run."""
+    if pagename.startswith("notebooks/") and not launchable(Path(pagename).name + ".ipynb"):
         context["header_buttons"] = [b for b in context["header_buttons"] if b.get("label") != "launch-buttons"]
 
 
-def _mathml(app, latex: str, node: nodes.Node, block: bool) -> str:
+def _mathml(latex: str, node: nodes.Node, block: bool) -> str:
+    """MathML for a LaTeX formula (docutils' converter); a formula it cannot convert is a build warning."""
     from docutils.utils.math.latex2mathml import tex2mathml
 
     try:
         return tex2mathml(latex, as_block=block)
     except SyntaxError as err:
-        from sphinx.util import logging
-
         logging.getLogger(__name__).warning(f"math not rendered ({err}): {latex}", location=node)
-        return f"<code>{latex}</code>"
+        return f"<code>{html.escape(latex)}</code>"
 
 
 def visit_math(self, node: nodes.math) -> None:
     self.body.append(self.starttag(node, "span", "", CLASS="math"))
-    self.body.append(_mathml(self.builder.app, node.astext(), node, block=False) + "</span>")
+    self.body.append(_mathml(node.astext(), node, block=False) + "</span>")
     raise nodes.SkipNode
 
 
 def visit_math_block(self, node: nodes.math_block) -> None:
     self.body.append(self.starttag(node, "div", CLASS="math"))
-    self.body.append(_mathml(self.builder.app, node.astext(), node, block=True) + "</div>\n")
+    self.body.append(_mathml(node.astext(), node, block=True) + "</div>\n")
     raise nodes.SkipNode
 
 

@@ -23,11 +23,12 @@ REMOTE_RESOURCE = re.compile(r"<(?:script|img)\b[^>]*\bsrc=\"https?:|<link\b[^>]
 
 def sphinx_build(srcdir: Path, out: Path, *options: str, env: dict | None = None) -> Path:
     """Build HTML as ``make book`` does (-W: any warning fails) and return the HTML folder."""
-    html_dir = out / "html"
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", *options,
+    html_dir, warnings = out / "html", out / "warnings.txt"
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-w", str(warnings), *options,
            "-d", str(out / "doctrees"), str(srcdir), str(html_dir)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0 and "WARNING" not in result.stderr, result.stderr[-5000:]
+    # Sphinx's warnings only: the kernels' own stderr (ipykernel, libtpu) goes to result.stderr too.
+    assert result.returncode == 0 and not warnings.read_text(), warnings.read_text() or result.stderr[-5000:]
     return html_dir
 
 
@@ -86,16 +87,18 @@ def test_links_between_notebooks_point_at_their_pages(book):
 
 
 def _tiny_notebook(path: Path, title: str, markdown: str, code: str) -> None:
-    head = f"# {title}\n\n[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](x)\n\n{markdown}"
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": head},
-             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code}]
+    badge = f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(path.name)})"
+    cells = [
+        {"cell_type": "markdown", "id": "title", "metadata": {}, "source": f"# {title}\n\n{badge}\n\n{markdown}"},
+        {"cell_type": "code", "id": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code},
+    ]
     kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": kernelspec},
                                 "nbformat": 4, "nbformat_minor": 5}))
 
 
 @pytest.mark.slow
-def test_executed_book_shows_outputs_and_figures_as_images(tmp_path):
+def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch):
     # A repository in miniature: the book's docs/ (notebooks/ linked as in the repository), the
     # course's utils, and two notebooks that start like the course's, with its setup line.
     repo = tmp_path / "repo"
@@ -105,8 +108,21 @@ def test_executed_book_shows_outputs_and_figures_as_images(tmp_path):
     setup = "import sys\nfrom pathlib import Path\nsys.path.insert(0, str(Path.cwd().parent))\n"
     figure = setup + "import jax\nfrom utils import draw_mesh\nprint(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))"
     _tiny_notebook(repo / "notebooks" / "00_a.ipynb", "00 · First", "Alpha promise, with $x^2$ in it.", figure)
-    _tiny_notebook(repo / "notebooks" / "01_b.ipynb", "01 · Second", "Back to [00](00_a.ipynb).", "print('b')")
-    env = {**os.environ, "MPLBACKEND": "Agg"}  # as some CI systems set it: figures must still be drawn
+    second_code = "import os\nprint('b ran', os.environ['BOOK_PROBE'])"
+    _tiny_notebook(repo / "notebooks" / "01_b.ipynb", "01 · Second", "Back to [00](00_a.ipynb).", second_code)
+
+    # As `make book` does for notebook 14 in .venv-xla: run a notebook into the cache beforehand; the book
+    # must then show those outputs instead of running it again (BOOK_PROBE tells the two runs apart).
+    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    from execute_cached import execute_into_cache, is_cached
+
+    cache, first_nb, second_nb = repo / "build" / "book" / "jupyter_cache", *sorted((repo / "notebooks").glob("*"))
+    monkeypatch.setenv("BOOK_PROBE", "beforehand")
+    execute_into_cache(second_nb, cache)
+    assert is_cached(second_nb, cache) and not is_cached(first_nb, cache)
+
+    env = {**os.environ, "BOOK_PROBE": "by the book",
+           "MPLBACKEND": "Agg"}  # as some CI systems set it: figures must still be drawn
     out = sphinx_build(repo / "docs", tmp_path / "out", env=env)
 
     index = (out / "index.html").read_text()
@@ -119,4 +135,5 @@ def test_executed_book_shows_outputs_and_figures_as_images(tmp_path):
     assert "Figure size" not in first, "a figure is an image, not its text representation"
     assert "<math" in first and "colab-badge" not in first and not REMOTE_RESOURCE.search(first)
     assert 'href="00_a.html"' in second
-    assert (repo / "build" / "book" / "jupyter_cache").is_dir(), "outputs are kept in the execution cache"
+    assert "b ran beforehand" in second, "a notebook executed into the cache beforehand is not run again"
+    assert is_cached(first_nb, cache), "the book keeps the outputs it computed in the cache"
