@@ -70,6 +70,10 @@ nb_execution_timeout = TIMEOUT
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True
+# A widget cannot run in a static page, and MyST-NB would fetch its JavaScript from CDNs: show a
+# widget's text or HTML fallback instead, so the book reads offline.
+nb_ipywidgets_js = {}
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
 set_course_environment()  # kernels inherit this process's environment
 
 html_theme = "sphinx_book_theme"

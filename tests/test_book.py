@@ -106,7 +106,9 @@ def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch
     shutil.copytree(ROOT / "utils", repo / "utils", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "notebooks").mkdir()
     setup = "import sys\nfrom pathlib import Path\nsys.path.insert(0, str(Path.cwd().parent))\n"
-    figure = setup + "import jax\nfrom utils import draw_mesh\nprint(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))"
+    widget = "import ipywidgets\nfrom IPython.display import display\ndisplay(ipywidgets.IntSlider(3))\n"
+    figure = "import jax\nfrom utils import draw_mesh\nprint(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))"
+    figure = setup + widget + figure
     _tiny_notebook(repo / "notebooks" / "00_a.ipynb", "00 · First", "Alpha promise, with $x^2$ in it.", figure)
     second_code = "import os\nprint('b ran', os.environ['BOOK_PROBE'])"
     _tiny_notebook(repo / "notebooks" / "01_b.ipynb", "01 · Second", "Back to [00](00_a.ipynb).", second_code)
@@ -133,7 +135,8 @@ def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch
     images = re.findall(r'<img[^>]*src="(\.\./_images/[^"]+\.png)"', first)
     assert images and (out / "notebooks" / images[0]).is_file(), "figures are drawn as pictures"
     assert "Figure size" not in first, "a figure is an image, not its text representation"
-    assert "<math" in first and "colab-badge" not in first and not REMOTE_RESOURCE.search(first)
+    assert "<math" in first and "colab-badge" not in first
+    assert "IntSlider(value=3)" in first and not REMOTE_RESOURCE.search(first), "a widget: its text, no CDN script"
     assert 'href="00_a.html"' in second
     assert "b ran beforehand" in second, "a notebook executed into the cache beforehand is not run again"
     assert is_cached(first_nb, cache), "the book keeps the outputs it computed in the cache"
