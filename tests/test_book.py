@@ -1,38 +1,142 @@
-"""The readable edition of the course."""
+"""The readable edition: the course as a Sphinx book (docs/, built by ``make book``).
 
+One build of the real book with execution off checks its structure: every notebook in course order,
+search, launch buttons, nothing fetched from the web. One executed build of two tiny notebooks, laid out
+like the repository, checks that outputs and figures come out (as images, even under MPLBACKEND=Agg).
+"""
+
+import html
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-from utils.course import (
-    ROOT,
-)
+import pytest
+
+from utils.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, title_and_promise
+
+REMOTE_RESOURCE = re.compile(r"<(?:script|img)\b[^>]*\bsrc=\"https?:|<link\b[^>]*\bhref=\"https?:", re.I)
 
 
-def _tiny_notebook(path, title, promise, code):
-    head = f"# {title}\n\n[![Open in Colab](x)](y)\n\n{promise}"
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": [head]},
-             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": [code]}]
-    path.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "P",
-                                                                           "language": "python"}},
+def sphinx_build(srcdir: Path, out: Path, *options: str, env: dict | None = None) -> Path:
+    """Build HTML as ``make book`` does (-W: any warning fails) and return the HTML folder."""
+    html_dir, warnings = out / "html", out / "warnings.txt"
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-w", str(warnings), *options,
+           "-d", str(out / "doctrees"), str(srcdir), str(html_dir)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    # Sphinx's warnings only: the kernels' own stderr (ipykernel, libtpu) goes to result.stderr too.
+    assert result.returncode == 0 and not warnings.read_text(), warnings.read_text() or result.stderr[-5000:]
+    return html_dir
+
+
+def visible_text(page: str) -> str:
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page)))
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory) -> Path:
+    return sphinx_build(ROOT / "docs", tmp_path_factory.mktemp("book"), "-D", "nb_execution_mode=off")
+
+
+def test_book_has_a_page_for_each_notebook_and_nothing_else(book):
+    assert (book / "index.html").is_file()
+    pages = sorted(p.stem for p in (book / "notebooks").glob("*.html"))
+    assert pages == [p.stem for p in notebooks()], "the .py twins and conftest.py are not pages"
+
+
+def test_index_lists_every_notebook_in_course_order_with_its_title(book):
+    index = (book / "index.html").read_text()
+    linked = re.findall(r'href="notebooks/([0-9]{2}_\w+)\.html"', index)
+    in_order = list(dict.fromkeys(linked))
+    assert in_order == [p.stem for p in notebooks()]
+    text = visible_text(index)
+    for path in notebooks():
+        title = title_and_promise(path)[0].replace("`", "")
+        assert f"{path.stem[:2]} · {title}" in text, title
+
+
+def test_book_has_search(book):
+    assert (book / "search.html").is_file() and (book / "searchindex.js").is_file()
+    assert 'action="' in (book / "index.html").read_text() and "search.html" in (book / "index.html").read_text()
+
+
+def test_notebook_pages_launch_that_notebook_on_colab_and_binder(book):
+    for path in notebooks():
+        page = (book / "notebooks" / f"{path.stem}.html").read_text()
+        launch = [f'href="{colab_url(path.name)}"', f'href="{binder_url(path.name)}"']
+        if path.name in XLA_NOTEBOOKS:
+            assert not any(link in page for link in launch), f"{path.name} runs on neither Colab nor Binder"
+            assert "no launch buttons" in visible_text(page) and "make lab-xla" in visible_text(page)
+        else:
+            assert all(link in page for link in launch), path.name
+
+
+def test_book_fetches_nothing_from_the_web(book):
+    for page in book.rglob("*.html"):
+        found = REMOTE_RESOURCE.findall(page.read_text())
+        assert not found, f"{page.relative_to(book)} loads {found} from the web: the book must read offline"
+
+
+def test_links_between_notebooks_point_at_their_pages(book):
+    first, second = notebooks()[:2]
+    page = (book / "notebooks" / f"{first.stem}.html").read_text()
+    assert f'href="{second.stem}.html"' in page
+
+
+def _tiny_notebook(path: Path, title: str, markdown: str, code: str) -> None:
+    badge = f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(path.name)})"
+    cells = [
+        {"cell_type": "markdown", "id": "title", "metadata": {}, "source": f"# {title}\n\n{badge}\n\n{markdown}"},
+        {"cell_type": "code", "id": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": code},
+    ]
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": kernelspec},
                                 "nbformat": 4, "nbformat_minor": 5}))
-    return path
 
 
-def test_html_edition_has_an_index_and_links_every_page(tmp_path, monkeypatch):
-    monkeypatch.setenv("MPLBACKEND", "Agg")  # as some CI systems set it: figures must still be drawn
-    figure = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport jax\nfrom utils import draw_mesh\n"
-              "print(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))")
-    a = _tiny_notebook(tmp_path / "00_a.ipynb", "00 · First", "Alpha promise.", figure)
-    b = _tiny_notebook(tmp_path / "01_b.ipynb", "01 · Second", "Beta promise.", "print('b')")
-    out = tmp_path / "site"
-    subprocess.run([sys.executable, str(ROOT / "tools" / "build_html.py"), "--out", str(out), str(a), str(b)],
-                   check=True, capture_output=True, timeout=300)
+@pytest.mark.slow
+def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch):
+    # A repository in miniature: the book's docs/ (notebooks/ linked as in the repository), the
+    # course's utils, and two notebooks that start like the course's, with its setup line.
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "docs", repo / "docs", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "utils", repo / "utils", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "notebooks").mkdir()
+    setup = "import sys\nfrom pathlib import Path\nsys.path.insert(0, str(Path.cwd().parent))\n"
+    widget = "import ipywidgets\nfrom IPython.display import display\ndisplay(ipywidgets.IntSlider(3))\n"
+    figure = "import jax\nfrom utils import draw_mesh\nprint(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))"
+    figure = setup + widget + figure
+    _tiny_notebook(repo / "notebooks" / "00_a.ipynb", "00 · First", "Alpha promise, with $x^2$ in it.", figure)
+    second_code = "import os\nprint('b ran', os.environ['BOOK_PROBE'])"
+    _tiny_notebook(repo / "notebooks" / "01_b.ipynb", "01 · Second", "Back to [00](00_a.ipynb).", second_code)
+
+    # As `make book` does for notebook 14 in .venv-xla: run a notebook into the cache beforehand; the book
+    # must then show those outputs instead of running it again (BOOK_PROBE tells the two runs apart).
+    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    from execute_cached import execute_into_cache, is_cached
+
+    cache, first_nb, second_nb = repo / "build" / "book" / "jupyter_cache", *sorted((repo / "notebooks").glob("*"))
+    monkeypatch.setenv("BOOK_PROBE", "beforehand")
+    execute_into_cache(second_nb, cache)
+    assert is_cached(second_nb, cache) and not is_cached(first_nb, cache)
+
+    env = {**os.environ, "BOOK_PROBE": "by the book",
+           "MPLBACKEND": "Agg"}  # as some CI systems set it: figures must still be drawn
+    out = sphinx_build(repo / "docs", tmp_path / "out", env=env)
+
     index = (out / "index.html").read_text()
-    assert index.index('href="00_a.html"') < index.index('href="01_b.html"')
-    assert "Alpha promise." in index and "01 · Second" in index
-    first, second = (out / "00_a.html").read_text(), (out / "01_b.html").read_text()
+    assert index.index('href="notebooks/00_a.html"') < index.index('href="notebooks/01_b.html"')
+    assert "Alpha promise" in index
+    first, second = (out / "notebooks" / "00_a.html").read_text(), (out / "notebooks" / "01_b.html").read_text()
     assert "42" in first, "pages are executed"
-    assert "jp-RenderedImage" in first and "Figure size" not in first, "figures are drawn as pictures, not text"
-    assert 'href="01_b.html"' in first and 'href="00_a.html"' in second and 'href="index.html"' in second
-    assert 'src="https://cdnjs' not in first
+    images = re.findall(r'<img[^>]*src="(\.\./_images/[^"]+\.png)"', first)
+    assert images and (out / "notebooks" / images[0]).is_file(), "figures are drawn as pictures"
+    assert "Figure size" not in first, "a figure is an image, not its text representation"
+    assert "<math" in first and "colab-badge" not in first
+    assert "IntSlider(value=3)" in first and not REMOTE_RESOURCE.search(first), "a widget: its text, no CDN script"
+    assert 'href="00_a.html"' in second
+    assert "b ran beforehand" in second, "a notebook executed into the cache beforehand is not run again"
+    assert is_cached(first_nb, cache), "the book keeps the outputs it computed in the cache"
