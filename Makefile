@@ -77,6 +77,19 @@ bench: env
 	@echo ">> running every notebook once: wall time and peak memory against 30 s / 1 GB"
 	$(BIN)/python tools/bench.py
 
+# The book: every notebook executed into a Sphinx book (MyST-NB, sphinx-book-theme) in build/book/html; it
+# reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 14
+# is executed there first, into the same cache; otherwise its page shows its code without outputs.
+book: env
+	@if [ -x $(XLA_BIN)/python ]; then \
+	  echo ">> notebook 14 (PyTorch/XLA): executed in $(XLA_VENV) into the book's cache"; \
+	  $(XLA_RUN) $(XLA_BIN)/python docs/execute_cached.py || exit 1; \
+	else \
+	  echo ">> no $(XLA_VENV): notebook 14 goes into the book without outputs ('make env-xla' creates it)"; \
+	fi
+	$(BIN)/sphinx-build -W --keep-going -b html -d build/book/doctrees docs build/book/html
+	@echo ">> the book is in build/book/html: open build/book/html/index.html"
+
 clean:
 	rm -rf .venv .venv-py3.11 .uv .pytest_cache build
 

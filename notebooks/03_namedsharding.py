@@ -184,7 +184,7 @@ assert table.total_bytes == 2 * x.nbytes  # every block is held twice
 
 fig = draw_sharding(x)
 labels = tile_labels(fig)
-assert labels == [f"dev {a},{a + 1}\n(32, 512)\n64.0 KiB" for a in (0, 2, 4, 6)]  # 4 blocks, 2 devices each
+assert labels == [f"dev {a},{a + 1}\n(32, 512)\n64.0 KiB\n2 copies" for a in (0, 2, 4, 6)]  # 4 blocks, 2 devices each
 fig
 
 # %% [markdown]
@@ -304,7 +304,7 @@ assert shard_table(placed["1 copy"]).total_bytes == x_single.nbytes  # fully sha
 fig = draw_shardings(placed, ncols=4)
 labels = tile_labels(fig)
 assert len(labels) == 8 + 4 + 2 + 1  # blocks per panel, in the order of the table
-assert labels[-1] == "dev 0-7\n(128, 512)\n256.0 KiB"  # replicated: one block, 8 copies
+assert labels[-1] == "dev 0-7\n(128, 512)\n256.0 KiB\n8 copies"  # replicated: one block, 8 copies
 fig
 
 
@@ -477,7 +477,7 @@ replicated = sum(a.nbytes for a in jax.tree.leaves(params_sharded))
 print("params per device:", format_bytes(per_device), "instead of", format_bytes(replicated))
 
 assert titles == ["dense1/bias", "dense1/kernel", "dense2/bias", "dense2/kernel", "head/bias", "head/kernel"]
-assert "dev 0,2,4,6\n(512, 512)\n1.0 MiB" in labels  # dense1/kernel: left half on the left mesh column
+assert "dev 0,2,4,6\n(512, 512)\n1.0 MiB\n4 copies" in labels  # dense1/kernel: left half on the left mesh column
 assert per_device == (512 * 1024 + 1024 * 512) * 4 // 2 + (1024 + 512 + 512 * 1 + 1) * 4  # halves + copies
 fig
 

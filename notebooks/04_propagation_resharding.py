@@ -452,7 +452,7 @@ assert result.sharding.shard_shape(result.shape) == (64, 512)
 assert col.kinds == {"collective-permute", "all-gather"}
 np.testing.assert_allclose(np.asarray(result), 2 * X, rtol=1e-6)
 fig = draw_shardings({"in: x_data": x_data, "out: process_fixed(x_data)": result})
-assert tile_labels(fig)[-2:] == ["dev 0,2,4,6\n(64, 512)\n128.0 KiB", "dev 1,3,5,7\n(64, 512)\n128.0 KiB"]
+assert tile_labels(fig)[-2:] == ["dev 0,2,4,6\n(64, 512)\n128.0 KiB\n4 copies", "dev 1,3,5,7\n(64, 512)\n128.0 KiB\n4 copies"]
 fig
 
 # %% [markdown]

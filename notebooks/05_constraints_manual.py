@@ -161,7 +161,7 @@ np.testing.assert_allclose(jax.jit(chain_constrained)(x, w1, w2), jax.jit(chain)
 h_layout = jax.ShapeDtypeStruct((128, 1024), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
 # draw_shardings orders the panels by name, hence the numbers.
 fig = draw_shardings({"1: x": x, "2: w1": w1, "3: w2": w2, "4: h (constrained)": h_layout}, ncols=4)
-assert "dev 0,1\n(32, 1024)\n128.0 KiB" in tile_labels(fig)  # h: each device holds 32 full rows
+assert "dev 0,1\n(32, 1024)\n128.0 KiB\n2 copies" in tile_labels(fig)  # h: each device holds 32 full rows
 fig
 
 
@@ -215,7 +215,7 @@ np.testing.assert_array_equal(jax.jit(reshard_waypoint)(x), jax.jit(reshard_dire
 # %%
 waypoint_layout = jax.ShapeDtypeStruct((128, 512), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
 fig = draw_shardings({"1: x": x, "2: waypoint": waypoint_layout, "3: target": jax.jit(reshard_waypoint)(x)})
-assert "dev 0,2,4,6\n(128, 256)\n128.0 KiB" in tile_labels(fig)
+assert "dev 0,2,4,6\n(128, 256)\n128.0 KiB\n4 copies" in tile_labels(fig)
 fig
 
 # %% [markdown]
@@ -540,7 +540,7 @@ assert collectives(compiled).ops[0].group_size == 4  # among the 4 devices of th
 
 # %%
 fig = draw_shardings({"1. before: x2d": x2d, "2. after: psum of block sums": sums}, ncols=2)
-assert "dev 0,2,4,6\n(1, 4)\n16 B" in tile_labels(fig)
+assert "dev 0,2,4,6\n(1, 4)\n16 B\n4 copies" in tile_labels(fig)
 fig
 
 # %% [markdown]
@@ -571,7 +571,7 @@ print(ag)
 assert [(op.kind, op.result_type, op.group_size) for op in ag.ops] == [("all-gather", "f32[16,4]", 4)]
 
 fig = draw_shardings({"1. before: x2d": x2d, "2. after: all_gather over data": xg}, ncols=2)
-assert "dev 0,2,4,6\n(16, 4)\n256 B" in tile_labels(fig)
+assert "dev 0,2,4,6\n(16, 4)\n256 B\n4 copies" in tile_labels(fig)
 fig
 
 # %% [markdown]

@@ -268,9 +268,9 @@ for name in STRATEGIES:  # same numbers everywhere: only the placement differs
 fig = draw_shardings({f"{name}: {path.split('/', 2)[-1]}": param(placed[name], path)
                       for name in STRATEGIES for path in SHOWN[1:3]}, ncols=2)
 labels = tile_labels(fig)
-assert labels[:2] == ["dev 0-7\n(64, 64)\n16.0 KiB", "dev 0-7\n(256, 64)\n64.0 KiB"]  # data: whole copies
+assert labels[:2] == ["dev 0-7\n(64, 64)\n16.0 KiB\n8 copies", "dev 0-7\n(256, 64)\n64.0 KiB\n8 copies"]  # data: whole copies
 assert sum(label.endswith("\n(64, 8)\n2.0 KiB") for label in labels) == 8  # tensor: a head per device
-assert "dev 0,2,4,6\n(64, 32)\n8.0 KiB" in labels  # 2-D: four heads per device, repeated over 'data'
+assert "dev 0,2,4,6\n(64, 32)\n8.0 KiB\n4 copies" in labels  # 2-D: four heads per device, repeated over 'data'
 assert sum(label.endswith("\n(256, 8)\n8.0 KiB") for label in labels) == 8  # FSDP: down kernel by columns
 fig
 

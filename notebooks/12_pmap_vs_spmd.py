@@ -589,7 +589,7 @@ for a, b in zip(jax.tree.leaves(tp_params), jax.tree.leaves(ref_params), strict=
 
 # %%
 fig = draw_shardings(params_tp, ncols=4)
-assert "dev 0,2,4,6\n(64, 128)\n32.0 KiB" in tile_labels(fig)
+assert "dev 0,2,4,6\n(64, 128)\n32.0 KiB\n4 copies" in tile_labels(fig)
 fig
 
 # %% [markdown]

@@ -22,6 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
+    from .capture import Captured, quiet
     from .devices import DeviceCountError, DeviceSetup, setup_devices
     from .drawing import (
         device_color,
@@ -33,10 +34,11 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
         mesh_labels,
         tile_labels,
     )
-    from .exercises import NOT_ANSWERED, Exercise
+    from .exercises import NOT_ANSWERED, Exercise, Verdict, answer_errors
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
     from .layout import matmul_traffic, tiles, type_string
+    from .tpu import tpu_compiler_available
 
 _SOURCES = {
     "devices": ("DeviceCountError", "DeviceSetup", "setup_devices"),
@@ -44,7 +46,9 @@ _SOURCES = {
         "device_color", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings", "mesh_labels",
         "tile_labels",
     ),
-    "exercises": ("NOT_ANSWERED", "Exercise"),
+    "capture": ("Captured", "quiet"),
+    "exercises": ("NOT_ANSWERED", "Exercise", "Verdict", "answer_errors"),
+    "tpu": ("tpu_compiler_available",),
     "explorer": ("explore",),
     "inspecting": ("collectives", "compile_with_log", "format_bytes", "memory_per_device", "shard_table"),
     "layout": ("matmul_traffic", "tiles", "type_string"),
@@ -54,9 +58,12 @@ _SUBMODULES = frozenset({*_SOURCES, "course", "launch"})
 
 __all__ = [
     "NOT_ANSWERED",
+    "Captured",
     "DeviceCountError",
     "DeviceSetup",
     "Exercise",
+    "Verdict",
+    "answer_errors",
     "collectives",
     "compile_with_log",
     "device_color",
@@ -70,10 +77,12 @@ __all__ = [
     "matmul_traffic",
     "memory_per_device",
     "mesh_labels",
+    "quiet",
     "setup_devices",
     "shard_table",
     "tile_labels",
     "tiles",
+    "tpu_compiler_available",
     "type_string",
 ]
 

@@ -125,6 +125,6 @@ def title_and_promise(path: Path) -> tuple[str, str]:
     """
     text = "".join(json.loads(Path(path).read_text())["cells"][0]["source"])
     title = text.splitlines()[0].lstrip("# ").split(" · ", 1)[-1].strip()
-    paragraphs = [p for p in text.split("\n\n")[1:] if p.strip() and not p.strip().startswith("[![")]
+    paragraphs = [p for p in text.split("\n\n")[1:] if p.strip() and not BADGES_LINE.match(p.strip())]
     promise = " ".join(paragraphs[0].split()) if paragraphs else ""
     return title, re.split(r"(?<=[.!?])\s", promise, maxsplit=1)[0]
