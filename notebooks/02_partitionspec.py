@@ -389,6 +389,17 @@ assert right == [True, True]
 assert not y_auto.sharding.is_equivalent_to(NamedSharding(auto_mesh, P(None, "data")), 2)
 
 # %% [markdown]
+# **Try it yourself.** The explorer below redraws whenever you edit a box and press Enter: change the mesh,
+# the shape or the spec and watch the type string, the bytes per device and the picture follow. A broken
+# spec shows the rule it breaks and the error JAX raises; *matmul* mode compiles `x @ w` and lists the
+# collectives the compiler inserted.
+
+# %%
+from utils import explore
+
+explore()
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
