@@ -60,7 +60,7 @@ root_doc = "index"
 include_patterns = ["index.md", *(f"notebooks/{p.name}" for p in NOTEBOOKS)]
 exclude_patterns = ["**/.ipynb_checkpoints"]
 
-# Notebook 06 writes a formula in $...$; it is rendered to MathML here (see setup), no MathJax from a CDN.
+# Notebook 07 writes a formula in $...$; it is rendered to MathML here (see setup), no MathJax from a CDN.
 myst_enable_extensions = ["dollarmath"]
 html_math_renderer = "mathml"
 

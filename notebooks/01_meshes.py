@@ -135,7 +135,7 @@ assert sum(outcome == "works" for outcome in spellings.values()) == 1  # the oth
 # |---|---|---|---|
 # | `Auto` | the compiler, propagating from inputs and your hints | the compiled program | `with_sharding_constraint` |
 # | `Explicit` | JAX while tracing: the layout is part of the **type** | `jax.typeof(x)` | `jax.reshard` |
-# | `Manual` | you: in `jax.shard_map`, code sees one block (notebook 05) | the block's shape | your collectives |
+# | `Manual` | you: in `jax.shard_map`, code sees one block (notebook 06) | the block's shape | your collectives |
 
 # %% [markdown]
 # > **You will see this online:**
@@ -241,7 +241,7 @@ np.testing.assert_array_equal(y, np.full((16, 4), 8.0))
 
 # %% [markdown]
 # **Manual axes** are what a function inside `jax.shard_map` sees: the mesh's axes turn Manual there,
-# and the value is one device's block. Notebook 05 is about them; here is only the type:
+# and the value is one device's block. Notebook 06 is about them; here is only the type:
 
 # %%
 seen = {}
@@ -271,7 +271,7 @@ assert seen["block type"].startswith("float32[4,8]")
 # This course uses both, on purpose. Notebooks 00 to 03 place and read layouts on **Explicit** meshes,
 # where the type shows them. From notebook 04 on, the compute notebooks use **Auto** meshes, because
 # they are about what the compiler decides: how shardings propagate and which collectives it inserts
-# (PyTorch/XLA's SPMD, compared in notebook 14, works the same way). Every mesh passes `axis_types`.
+# (PyTorch/XLA's SPMD, compared in notebook 18, works the same way). Every mesh passes `axis_types`.
 #
 # ## 3. Device order: which device sits where
 #

@@ -694,4 +694,4 @@ ex.write_constraint.check(answer_3);
 # - On Explicit axes the sharding is in the type (`float32[128@data,512]`), and a matmul whose output
 #   layout is ambiguous is a `ShardingTypeError` until you pass `out_sharding=`.
 #
-# **Next:** [05 · Constraints and manual control](05_constraints_manual.ipynb)
+# **Next:** [05 · Constraints and manual control](05_constraints_explicit.ipynb)

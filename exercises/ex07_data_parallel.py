@@ -1,4 +1,4 @@
-"""Exercises of notebook 06: data parallelism."""
+"""Exercises of notebook 07: data parallelism."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ dp_specs = Exercise(
     solution=(PartitionSpec("data"), PartitionSpec()),
     wrong=(
         (PartitionSpec(None, "data"), PartitionSpec()),  # splits the features, not the examples
-        (PartitionSpec("data"), PartitionSpec("data")),  # shards the parameters too (that is FSDP, notebook 09)
+        (PartitionSpec("data"), PartitionSpec("data")),  # shards the parameters too (that is FSDP, notebook 10)
         (PartitionSpec(), PartitionSpec()),  # nothing split: every device computes the whole batch
         ("data", None),
         (PartitionSpec("model"), PartitionSpec()),  # an axis this mesh does not have

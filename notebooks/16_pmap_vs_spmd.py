@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 12 · pmap vs SPMD
+# # 16 · pmap vs SPMD
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/12_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/12_pmap_vs_spmd.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/16_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/16_pmap_vs_spmd.ipynb)
 #
 # The same data-parallel step as `jax.pmap`, `jax.jit` and `jax.shard_map` gives the same numbers and
 # the same collective, and `pmap` is now built from the other two. A lot of JAX code that trains on
@@ -59,7 +59,7 @@ assert jax.device_count() == 8
 # ## 1. The model, the data, and a single-device reference
 #
 # `pmap` predates Flax NNX, and most pmap code you will meet is written as pure functions of a parameter
-# pytree. So this notebook uses a pure-JAX version of the model of notebooks 06 to 09: a batch of 64
+# pytree. So this notebook uses a pure-JAX version of the model of notebooks 07 to 10: a batch of 64
 # examples with 64 features and labels in `[0, 10)` from a fixed random teacher, a `64 -> 256 -> 10` MLP
 # whose parameters are a dict of four arrays, softmax cross-entropy, and plain SGD so that no optimizer
 # state gets in the way. (The numbers come from NumPy's generator with a fixed seed; they are not the
@@ -500,7 +500,7 @@ np.testing.assert_allclose(g_ported["w1"], g_sum["w1"], rtol=1e-6)  # and pmean 
 # `pmean` is needed. Hence the two fixes:
 #
 # - **Fix A:** keep the pmap body and pass `check_vma=False`, exactly as `pmap` does. Quick, but you lose
-#   the check that catches wrong `out_specs` (notebook 05).
+#   the check that catches wrong `out_specs` (notebook 06).
 # - **Fix B (the `shard_map` way):** keep the check, differentiate the loss averaged over devices, and
 #   drop the `pmean` of the gradients: that is `shard_map_body` in section 4.
 
@@ -555,7 +555,7 @@ assert sorted(d.id for d in four.sharding.device_set) == [0, 1, 2, 3]
 # ### 8.2 A second mesh axis: tensor parallelism and mixed strategies
 #
 # With `jit`, splitting the MLP's hidden layer over a `model` axis while the batch stays split over
-# `data` is a choice of specs on a `(4, 2)` mesh (notebooks 07 and 08): `w1` split by columns
+# `data` is a choice of specs on a `(4, 2)` mesh (notebooks 08 and 09): `w1` split by columns
 # (`P(None, 'model')`), `w2` by rows (`P('model', None)`), and the same `step` function, unchanged.
 
 # %%
@@ -634,7 +634,7 @@ assert [op.result_type for op in tp_by_hand_comm.ops] == ["f32[64,10]"]  # the p
 # %% [markdown]
 # ### 8.3 FSDP: sharded parameters
 #
-# FSDP (notebook 09) splits the parameters themselves over the `data` axis, so each device stores about
+# FSDP (notebook 10) splits the parameters themselves over the `data` axis, so each device stores about
 # 1/8 of them. With `jit` it is again a choice of specs (`b2`, 10 numbers, stays whole):
 
 # %%
@@ -756,7 +756,7 @@ assert len(rows) == 8
 #
 # - It has no column for **`shard_map`**, the modern form of pmap's per-device programming. The real
 #   choice today is between `jit` (say where the data lives, the compiler writes the collectives) and
-#   `shard_map` (write them yourself), and the two compose (notebook 05).
+#   `shard_map` (write them yourself), and the two compose (notebooks 05 and 06).
 # - Its "use pmap when you only need simple data parallelism" advice is outdated: the `jit` version of
 #   data parallelism is the *shorter* one, and `pmap` runs `jit` and `shard_map` underneath anyway.
 # - "Better performance" is not a property of an API. For data parallelism the three compile to the same
@@ -784,7 +784,7 @@ assert len(rows) == 8
 # compares the new weight with the pmap result, and counts the collectives.
 
 # %%
-from exercises import ex12_pmap_vs_spmd as ex
+from exercises import ex16_pmap_vs_spmd as ex
 
 answer_1 = NOT_ANSWERED  # e.g. (my_step, P(...), P(...)), with def my_step(w, x, y): ...
 ex.migrate_to_jit.check(answer_1);
@@ -823,4 +823,4 @@ ex.per_device_shapes.check(answer_3);
 # - The guide's table holds on expressiveness (one axis, tensor parallelism, FSDP, mixed strategies need
 #   `jit` or `shard_map`), not on ease of use or performance for data parallelism.
 #
-# **Next:** [13 · Multi-host SPMD: two processes, one mesh](13_multihost.ipynb)
+# **Next:** [17 · Multi-host SPMD: two processes, one mesh](17_multihost.ipynb)

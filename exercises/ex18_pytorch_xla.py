@@ -1,7 +1,7 @@
-"""Exercises of notebook 14: translating between PyTorch/XLA and JAX, and reading torch_xla's spec strings.
+"""Exercises of notebook 18: translating between PyTorch/XLA and JAX, and reading torch_xla's spec strings.
 
 The checkers need neither torch nor torch_xla, so they run in every environment of the course.
-Notebook 14 checks their reference answers against torch_xla itself.
+Notebook 18 checks their reference answers against torch_xla itself.
 """
 
 from __future__ import annotations

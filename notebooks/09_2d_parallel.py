@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 08 · 2-D parallelism: data x model
+# # 09 · 2-D parallelism: data x model
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/08_2d_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/08_2d_parallel.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/09_2d_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/09_2d_parallel.ipynb)
 #
 # On a 2-D mesh you split the batch and the weights at once: data parallelism (06) and tensor parallelism
 # (07) together. 8 devices form a `(4, 2)` grid; the batch is split 4 ways down the `data` axis, every
@@ -12,7 +12,7 @@
 # matmul cases.
 #
 # **You will learn**
-# - how to combine `P('data', None)` for the batch with the column/row weight pairing of notebook 07;
+# - how to combine `P('data', None)` for the batch with the column/row weight pairing of notebook 08;
 # - how to pin the hidden activation to `P('data', 'model')` with `jax.lax.with_sharding_constraint`;
 # - how to tell from a compiled program which mesh axis a collective runs over (its group size);
 # - what the compiler inserts for `P('data', 'model') @ P(None, 'model')`, and why;
@@ -81,9 +81,9 @@ draw_mesh(mesh)
 # 2 devices) they will hold different halves of each weight matrix. Devices 0 and 1 share examples
 # 0 to 15; devices 0, 2, 4, 6 share the same half of every kernel.
 #
-# The model, data and train step are the same as in notebooks 06, 07 and 09: an MLP `64 -> 256 -> 10`
+# The model, data and train step are the same as in notebooks 07, 08 and 10: an MLP `64 -> 256 -> 10`
 # from `nnx.Rngs(0)`, a batch of 64 labelled by a fixed random teacher, cross-entropy and Adam, with the
-# model and optimizer donated to the step (notebook 06).
+# model and optimizer donated to the step (notebook 07).
 
 # %%
 class MLP(nnx.Module):
@@ -126,7 +126,7 @@ class MLP2D(MLP):
 
 
 # %% [markdown]
-# The parameters get the column/row pairing of notebook 07, now on a 2-device `model` axis; the batch is
+# The parameters get the column/row pairing of notebook 08, now on a 2-device `model` axis; the batch is
 # split on `data`. Neither spec mentions the other axis, so the weights are replicated down `data` and
 # the batch is replicated across `model`:
 
@@ -275,8 +275,8 @@ np.testing.assert_allclose(out_case3, x @ w, rtol=RTOL, atol=1e-3)
 # ## 4. The compiled train step: which collective runs on which axis
 #
 # Compile the whole train step, forward, backward and Adam update, for the 2-D layout, and for
-# comparison the two 1-D strategies that use all 8 devices for one axis: data parallelism (notebook 06)
-# and tensor parallelism (notebook 07).
+# comparison the two 1-D strategies that use all 8 devices for one axis: data parallelism (notebook 07)
+# and tensor parallelism (notebook 08).
 
 # %%
 with jax.set_mesh(mesh):
@@ -326,7 +326,7 @@ assert sum(op.result_bytes for op in along_data) == (half_params + 1) * 4
 assert dp_ops.result_bytes == (n_params + 1) * 4  # every gradient, in 1-D data parallelism
 
 # %% [markdown]
-# - **Along `model` (groups of 2):** the all-reduce of notebook 07's pairing, but only for this device's
+# - **Along `model` (groups of 2):** the all-reduce of notebook 08's pairing, but only for this device's
 #   16 examples: `f32[16,10]` instead of `f32[64,10]`, among 2 devices instead of 8.
 # - **Along `data` (groups of 4):** data parallelism's gradient all-reduce, but only for the half of
 #   the parameters this device holds, among 4 devices instead of 8.
@@ -388,7 +388,7 @@ print("every parameter still has its 2-D layout")
 # each group of the *gradient* all-reduce?
 
 # %%
-from exercises import ex08_2d_parallel as ex
+from exercises import ex09_2d_parallel as ex
 
 answer_1 = NOT_ANSWERED  # a whole number
 ex.gradient_group_size.check(answer_1);
@@ -425,4 +425,4 @@ ex.replicated_input_collective.check(answer_3);
 # - Sharding changes where numbers live, not what they are: one device, data parallel and 2-D give the
 #   same losses.
 #
-# **Next:** [09 · FSDP](09_fsdp.ipynb)
+# **Next:** [10 · FSDP](10_fsdp.ipynb)

@@ -1,12 +1,12 @@
 # %% [markdown]
-# # 11 · Choosing a mesh shape
+# # 14 · Choosing a mesh shape
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/11_mesh_shape.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/11_mesh_shape.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/14_mesh_shape.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/14_mesh_shape.ipynb)
 #
 # With 64 devices and a `data` x `model` mesh, the seed lists five shapes, from `(64, 1)` (pure data
 # parallel) to `(1, 64)` (pure model parallel), with a rule of thumb: "More data parallelism → better
 # batch throughput; more model parallelism → larger models fit". This notebook compiles the
-# transformer's train step of notebook 10 for each of the five shapes, without running it, and reads
+# transformer's train step of notebook 11 for each of the five shapes, without running it, and reads
 # off what each device would hold and send per step. The numbers support a sharper rule, and show
 # where the seed's is right and where it is not.
 #
@@ -59,7 +59,7 @@ assert jax.device_count() == 64 == SETUP.count
 # %% [markdown]
 # ## 1. The model, at the seed's width
 #
-# The model code below is **the same as in notebook 10**, repeated so that this notebook runs on its
+# The model code below is **the same as in notebook 11**, repeated so that this notebook runs on its
 # own: a decoder-only transformer whose parameters carry logical names (`'vocab'`, `'embed'`,
 # `'heads'`, `'mlp'`) and whose residual stream is constrained to `('batch', None, None)`.
 
@@ -165,7 +165,7 @@ assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing alloc
 # %% [markdown]
 # ## 2. Five meshes, one rule table, five compilations
 #
-# Every shape uses notebook 10's 2-D rules: `batch` over `data`; `heads`, `mlp` and `vocab` over
+# Every shape uses notebook 11's 2-D rules: `batch` over `data`; `heads`, `mlp` and `vocab` over
 # `model`; `embed` whole. For each shape the cell builds the mesh, turns the abstract state into
 # `ShapeDtypeStruct`s that carry their `NamedSharding`, and lowers and compiles the train step.
 # Nothing runs. The step donates its input state (`donate_argnums=0`), as a real training loop
@@ -175,11 +175,11 @@ assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing alloc
 # %%
 SHAPES = [(64, 1), (32, 2), (16, 4), (8, 8), (1, 64)]
 RULES = (("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model"))
-FAST_COMPILE = {"xla_backend_optimization_level": 0}  # never run: skip optimising the machine code (notebook 10)
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # never run: skip optimising the machine code (notebook 11)
 
 
 def train_step(state, tokens):
-    with nnx.logical_axis_rules(RULES):  # read while tracing (notebook 10, section 3)
+    with nnx.logical_axis_rules(RULES):  # read while tracing (notebook 11, section 3)
         model, optimizer = nnx.merge(graphdef, state)
 
         def loss_fn(model):
@@ -272,7 +272,7 @@ assert total_b[0] == total_b.max() and total_b[-1] > total_b[2]  # both corners 
 #
 # Two kinds of traffic, one per axis. Over `data`: the **gradients**, summed once per step, each device
 # summing only the slice of them it owns. Over `model`: the **activations**, summed several times per
-# layer (notebook 10, section 3). A collective's result type tells them apart: activations start with
+# layer (notebook 11, section 3). A collective's result type tells them apart: activations start with
 # the batch rows a device holds, `[64/d, ...]`. (When `d = m`, as in `(8, 8)`, the group size alone
 # cannot.)
 
@@ -460,7 +460,7 @@ for d, m in SHAPES:
 # `n_split` and `n_embed_only` from section 1.
 
 # %%
-from exercises import ex11_mesh_shape as ex
+from exercises import ex14_mesh_shape as ex
 
 answer_1 = NOT_ANSWERED  # a whole number of bytes
 ex.state_bytes.check(answer_1);
@@ -498,4 +498,4 @@ ex.divisibility.check(answer_3);
 #   `IndivisibleError`) and silently costs extra collectives inside the model (heads split across
 #   devices).
 #
-# **Next:** [12 · pmap vs SPMD](12_pmap_vs_spmd.ipynb)
+# **Next:** [16 · pmap vs SPMD](16_pmap_vs_spmd.ipynb)

@@ -1,4 +1,4 @@
-"""Exercises of notebook 09: FSDP."""
+"""Exercises of notebook 10: FSDP."""
 
 from __future__ import annotations
 

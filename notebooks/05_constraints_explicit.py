@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 · Constraints and manual control
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/05_constraints_manual.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/05_constraints_manual.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/05_constraints_explicit.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/05_constraints_explicit.ipynb)
 #
 # Inside `jax.jit` on an Auto mesh the compiler decides the layout of every intermediate value. It
 # usually decides well, and sometimes it does not. This notebook shows the two ways to take over: a
@@ -717,7 +717,7 @@ assert caught == ["ValueError"]
 # checker runs it against `jnp.sum`, and looks at the compiled program.
 
 # %%
-from exercises import ex05_constraints_manual as ex
+from exercises import ex05_constraints_explicit as ex
 
 
 def column_sums(x):
@@ -769,4 +769,4 @@ ex.ring_source.check(answer_4);
 # - `check_vma` refuses an `out_specs` that claims replication it cannot prove; `check_vma=False` returns
 #   one device's partial result instead of an error.
 #
-# **Next:** [06 · Data parallelism](06_data_parallel.ipynb)
+# **Next:** [07 · Data parallelism](07_data_parallel.ipynb)

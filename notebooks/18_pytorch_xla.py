@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 14 · PyTorch/XLA side by side
+# # 18 · PyTorch/XLA side by side
 #
 # *Runs locally only:* `make lab-xla` (PyTorch/XLA needs its own environment, about 4 GB).
 #
@@ -474,7 +474,7 @@ assert before is True and after is False
 # ## 7. Sharding an activation
 #
 # Put the MLP in tensor-parallel layout on a `(1, 8)` mesh (all 8 devices on `model`): the first layer
-# column-parallel, the second row-parallel, as in notebook 07. In torch terms, `fc1.weight` `(64, 32)` is
+# column-parallel, the second row-parallel, as in notebook 08. In torch terms, `fc1.weight` `(64, 32)` is
 # split on its rows, `('model', None)`; in JAX terms, `w1` `(32, 64)` on its columns, `P(None, 'model')`.
 # The batch is replicated.
 
@@ -547,7 +547,7 @@ assert dumped and not any("jit_" in name for name in dumped), dumped
 # %% [markdown]
 # In both frameworks, with the same result types on all 8 devices:
 # - without an annotation, or with the one the compiler would choose anyway, the forward pass needs one
-#   all-reduce: the `(32, 8)` partial logits of the row-parallel layer are summed (notebook 07);
+#   all-reduce: the `(32, 8)` partial logits of the row-parallel layer are summed (notebook 08);
 # - annotating `h` as replicated is obeyed even though it helps nothing: the compiler all-gathers the
 #   `(32, 64)` activation, then uses only its own 8 columns of it and still all-reduces the logits.
 #
@@ -724,7 +724,7 @@ for label, specs, jm, batch_spec in [("data parallel", dict.fromkeys(params0, P(
 # kernel `w2`, shape `(64, 8)`, the same layout?
 
 # %%
-from exercises import ex14_pytorch_xla as ex
+from exercises import ex18_pytorch_xla as ex
 
 answer_1 = NOT_ANSWERED  # e.g. P(...)
 ex.linear_weight_spec.check(answer_1);

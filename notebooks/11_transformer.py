@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 10 · A sharded transformer, end to end
+# # 11 · A sharded transformer, end to end
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/10_transformer.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/10_transformer.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/11_transformer.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/11_transformer.ipynb)
 #
 # The guide that seeded this course shards a `MyTransformer(d_model=512, num_layers=6)` that it never
 # writes down. This notebook writes it: a small decoder-only transformer in Flax NNX whose parameters
@@ -154,7 +154,7 @@ class MyTransformer(nnx.Module):
 
 # %% [markdown]
 # Build it **once**, with its Adam optimizer, and with one block: every block adds the same parameters
-# and the same collectives (notebook 11 uses two), and one keeps this notebook's four compilations and
+# and the same collectives (notebook 14 uses two), and one keeps this notebook's four compilations and
 # four training runs quick. There is no mesh yet, so eager sharding (on by default in Flax NNX, facts
 # §8) is switched off: the logical names are kept as metadata and nothing is placed.
 #
@@ -328,7 +328,7 @@ assert data.shape == (STEPS + 1, BATCH, SEQ + 1) and data.max() < VOCAB
 
 # %% [markdown]
 # The train step takes the `state` pytree and returns the new one. This is the functional form of the
-# `nnx.jit` step of notebooks 06–09 (facts §9): `nnx.merge` rebuilds the model and optimizer from the
+# `nnx.jit` step of notebooks 07–10 (facts §9): `nnx.merge` rebuilds the model and optimizer from the
 # state inside the function, and `nnx.state` collects them again. With a plain function of arrays you
 # can `lower`, `compile`, read the compiled program, and then run **that** executable: one
 # compilation per strategy, and the program you inspect is the program you train with.
@@ -623,7 +623,7 @@ assert moved["tensor"] > moved["2-D"] > moved["data"]  # activations cost more t
 #   `d_model`: with a model this small that is already more than the gradients. 2-D trades between
 #   them. FSDP moves each weight once (gathers) plus the full gradients (the all-reduce).
 #
-# Notebook 11 pushes the same comparison to 64 devices and five mesh shapes.
+# Notebook 14 pushes the same comparison to 64 devices and five mesh shapes.
 #
 # ## 6. Save under FSDP, restore as tensor parallel
 #
@@ -713,7 +713,7 @@ assert len(runs) == 3
 # `(logical name, mesh axis or None)` pairs covering all five names).
 
 # %%
-from exercises import ex10_transformer as ex
+from exercises import ex11_transformer as ex
 
 answer_1 = NOT_ANSWERED  # e.g. (("batch", ...), ("vocab", ...), ("embed", ...), ("heads", ...), ("mlp", ...))
 ex.fsdp_tensor_rules.check(answer_1);
@@ -755,4 +755,4 @@ ex.residual_allreduce.check(answer_3);
 #   `ShapeDtypeStruct`s with the new shardings. The profiler trace shows every collective of the HLO
 #   on every device.
 #
-# **Next:** [11 · Choosing a mesh shape](11_mesh_shape.ipynb)
+# **Next:** [14 · Choosing a mesh shape](14_mesh_shape.ipynb)

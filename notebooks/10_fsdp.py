@@ -1,11 +1,11 @@
 # %% [markdown]
-# # 09 · FSDP: fully sharded data parallelism
+# # 10 · FSDP: fully sharded data parallelism
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/09_fsdp.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/09_fsdp.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/10_fsdp.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/10_fsdp.ipynb)
 #
 # FSDP splits the large parameters, and with them their Adam moments, across the data-parallel devices,
 # and gathers each weight whole just before it is used; the batch is split as in data parallelism
-# (notebook 06). In this notebook you write the sharding rule as a function that returns shardings,
+# (notebook 07). In this notebook you write the sharding rule as a function that returns shardings,
 # create the model and optimizer already sharded, read the memory and the collectives of the compiled
 # train step, and check that FSDP trains to the losses of data parallelism.
 #
@@ -64,9 +64,9 @@ RTOL = 1e-5 if CPU else 1e-2
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
 #
-# The same model, data and train step as notebooks 06 to 08: an MLP `64 -> 256 -> 10` from two
+# The same model, data and train step as notebooks 07 to 09: an MLP `64 -> 256 -> 10` from two
 # `nnx.Linear` layers, a batch of 64 examples labelled by a fixed random teacher, Adam `1e-2`, and the
-# `nnx.jit` train step that donates the model and optimizer (notebook 06). The single-device run is the
+# `nnx.jit` train step that donates the model and optimizer (notebook 07). The single-device run is the
 # reference.
 
 # %%
@@ -202,7 +202,7 @@ for name, sharding in by_name(shardings).items():
 # Building `MLP(...)` eagerly and then moving it would first put the whole model, and the whole Adam
 # state, on one device: exactly what FSDP exists to avoid. Instead, compile the constructor. Inside
 # `nnx.jit`, `jax.lax.with_sharding_constraint` pins the new state to the planned shardings, and the
-# compiler partitions the initialisation itself: each device computes only its own blocks. (Notebook 10
+# compiler partitions the initialisation itself: each device computes only its own blocks. (Notebook 11
 # attaches the specs to the layers instead, with `nnx.with_partitioning`.)
 
 # %%
@@ -424,7 +424,7 @@ assert shard_table(model.linear1.kernel[...]).shard_shapes == {(8, 256)}
 # calls it on every leaf of a test state, as `jax.tree_util.tree_map_with_path` would.
 
 # %%
-from exercises import ex09_fsdp as ex
+from exercises import ex10_fsdp as ex
 
 
 def fsdp_spec(path, leaf):
@@ -466,4 +466,4 @@ ex.gradient_traffic.check(answer_3);
 # - The step all-gathers the weights and reduce-scatters the gradients (on the CPU backend: an all-reduce
 #   and a slice). That is data parallelism's traffic or more: FSDP saves memory, not communication.
 #
-# **Next:** [10 · A sharded transformer, end to end](10_transformer.ipynb)
+# **Next:** [11 · A sharded transformer, end to end](11_transformer.ipynb)

@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 06 · Data parallelism
+# # 07 · Data parallelism
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/06_data_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/06_data_parallel.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/07_data_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/07_data_parallel.ipynb)
 #
 # Data parallelism gives every device the whole model and its own slice of the batch. In this notebook
 # you place a small Flax NNX model that way on 8 devices, find the one collective the compiler adds to
@@ -70,7 +70,7 @@ RTOL = 1e-5 if CPU else 1e-2
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
 #
-# Notebooks 06 to 09 train the same model on the same data with four strategies, so that their
+# Notebooks 07 to 10 train the same model on the same data with four strategies, so that their
 # numbers can be compared:
 #
 # - a batch `x` of 64 examples with 64 features, and labels `y` in `[0, 10)` given by a fixed random
@@ -423,7 +423,7 @@ fig
 # batch `x` of shape `(64, 64)` (examples first), one for a parameter such as the `(64, 256)` kernel.
 
 # %%
-from exercises import ex06_data_parallel as ex
+from exercises import ex07_data_parallel as ex
 
 answer_1 = NOT_ANSWERED  # a pair (batch spec, parameter spec), e.g. (P(...), P(...))
 ex.dp_specs.check(answer_1);
@@ -458,4 +458,4 @@ ex.sixteen_devices.check(answer_3);
 # - Plain `jax.jit` over NNX objects with an in-place `update` trains nothing: use `nnx.jit`. Today's
 #   optimizer is `nnx.Optimizer(model, tx, wrt=nnx.Param)` with `update(model, grads)`.
 #
-# **Next:** [07 · Tensor parallelism](07_tensor_parallel.ipynb)
+# **Next:** [08 · Tensor parallelism](08_tensor_parallel.ipynb)

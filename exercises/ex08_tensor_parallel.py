@@ -1,4 +1,4 @@
-"""Exercises of notebook 07: the column/row pairing and what tensor parallelism sends."""
+"""Exercises of notebook 08: the column/row pairing and what tensor parallelism sends."""
 
 from __future__ import annotations
 

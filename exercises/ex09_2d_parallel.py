@@ -1,4 +1,4 @@
-"""Exercises of notebook 08: collectives and constraints on a (4, 2) data x model mesh."""
+"""Exercises of notebook 09: collectives and constraints on a (4, 2) data x model mesh."""
 
 from __future__ import annotations
 

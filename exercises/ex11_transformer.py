@@ -1,4 +1,4 @@
-"""Exercises of notebook 10: logical-axis rules, and what a strategy costs."""
+"""Exercises of notebook 11: logical-axis rules, and what a strategy costs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exercises of notebook 11: reading and choosing a mesh shape."""
+"""Exercises of notebook 14: reading and choosing a mesh shape."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from utils.exercises import Exercise
 
-# Notebook 11's model: d_model 512, 2 layers, d_ff 2048, vocabulary 512, sequences of 32.
+# Notebook 14's model: d_model 512, 2 layers, d_ff 2048, vocabulary 512, sequences of 32.
 N_SPLIT = 2 * (4 * 512**2 + 2 * 512 * 2048) + 2 * 512 * 512  # matrices with 'heads', 'mlp' or 'vocab'
 N_EMBED_ONLY = 5 * 2 * 512 + 32 * 512  # layer norms and the position table
 SHAPES = [(64, 1), (32, 2), (16, 4), (8, 8), (1, 64)]
@@ -40,7 +40,7 @@ state_bytes = Exercise(
     ),
 )
 
-# Footprints (arguments + temporaries per device), as notebook 11 measures them (MiB).
+# Footprints (arguments + temporaries per device), as notebook 14 measures them (MiB).
 _FOOTPRINT = {(64, 1): 130.5, (32, 2): 65.5, (16, 4): 33.0, (8, 8): 23.5, (1, 64): 92.9}
 
 

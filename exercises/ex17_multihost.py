@@ -1,4 +1,4 @@
-"""Exercises of notebook 13: which process holds what in multi-host data parallelism."""
+"""Exercises of notebook 17: which process holds what in multi-host data parallelism."""
 
 from __future__ import annotations
 

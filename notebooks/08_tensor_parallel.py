@@ -1,10 +1,10 @@
 # %% [markdown]
-# # 07 · Tensor parallelism
+# # 08 · Tensor parallelism
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/07_tensor_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/07_tensor_parallel.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/08_tensor_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/08_tensor_parallel.ipynb)
 #
 # Tensor parallelism gives every device a slice of every large weight matrix, on a mesh axis called
-# `model`, and the whole batch: the opposite of data parallelism (notebook 06). That divides parameter
+# `model`, and the whole batch: the opposite of data parallelism (notebook 07). That divides parameter
 # memory by the number of devices, but the devices now have to talk in the middle of the forward and
 # the backward pass. This notebook places the course's MLP on an 8-device `model` axis, reads from the
 # compiled programs what the devices send, and estimates the batch size above which that costs more
@@ -86,9 +86,9 @@ draw_sharding(q_kernel)
 #
 # ## 2. Column-parallel, then row-parallel
 #
-# The model, data and train step are the same in notebooks 06 to 09: an MLP `64 -> 256 -> 10`, a batch
+# The model, data and train step are the same in notebooks 07 to 10: an MLP `64 -> 256 -> 10`, a batch
 # of 64 examples labelled by a fixed random "teacher", cross-entropy and Adam, with the model and
-# optimizer donated to the step (notebook 06).
+# optimizer donated to the step (notebook 07).
 
 # %%
 class MLP(nnx.Module):
@@ -446,7 +446,7 @@ if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
 # 8-device `model` mesh, so that it pairs with the column-parallel `linear1/kernel`?
 
 # %%
-from exercises import ex07_tensor_parallel as ex
+from exercises import ex08_tensor_parallel as ex
 
 answer_1 = NOT_ANSWERED  # e.g. P(...)
 ex.row_parallel_spec.check(answer_1);
@@ -483,4 +483,4 @@ ex.tp_allreduce_bytes.check(answer_3);
 #   4*d* tokens for a feed-forward block, 3*d* for a transformer layer, before counting that data
 #   parallelism's all-reduce can overlap the backward pass and tensor parallelism's cannot.
 #
-# **Next:** [08 · 2-D parallelism](08_2d_parallel.ipynb)
+# **Next:** [09 · 2-D parallelism](09_2d_parallel.ipynb)

@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 13 · Multi-host SPMD: two processes, one mesh
+# # 17 · Multi-host SPMD: two processes, one mesh
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/13_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/13_multihost.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_multihost.ipynb)
 #
 # On a TPU pod or a multi-node GPU cluster, one Python process runs per host and each sees only its own
 # devices, yet all of them must run *one* SPMD program over *one* mesh. This notebook builds exactly that
@@ -128,7 +128,7 @@ def train_step(params, x, y):
 # %% [markdown]
 # ## 3. The reference: one process, 8 devices
 #
-# The familiar single-host data parallelism of notebook 06: batch on `data`, parameters replicated, no
+# The familiar single-host data parallelism of notebook 07: batch on `data`, parameters replicated, no
 # collective written by hand. The compiler inserts the all-reduce that sums the gradients across devices.
 
 # %%
@@ -306,7 +306,7 @@ assert all("non-addressable" in r["fetch_error"] for r in reports)
 # does process 2 load? Answer with a `(start, stop)` tuple.
 
 # %%
-from exercises import ex13_multihost as ex
+from exercises import ex17_multihost as ex
 
 answer_1 = NOT_ANSWERED  # (start, stop)
 ex.rows_of_process.check(answer_1);
@@ -330,4 +330,4 @@ ex.local_batch.check(answer_2);
 # - A sharded global array cannot be fetched by one process: return replicated results, read
 #   `addressable_shards`, or gather on purpose.
 #
-# **Next:** [14 · PyTorch/XLA side by side](14_pytorch_xla.ipynb)
+# **Next:** [18 · PyTorch/XLA side by side](18_pytorch_xla.ipynb)
