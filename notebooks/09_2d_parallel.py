@@ -3,8 +3,8 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/09_2d_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/09_2d_parallel.ipynb)
 #
-# On a 2-D mesh you split the batch and the weights at once: data parallelism (06) and tensor parallelism
-# (07) together. 8 devices form a `(4, 2)` grid; the batch is split 4 ways down the `data` axis, every
+# On a 2-D mesh you split the batch and the weights at once: data parallelism (07) and tensor parallelism
+# (08) together. 8 devices form a `(4, 2)` grid; the batch is split 4 ways down the `data` axis, every
 # weight matrix 2 ways across the `model` axis. Each kind of traffic then stays on its own axis: partial
 # activations are added up between the 2 devices of a row, gradients between the 4 devices of a column.
 # This notebook builds that layout for the course MLP, reads from the compiled train step which

@@ -63,7 +63,7 @@ assert jax.device_count() == 8
 # examples with 64 features and labels in `[0, 10)` from a fixed random teacher, a `64 -> 256 -> 10` MLP
 # whose parameters are a dict of four arrays, softmax cross-entropy, and plain SGD so that no optimizer
 # state gets in the way. (The numbers come from NumPy's generator with a fixed seed; they are not the
-# same numbers as in 06 to 09.) `step` is written for **one** device; it is the reference for everything
+# same numbers as in 07 to 10.) `step` is written for **one** device; it is the reference for everything
 # below.
 
 # %%
