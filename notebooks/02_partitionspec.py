@@ -41,8 +41,6 @@ launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the m
 SETUP = setup_devices(8)
 
 # %%
-import contextlib
-import io
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +55,7 @@ from utils import (
     draw_sharding,
     draw_shardings,
     memory_per_device,
+    quiet,
     shard_table,
 )
 
@@ -250,9 +249,7 @@ attempts = {
 refused = []
 for where, attempt in attempts.items():
     try:
-        # Local stand-in for a utils quiet() helper: JAX 0.12 prints the failing call's source line to
-        # stdout before raising (a leftover print in jax/_src/pjit.py); keep it out of the output.
-        with contextlib.redirect_stdout(io.StringIO()):
+        with quiet():  # jax 0.12 prints a stray source line before raising; keep it out of the output
             attempt()
     except ValueError as err:
         refused.append(type(err).__name__)

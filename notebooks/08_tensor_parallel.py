@@ -38,8 +38,6 @@ launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the m
 SETUP = setup_devices(8)
 
 # %%
-import contextlib
-import io
 import re
 
 import jax
@@ -51,7 +49,8 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_sharding, draw_shardings, memory_per_device, shard_table, type_string
+from utils import (NOT_ANSWERED, collectives, draw_sharding, draw_shardings, memory_per_device, quiet, shard_table,
+                   type_string)
 
 CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
 # On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
@@ -204,8 +203,7 @@ def online_rule(path, array):
 state = nnx.state(MLP(nnx.Rngs(0)))
 raised = []
 try:
-    # jax 0.12.0.1 also prints the failing source line to stdout (a stray debug print): keep it out
-    with contextlib.redirect_stdout(io.StringIO()):
+    with quiet():  # jax 0.12 prints a stray source line before raising; keep it out of the output
         jax.device_put(state, jax.tree_util.tree_map_with_path(online_rule, state))
 except ValueError as err:
     raised.append(type(err).__name__)

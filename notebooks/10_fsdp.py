@@ -38,8 +38,6 @@ launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the m
 SETUP = setup_devices(8)
 
 # %%
-import contextlib
-import io
 import re
 from functools import partial
 
@@ -51,7 +49,8 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_shardings, format_bytes, memory_per_device, shard_table, type_string
+from utils import (NOT_ANSWERED, collectives, draw_shardings, format_bytes, memory_per_device, quiet, shard_table,
+                   type_string)
 
 assert jax.device_count() == 8
 CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
@@ -143,8 +142,7 @@ abstract_model, abstract_optimizer = nnx.eval_shape(create)  # shapes and dtypes
 errors = []
 for name, state in (("(10, 128) kernel", narrow_params), ("abstract state", nnx.state(abstract_model))):
     try:
-        # jax 0.12 also prints the failing line's location to stdout (a stray print); keep it out
-        with contextlib.redirect_stdout(io.StringIO()):
+        with quiet():  # jax 0.12 prints a stray source line before raising; keep it out of the output
             shard_fsdp(state)
     except (ValueError, TypeError) as err:
         errors.append(type(err).__name__)
