@@ -73,3 +73,42 @@ def test_ruff_is_clean_on_notebooks_and_code():
     r = subprocess.run([*ruff, "check", "--output-format=concise", str(ROOT)], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+PROSE_WORDS_LIMIT = 2_100  # "about 2,000 words of prose" per notebook
+FENCED = re.compile(r"^```.*?^```", re.M | re.S)
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
+
+
+def prose_words(path) -> int:
+    """Words in a notebook's markdown cells, without fenced code blocks or link targets (badges, URLs)."""
+    markdown = "\n".join(_text(c) for c in _cells(path) if c["cell_type"] == "markdown")
+    return len(LINK_TARGET.sub("]", FENCED.sub("", markdown)).split())
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_prose_is_about_two_thousand_words_at_most(path):
+    words = prose_words(path)
+    assert words <= PROSE_WORDS_LIMIT, f"{path.name}: {words} words of prose; cut to about 2,000"
+
+
+# The course teaches its subject; it never argues with the documents it grew from, which the learner never sees.
+SOURCE_MENTIONS = re.compile(
+    r"\bthe seed\b|\bseed(?:'s)? (?:guide|document|text|snippet|table|claim|rule|code)|seeded (?:this|the) course"
+    r"|\bthe guide\b|\bthe guide's\b|facts §|jax-sharding-facts|teaching-anchors|\bshared/(?:seeds|reference)",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_notebook_names_its_source_documents(path):
+    text = "\n".join(_text(c) for c in _cells(path))
+    found = sorted({m.group(0) for m in SOURCE_MENTIONS.finditer(text)})
+    assert not found, f"{path.name} mentions its source documents: {found}"
+
+
+def test_the_source_pattern_catches_what_it_must_and_spares_random_seeds():
+    for text in ("The seed claims", "the guide's table", "facts §8", "the guide that seeded this course"):
+        assert SOURCE_MENTIONS.search(text), text
+    for text in ("jax.random.key(seed)", "a fixed random seed", "the Flax guide to NNX"):
+        assert not SOURCE_MENTIONS.search(text), text
