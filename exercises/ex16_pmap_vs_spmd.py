@@ -17,6 +17,11 @@ from utils.inspecting import collectives
 P = PartitionSpec
 
 
+def _rtol() -> float:
+    """1e-5 on CPU; accelerators multiply float32 at lower precision by default (TF32, bf16 passes)."""
+    return 1e-5 if jax.default_backend() == "cpu" else 1e-2
+
+
 def _mesh_8() -> jax.sharding.Mesh:
     return jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 
@@ -53,11 +58,13 @@ def _check_migrate(answer: Any) -> None:
         assert isinstance(spec, PartitionSpec), f"{name} must be a PartitionSpec such as P(...); got {spec!r}"
     mesh = _mesh_8()
     w, x, y = _regression_data()
-    with answer_errors("placing w (16,) by w_spec and the batch x (64, 16), y (64,) by batch_spec on the mesh "
-                       "('data',)"):
+    # y has one dimension, so it takes batch_spec's first entry: P('data', None) on x is P('data') on y
+    y_spec = P(*tuple(batch_spec)[:1])
+    with answer_errors("placing w (16,) by w_spec, x (64, 16) by batch_spec and y (64,) by its first entry on "
+                       "the mesh ('data',)"):
         w_placed = jax.device_put(w, NamedSharding(mesh, w_spec))
         x_placed = jax.device_put(x, NamedSharding(mesh, batch_spec))
-        y_placed = jax.device_put(y, NamedSharding(mesh, batch_spec))
+        y_placed = jax.device_put(y, NamedSharding(mesh, y_spec))
     stepped = jax.jit(new_step)
     with answer_errors("your step, called as new_step(w, x, y),"):
         try:
@@ -74,20 +81,25 @@ def _check_migrate(answer: Any) -> None:
         got = np.asarray(stepped(w_placed, x_placed, y_placed))
     want = _pmap_result()
     assert got.shape == (16,), f"the new weight should have shape (16,); got {got.shape}"
-    assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (
+    assert np.allclose(got, want, rtol=_rtol(), atol=_rtol() / 10), (
         f"the new weight differs from the pmap step's: first three {np.round(got[:3], 5)} instead of "
         f"{np.round(want[:3], 5)}; is the loss the mean over all 64 examples, with the same learning rate?"
+    )
+    block = x_placed.sharding.shard_shape(x.shape)
+    assert block != x.shape, (
+        "the numbers are right but every device holds, and computes, the whole batch: split the batch over "
+        "'data' to make it data parallel"
+    )
+    assert block == (8, 16), (
+        f"batch_spec gives each device a block {block} of x (64, 16): data parallelism gives each device "
+        "8 whole examples, so split dimension 0 (the examples) over 'data', not the features"
     )
     with answer_errors("compiling your step"):
         compiled = stepped.lower(w_placed, x_placed, y_placed).compile()
     comm = collectives(compiled)
-    assert comm.counts["all-reduce"] >= 1, (
-        "the numbers are right but the compiled step has no all-reduce: every device computed the whole "
-        "batch. Split the batch over 'data' to make it data parallel"
-    )
     assert comm.kinds == {"all-reduce"}, (
-        f"the compiled step also has {sorted(comm.kinds - {'all-reduce'})}: data parallelism keeps the weight "
-        "whole on every device (replicated) and needs only the all-reduce of the gradient"
+        f"the compiled step has {sorted(comm.kinds) or 'no collectives'}, where data parallelism has only the "
+        "all-reduce of the gradient: keep the weight whole on every device (replicated)"
     )
 
 
@@ -119,6 +131,7 @@ migrate_to_jit = Exercise(
         (_migrate_solution_step, P(), P()),
         (_migrate_solution_step, P("data"), P("data")),
         (_summed_loss_step, P(), P("data")),
+        (_migrate_solution_step, P(), P(None, "data")),  # splits the features, not the examples
     ),
     hint="delete the pmean and write the step as for one device; replicate the weight, split the batch",
     explanation=(
@@ -151,7 +164,7 @@ def _measured_factor() -> float:
 def _check_factor(answer: Any) -> None:
     assert isinstance(answer, int | float) and not isinstance(answer, bool), f"give a number; got {answer!r}"
     measured = _measured_factor()
-    assert abs(answer - measured) < 1e-3 * measured, (
+    assert abs(answer - measured) < 0.05 * measured, (  # the wrong factors are far apart: 8, 4, 1
         f"{answer} is not what the ported step gives. The implicit sum comes from the transpose of the cast "
         "to 'varying': over which mesh axes does the loss vary? Not over all 8 devices"
     )
@@ -166,51 +179,5 @@ pmean_factor = Exercise(
     explanation=(
         "The loss varies over 'data' (2 devices) only, so the gradient of the replicated weight is "
         "summed over 'data': 2 per-device means, twice the mean. pmean of that sum changes nothing."
-    ),
-)
-
-
-# Exercise 3: the per-device view of pmap and shard_map ---------------------------------------------
-
-
-def _measured_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
-    seen: dict[str, tuple[int, ...]] = {}
-    a = jnp.zeros((8, 16, 4))
-
-    def record(name):
-        def f(block):
-            seen[name] = tuple(block.shape)
-            return block
-
-        return f
-
-    jax.pmap(record("pmap"))(a)
-    jax.shard_map(record("shard_map"), mesh=_mesh_8(), in_specs=P("data"), out_specs=P("data"))(a)
-    return seen["pmap"], seen["shard_map"]
-
-
-def _check_shapes(answer: Any) -> None:
-    assert isinstance(answer, tuple | list) and len(answer) == 2, (
-        f"give a pair (pmap_shape, shard_map_shape); got {answer!r}"
-    )
-    for label, shape in zip(("pmap_shape", "shard_map_shape"), answer, strict=True):
-        assert isinstance(shape, tuple | list) and all(
-            isinstance(d, int | np.integer) and not isinstance(d, bool) for d in shape
-        ), f"{label} is a shape, a tuple of whole numbers such as (8, 16, 4); got {shape!r}"
-    got = tuple(tuple(int(d) for d in s) for s in answer)
-    want_pmap, want_shmap = _measured_shapes()
-    assert got[0] == want_pmap, f"pmap: f does not see {got[0]}; pmap removes the mapped axis"
-    assert got[1] == want_shmap, f"shard_map: f does not see {got[1]}; a block keeps every dimension"
-
-
-per_device_shapes = Exercise(
-    title="Exercise 3: the per-device view",
-    checker=_check_shapes,
-    solution=((16, 4), (1, 16, 4)),
-    wrong=(((1, 16, 4), (16, 4)), ((16, 4), (16, 4)), ((8, 16, 4), (1, 16, 4)), ((16, 4), (2, 16, 4))),
-    hint="pmap drops the leading axis; shard_map splits it 8 ways and keeps it",
-    explanation=(
-        "pmap gives each device slice i without the mapped axis, (16, 4); shard_map gives it block i of "
-        "P('data'), 8/8 = 1 row of the leading axis, (1, 16, 4)."
     ),
 )
