@@ -1,4 +1,4 @@
-"""Exercises of notebook 05: constraints inside jit, and shard_map by hand."""
+"""Exercises of notebook 05: asking for a layout inside jit, on Auto and on Explicit axes."""
 
 from __future__ import annotations
 
@@ -10,196 +10,124 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from utils.exercises import Exercise, answer_errors
-from utils.inspecting import collectives
+from utils.inspecting import collectives, compile_with_log
 
 P = PartitionSpec
 
 
-def _auto_mesh() -> jax.sharding.Mesh:
-    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+def _mesh(kind: AxisType) -> jax.sharding.Mesh:
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))
 
 
-# Exercise 1: column sums with shard_map --------------------------------------------------------
+# Exercise 1: reach P(None, 'model') from P('data', None) without a full copy on any device ----------------------
 
 
-def _column_input() -> jax.Array:
-    values = np.random.default_rng(5).normal(size=(32, 8)).astype(np.float32)
-    return jax.device_put(values, NamedSharding(_auto_mesh(), P("data", None)))
-
-
-def _check_column_sums(f: Any) -> None:
-    assert callable(f), f"give a function column_sums(x); got {type(f).__name__}"
-    x = _column_input()
-    with answer_errors("your function, traced on a (32, 8) array split by P('data', None),"):
-        jaxpr = str(jax.make_jaxpr(f)(x))
-    assert "shard_map" in jaxpr, (
-        "the function must call jax.shard_map (this exercise is about writing the per-device program); "
-        "jnp.sum alone lets the compiler do it"
+def _check_to_columns(f: Any) -> None:
+    assert callable(f), f"give a function to_columns(v); got {type(f).__name__}"
+    mesh = _mesh(AxisType.Auto)
+    values = np.arange(128 * 512, dtype=np.float32).reshape(128, 512)
+    target = NamedSharding(mesh, P(None, "model"))
+    with jax.set_mesh(mesh):
+        x = jax.device_put(values, NamedSharding(mesh, P("data", None)))
+        with answer_errors("jax.jit(your function) on a (128, 512) array at P('data', None)"):
+            compiled, _ = compile_with_log(jax.jit(f).lower(x))
+            out = compiled(x)
+    assert isinstance(out, jax.Array) and out.shape == (128, 512), (
+        "return the array itself, in its new layout (same shape, same values)"
     )
-    with answer_errors("your function"):
-        y = f(x)
-    assert isinstance(y, jax.Array), f"column_sums(x) should return a JAX array; got {type(y).__name__}"
-    assert y.shape == (8,), f"the column sums of a (32, 8) array have shape (8,); got {y.shape}"
-    got, want = np.asarray(y), np.asarray(x).sum(axis=0)
-    assert np.allclose(got, want, rtol=1e-5, atol=1e-4), (
-        f"the numbers differ from jnp.sum(x, axis=0): first three {', '.join(f'{v:.3f}' for v in got[:3])} "
-        f"instead of {', '.join(f'{v:.3f}' for v in want[:3])}; is every block's partial sum added up, "
-        "over the right mesh axis?"
+    assert out.sharding.is_equivalent_to(target, 2), (
+        f"the result came out as {getattr(out.sharding, 'spec', out.sharding)}, not P(None, 'model'); "
+        "inside jit on Auto axes jax.device_put changes nothing: ask with jax.lax.with_sharding_constraint"
     )
-    with answer_errors("compiling your function with jax.jit"):
-        compiled = jax.jit(f).lower(x).compile()
-    kinds = collectives(compiled).kinds
-    assert "all-gather" not in kinds, (
-        "the answer is right but gathers the whole array first: sum each block, then add the (8,) partial sums"
+    assert np.array_equal(np.asarray(out), values), "the values changed: a reshard moves data, it never changes it"
+    whole = max((op.result_bytes for op in collectives(compiled).ops), default=0)
+    assert whole < values.nbytes, (
+        "the right layout, but the compiled program gathers the whole (128, 512) array on every device "
+        "(XLA's 'Involuntary full rematerialization'); stop at P('data', 'model') on the way, a local slice"
     )
 
 
-def _column_sums_solution(x):
+def _to_columns_solution(v):
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))  # the notebook's
-
-    def per_device(block):  # block: (8, 8), the rows this device holds
-        return jax.lax.psum(block.sum(axis=0), "data")
-
-    return jax.shard_map(per_device, mesh=mesh, in_specs=P("data", None), out_specs=P())(x)
+    v = jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P("data", "model")))  # a local slice
+    return jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P(None, "model")))  # gather the kept columns
 
 
-def _column_sums_no_psum(x):
-    return jax.shard_map(lambda b: b.sum(axis=0), mesh=_auto_mesh(), in_specs=P("data", None),
-                         out_specs=P(), check_vma=False)(x)
+def _to_columns_direct(v):
+    return jax.lax.with_sharding_constraint(v, NamedSharding(_mesh(AxisType.Auto), P(None, "model")))
 
 
-def _column_sums_gather_first(x):
-    return jax.shard_map(lambda b: jax.lax.all_gather(b, "data", tiled=True, to="invarying").sum(axis=0),
-                         mesh=_auto_mesh(), in_specs=P("data", None), out_specs=P())(x)
+def _to_columns_device_put(v):
+    return jax.device_put(v, NamedSharding(_mesh(AxisType.Auto), P(None, "model")))
 
 
-def _column_sums_wrong_axis(x):
-    return jax.shard_map(lambda b: jax.lax.psum(b.sum(axis=0), "model"), mesh=_auto_mesh(),
-                         in_specs=P("data", None), out_specs=P(), check_vma=False)(x)
+def _to_columns_reshard(v):
+    return jax.reshard(v, NamedSharding(_mesh(AxisType.Auto), P(None, "model")))
 
 
-column_sums = Exercise(
-    title="Exercise 1: column sums by hand",
-    checker=_check_column_sums,
-    solution=_column_sums_solution,
-    wrong=(
-        lambda x: jnp.sum(x, axis=0),
-        _column_sums_no_psum,
-        _column_sums_gather_first,
-        _column_sums_wrong_axis,
-    ),
-    hint="inside jax.shard_map each device sees an (8, 8) block; sum it over axis 0, then jax.lax.psum over 'data'",
+def _to_columns_waypoint_only(v):
+    return jax.lax.with_sharding_constraint(v, NamedSharding(_mesh(AxisType.Auto), P("data", "model")))
+
+
+to_columns = Exercise(
+    title="Exercise 1: a reshard through a waypoint",
+    checker=_check_to_columns,
+    solution=_to_columns_solution,
+    wrong=(_to_columns_direct, _to_columns_device_put, _to_columns_reshard, _to_columns_waypoint_only,
+           lambda v: v),
+    hint="two with_sharding_constraint calls: first P('data', 'model'), then P(None, 'model')",
     explanation=(
-        "Each device sums its 8 rows, and one psum over 'data' (an all-reduce of 8 floats) adds the four "
-        "partial sums; the result is the same on every device, so out_specs=P() is true."
+        "P('data', 'model') is a local slice of P('data', None): no data moves. From there each device "
+        "gathers only its half of the columns over 'data' (an all-gather of (128, 256)), instead of the whole "
+        "array that the direct constraint gathers."
     ),
 )
 
 
-# Exercise 2: the per-leaf constraint of a batch --------------------------------------------------
-
-_BATCH_SHAPES = {"x": (128, 64), "label": (128,), "mask_tb": (16, 128)}
-_BATCH_WANT = {"x": P("data", None), "label": P("data"), "mask_tb": P(None, "data")}
+# Exercise 2: an ambiguous matmul on Explicit axes ---------------------------------------------------------------
 
 
-def _check_batch_constraint(spec: Any) -> None:
-    mesh = _auto_mesh()
-    batch = {k: jnp.zeros(s, jnp.int32 if k == "label" else jnp.float32) for k, s in _BATCH_SHAPES.items()}
-    with jax.set_mesh(mesh), answer_errors("jax.lax.with_sharding_constraint(batch, your answer)"):
-        out = jax.jit(lambda b: jax.lax.with_sharding_constraint(b, spec))(batch)
-    for name, want in _BATCH_WANT.items():
-        got = out[name].sharding
-        ok = got.is_equivalent_to(NamedSharding(mesh, want), out[name].ndim)
-        got_spec = getattr(got, "spec", got)
-        assert ok, (
-            f"batch[{name!r}] (shape {_BATCH_SHAPES[name]}) came out as {got_spec}; its batch dimension "
-            f"(the one of size 128) should be split over 'data' and nothing else"
-        )
-
-
-batch_constraint = Exercise(
-    title="Exercise 2: constrain a batch leaf by leaf",
-    checker=_check_batch_constraint,
-    solution={"x": P("data", None), "label": P("data"), "mask_tb": P(None, "data")},
-    wrong=(
-        P("data"),
-        {"x": P("data", None), "label": P("data"), "mask_tb": P("data", None)},
-        {"x": P("data", "model"), "label": P("data"), "mask_tb": P(None, "data")},
-        P(),
-    ),
-    hint="give a dict with the batch's keys; for each leaf, put 'data' at the position of its size-128 dimension",
-    explanation=(
-        "A single spec is applied to every leaf's first dimensions, which is wrong for the time-major mask; "
-        "a dict of specs (a pytree matching the batch) says where the batch dimension is in each leaf."
-    ),
-)
-
-
-# Exercise 3: what psum_scatter compiles to -------------------------------------------------------
-
-
-def _psum_scatter_kinds() -> set[str]:
-    mesh = _auto_mesh()
-    x = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("data", "model")))
-    f = jax.shard_map(lambda b: jax.lax.psum_scatter(b, "data", scatter_dimension=0, tiled=True),
-                      mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", "model"))
-    return collectives(jax.jit(f).lower(x).compile()).kinds
-
-
-def _check_psum_scatter(answer: Any) -> None:
-    assert isinstance(answer, str), f"give the collective's HLO name as a string, e.g. 'all-gather'; got {answer!r}"
-    name = answer.strip().lower().replace("_", "-")
-    actual = _psum_scatter_kinds()
-    assert actual == {name}, (
-        f"{answer!r} is not what the compiled program contains; it is one op that sums across the devices "
-        "and leaves each device only its own slice of the sum"
+def _check_rows_matmul(f: Any) -> None:
+    assert callable(f), f"give a function f(a, b); got {type(f).__name__}"
+    mesh = _mesh(AxisType.Explicit)
+    rng = np.random.default_rng(5)
+    a_values = rng.normal(size=(128, 256)).astype(np.float32)
+    b_values = rng.normal(size=(256, 64)).astype(np.float32)
+    with jax.set_mesh(mesh):
+        a = jax.device_put(a_values, P(None, "model"))
+        b = jax.device_put(b_values, P("model", None))
+        with answer_errors("jax.jit(your function) on a: f32[128,256@model], b: f32[256@model,64]"):
+            out = jax.jit(f)(a, b)
+    assert isinstance(out, jax.Array) and out.shape == (128, 64), (
+        f"return the product a @ b, of shape (128, 64); got {getattr(out, 'shape', type(out).__name__)}"
     )
-
-
-psum_scatter_collective = Exercise(
-    title="Exercise 3: what does psum_scatter lower to?",
-    checker=_check_psum_scatter,
-    solution="reduce-scatter",
-    wrong=("all-reduce", "all-gather", "psum_scatter", "all-to-all"),
-    hint="the names are the ones utils.collectives prints: all-reduce, all-gather, reduce-scatter, ...",
-    explanation=(
-        "psum_scatter is a reduce-scatter: the sum of an all-reduce, but each device keeps 1/N of it, "
-        "so it moves half the bytes of the all-reduce."
-    ),
-)
-
-
-# Exercise 4: where a ring shift comes from -------------------------------------------------------
-
-
-def _ring_source(device_id: int) -> int:
-    mesh = _auto_mesh()
-    ids = np.vectorize(lambda d: d.id)(mesh.devices).astype(np.float32)  # (4, 2): each device's own id
-    x = jax.device_put(ids, NamedSharding(mesh, P("data", "model")))
-    ring = [(i, (i + 1) % 4) for i in range(4)]
-    y = jax.shard_map(lambda b: jax.lax.ppermute(b, "data", ring), mesh=mesh,
-                      in_specs=P("data", "model"), out_specs=P("data", "model"))(x)
-    shard = next(s for s in y.addressable_shards if s.device.id == device_id)
-    return int(np.asarray(shard.data).item())
-
-
-def _check_ring_source(answer: Any) -> None:
-    assert isinstance(answer, int) and not isinstance(answer, bool), f"give a device id (0 to 7); got {answer!r}"
-    source = _ring_source(6)
-    assert answer == source, (
-        f"device {answer} is not it: device 6 sits at data index 3, model index 0; the pair (i, i+1) sends "
-        "from data index i to i+1 along the same model column"
+    typ = str(jax.typeof(out))
+    assert typ == "float32[128@data,64]", (
+        f"the result's type is {typ}; ask for rows split over 'data' and whole columns: "
+        "jnp.matmul(a, b, out_sharding=P('data', None))"
     )
+    assert np.allclose(np.asarray(out), a_values @ b_values, rtol=1e-4, atol=1e-3), "the values are not a @ b"
 
 
-ring_source = Exercise(
-    title="Exercise 4: where does the shifted block come from?",
-    checker=_check_ring_source,
-    solution=4,
-    wrong=(5, 0, 7, 2),
-    hint="find device 6 on the mesh picture (row = data index, column = model index), then step one row back",
+def _rows_matmul_solution(a, b):
+    return jnp.matmul(a, b, out_sharding=P("data", None))
+
+
+rows_matmul = Exercise(
+    title="Exercise 2: say where the product goes",
+    checker=_check_rows_matmul,
+    solution=_rows_matmul_solution,
+    wrong=(
+        lambda a, b: a @ b,
+        lambda a, b: jnp.matmul(a, b, out_sharding=P(None, None)),
+        lambda a, b: jnp.matmul(a, b, out_sharding=P("data", "model")),
+        lambda a, b: jax.reshard(a @ b, P("data", None)),
+        lambda a, b: jax.lax.with_sharding_constraint(a @ b, P("data", None)),
+    ),
+    hint="jnp.matmul takes out_sharding=; P('data', None) means rows over 'data', columns whole",
     explanation=(
-        "Device 6 is at (data=3, model=0). The pair (2, 3) sends data index 2's block to data index 3 in the "
-        "same model column: device 4."
+        "Both operands split the contracting dimension over 'model', so each device holds partial sums and "
+        "the result's layout is ambiguous: Explicit axes refuse to guess. out_sharding=P('data', None) says "
+        "which; the compiler then adds up each row block's partial sums within each 'model' pair (an all-reduce)."
     ),
 )

@@ -4,15 +4,15 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/01_meshes.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/01_meshes.ipynb)
 #
 # This notebook teaches the **mesh**: the devices arranged as a grid with named axes such as `data` and
-# `model`, against which every sharding in JAX is written. You will build meshes, choose between Auto
-# and Explicit axes, see why device order matters on real hardware while results stay the same, and
-# make a mesh the current one with `jax.set_mesh`.
+# `model`, against which every sharding in JAX is written. You will build meshes, meet the three types
+# of mesh axis, see why device order matters on real hardware while results stay the same, and make a
+# mesh the current one with `jax.set_mesh`.
 #
 # **You will learn**
 # - how a mesh names the devices: `mesh.shape`, `mesh.axis_names`, `mesh.devices`, each device's
 #   coordinates, and which devices take part in a collective over an axis;
-# - Auto and Explicit axes: what each does, that `jax.make_mesh` defaults to Explicit while `Mesh(...)`
-#   defaults to Auto, and which to choose;
+# - the Auto, Explicit and Manual axis types, and that `jax.make_mesh` defaults to Explicit while
+#   `Mesh(...)` defaults to Auto;
 # - what the order of devices in a mesh changes (which links a collective uses) and what it does not
 #   (the results);
 # - `jax.set_mesh`, as a context manager and as a global setting, and what replaced `with mesh:`;
@@ -126,16 +126,18 @@ assert sum(outcome == "works" for outcome in spellings.values()) == 1  # the oth
 # The fix, used everywhere in this course: pass the shape **positionally**,
 # `jax.make_mesh((4, 2), ("data", "model"), axis_types=...)`, which works on every version.
 #
-# ## 2. Auto or Explicit axes
+# ## 2. Auto, Explicit and Manual axes
 #
-# Every mesh axis has a **type**. It decides who is in charge of the shardings of the values *inside*
-# `jax.jit`:
+# Every mesh axis has a **type**. It decides who lays out the values *inside* `jax.jit`:
 #
-# | axis type | who decides the layout of values inside `jit` | seen in | to change a layout in `jit` |
-# |---|---|---|---|
-# | `Auto` | the compiler, propagating from inputs and your hints | the compiled program | `with_sharding_constraint` |
-# | `Explicit` | JAX while tracing: the layout is part of the **type** | `jax.typeof(x)` | `jax.reshard` |
-# | `Manual` | you: in `jax.shard_map`, code sees one block (notebook 06) | the block's shape | your collectives |
+# | axis type | who decides the layout of values inside `jit` | taught in |
+# |---|---|---|
+# | `Auto` | the compiler, propagating from the inputs and your hints | notebooks 04 and 05 |
+# | `Explicit` | JAX while tracing: the layout is part of the value's **type** | notebook 05 |
+# | `Manual` | you: inside `jax.shard_map` your function sees one device's block | notebook 06 |
+#
+# You choose Auto or Explicit when you build a mesh; `jax.shard_map` makes axes Manual inside it.
+# Notebook 05 compares Auto and Explicit and says when to use which.
 
 # %% [markdown]
 # > **You will see this online:**
@@ -157,10 +159,9 @@ assert shorter.axis_types == (AxisType.Explicit, AxisType.Explicit)
 assert classic != shorter
 
 # %% [markdown]
-# The fix: always say which you want, `axis_types=(AxisType.Auto,) * 2` or `(AxisType.Explicit,) * 2`.
-# Here are both, and a `(16, 8)` array on each with its rows split over `data`. The blocks are the same
-# (`(4, 8)` on every device), but only the Explicit array carries its sharding in its type, outside
-# `jit` and while `jit` traces. `type_string` from the course's `utils` writes the same notation for both.
+# The fix: always say which you want, with `axis_types`. The same `(16, 8)` array, rows split over
+# `data`, on each mesh: the blocks are the same, but only on Explicit axes does the type carry the layout
+# (`type_string`, from the course's `utils`, writes the course's notation for both).
 
 # %%
 amesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
@@ -168,110 +169,16 @@ emesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, 
 x = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8)
 xa = jax.device_put(x, NamedSharding(amesh, P("data", None)))
 xe = jax.device_put(x, NamedSharding(emesh, P("data", None)))
-
-traced = []
-
-
-def double(a):
-    traced.append(str(jax.typeof(a)))  # runs while jit traces
-    return 2 * a
-
-
-for arr in (xa, xe):
-    jax.jit(double)(arr)
 print("Auto:     jax.typeof =", jax.typeof(xa), "  type_string =", type_string(xa))
 print("Explicit: jax.typeof =", jax.typeof(xe), "  type_string =", type_string(xe))
-print("types seen while tracing:", traced)
 assert xa.sharding.shard_shape(x.shape) == xe.sharding.shard_shape(x.shape) == (4, 8)
-assert traced == ["float32[16,8]", "float32[16@data,8]"]
+assert (str(jax.typeof(xa)), str(jax.typeof(xe))) == ("float32[16,8]", "float32[16@data,8]")
 
 # %% [markdown]
-# **Changing a layout inside `jit`.** Ask for the array to be split over `model` as well. On Auto axes
-# `with_sharding_constraint` does it; on Explicit axes JAX rejects it and points to `jax.reshard`, which
-# in turn is rejected on Auto axes:
-
-# %%
-to_both = P("data", "model")
-outcomes = {}
-for name, arr, mesh in [("Auto", xa, amesh), ("Explicit", xe, emesh)]:
-    for tool in (jax.lax.with_sharding_constraint, jax.reshard):
-        try:
-            out = jax.jit(lambda a, tool=tool, mesh=mesh: tool(a, NamedSharding(mesh, to_both)))(arr)
-            outcomes[name, tool.__name__] = f"works, blocks {out.sharding.shard_shape(out.shape)}"
-        except ValueError as err:
-            outcomes[name, tool.__name__] = f"ValueError: {str(err).split('. ')[0]}"
-        print(f"{name:<9}{tool.__name__:<26}{outcomes[name, tool.__name__]}")
-
-assert outcomes["Auto", "with_sharding_constraint"] == outcomes["Explicit", "reshard"] == "works, blocks (4, 4)"
-assert outcomes["Auto", "reshard"].startswith("ValueError")
-assert outcomes["Explicit", "with_sharding_constraint"].startswith("ValueError")
-
-# %% [markdown]
-# **An ambiguous matmul.** Multiply `a` with its columns split over `model` by `w` with its rows split
-# over `model`: each device holds a partial product, and the result could be laid out many ways. On Auto
-# axes the compiler picks one and inserts an all-reduce. On Explicit axes JAX will not guess: it raises
-# `ShardingTypeError` at trace time, and `out_sharding=` says what you want.
-
-# %%
-def operands(mesh):
-    a = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P(None, "model")))
-    w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("model", None)))
-    return a, w
-
-
-auto_matmul = jax.jit(lambda a, w: a @ w).lower(*operands(amesh)).compile()
-found = collectives(auto_matmul)
-print(f"Auto: {found.count()} collective ({found.count('all-reduce')} all-reduce), output spec",
-      auto_matmul.output_shardings.spec)
-assert found.count("all-reduce") == found.count() == 1
-
-raised = []
-try:
-    jax.jit(lambda a, w: a @ w)(*operands(emesh))
-except Exception as err:  # jax._src.core.ShardingTypeError: not exported under jax.errors
-    raised.append(type(err).__name__)
-    print(f"Explicit: {type(err).__name__}: {str(err).split('. ')[0]}")
-assert raised == ["ShardingTypeError"]
-
-rows = NamedSharding(emesh, P("data", None))
-y = jax.jit(lambda a, w: jnp.matmul(a, w, out_sharding=rows))(*operands(emesh))
-print("Explicit with out_sharding:", jax.typeof(y))
-assert str(jax.typeof(y)) == "float32[16@data,4]"
-np.testing.assert_array_equal(y, np.full((16, 4), 8.0))
-
-# %% [markdown]
-# **Manual axes** are what a function inside `jax.shard_map` sees: the mesh's axes turn Manual there,
-# and the value is one device's block. Notebook 06 is about them; here is only the type:
-
-# %%
-seen = {}
-
-
-def block_view(b):
-    seen["axis types"] = jax.sharding.get_abstract_mesh().axis_types
-    seen["block type"] = str(jax.typeof(b))
-    return b
-
-
-jax.shard_map(block_view, mesh=emesh, in_specs=P("data", None), out_specs=P("data", None))(xe)
-print(seen)
-assert seen["axis types"] == (AxisType.Manual, AxisType.Manual)
-assert seen["block type"].startswith("float32[4,8]")
-
-# %% [markdown]
-# **Which to choose.**
-#
-# - **Explicit** for new code. Shardings are part of the types, so `jax.typeof` tells you the layout of
-#   every value while you write the program, and an ambiguous layout is an error at trace time instead
-#   of a choice the compiler makes silently. It is the default of `jax.make_mesh`.
-# - **Auto** when you port GSPMD-style code (written with `with_sharding_constraint` hints, or for
-#   `Mesh(...)`), or when you want the compiler to propagate shardings from a few annotated inputs and
-#   pick the rest.
-#
 # This course uses both, on purpose. Notebooks 00 to 03 place and read layouts on **Explicit** meshes,
-# where the type shows them. From notebook 04 on, the compute notebooks use **Auto** meshes, because
-# they are about what the compiler decides: how shardings propagate and which collectives it inserts
-# (PyTorch/XLA's SPMD, compared in notebook 18, works the same way). Every mesh passes `axis_types`.
+# where the type shows them. From notebook 04 on, the compute notebooks mostly use **Auto** meshes,
+# because they are about what the compiler decides; notebooks 05 and 13 use Explicit ones too. Every mesh
+# passes `axis_types`.
 #
 # ## 3. Device order: which device sits where
 #
@@ -508,10 +415,9 @@ ex.model_group.check(answer_3);
 #   index is each device's coordinates. Shardings name axes, never devices. Pass the shape positionally.
 # - A collective over an axis runs among the devices along it, so device order decides which links it
 #   uses; `jax.make_mesh` orders for TPU boards. Reordering moves blocks, never results.
-# - `jax.make_mesh` gives **Explicit** axes by default, `Mesh(...)` gives **Auto**. Auto: the compiler
-#   propagates, `with_sharding_constraint` hints. Explicit: the layout is in the type
-#   (`float32[16@data,8]`), `jax.reshard` changes it, ambiguous operations need `out_sharding=`.
-#   Explicit for new code, Auto for GSPMD-style code; always pass `axis_types`.
+# - `jax.make_mesh` gives **Explicit** axes by default, `Mesh(...)` gives **Auto**: always pass
+#   `axis_types`. On Explicit axes the layout is in the type (`float32[16@data,8]`); notebook 05 says when
+#   to use which, notebook 06 covers the Manual axes of `jax.shard_map`.
 # - `jax.set_mesh(mesh)` (a block, or global until `jax.set_mesh(None)`) makes bare `P(...)` work;
 #   `with mesh:` is deprecated, `jax.sharding.use_mesh` removed.
 # - A mesh may not need more devices than exist; `jax.make_mesh` silently uses only the first devices of

@@ -1,0 +1,172 @@
+"""Exercises of notebook 06: per-device programs with jax.shard_map."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from utils.exercises import Exercise, answer_errors
+from utils.inspecting import collectives
+
+P = PartitionSpec
+
+
+def _auto_mesh() -> jax.sharding.Mesh:
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+# Exercise 1: column sums with shard_map --------------------------------------------------------
+
+
+def _column_input() -> jax.Array:
+    values = np.random.default_rng(5).normal(size=(32, 8)).astype(np.float32)
+    return jax.device_put(values, NamedSharding(_auto_mesh(), P("data", None)))
+
+
+def _check_column_sums(f: Any) -> None:
+    assert callable(f), f"give a function column_sums(x); got {type(f).__name__}"
+    x = _column_input()
+    with answer_errors("your function, traced on a (32, 8) array split by P('data', None),"):
+        jaxpr = str(jax.make_jaxpr(f)(x))
+    assert "shard_map" in jaxpr, (
+        "the function must call jax.shard_map (this exercise is about writing the per-device program); "
+        "jnp.sum alone lets the compiler do it"
+    )
+    with answer_errors("your function"):
+        y = f(x)
+    assert isinstance(y, jax.Array), f"column_sums(x) should return a JAX array; got {type(y).__name__}"
+    assert y.shape == (8,), f"the column sums of a (32, 8) array have shape (8,); got {y.shape}"
+    got, want = np.asarray(y), np.asarray(x).sum(axis=0)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-4), (
+        f"the numbers differ from jnp.sum(x, axis=0): first three {', '.join(f'{v:.3f}' for v in got[:3])} "
+        f"instead of {', '.join(f'{v:.3f}' for v in want[:3])}; is every block's partial sum added up, "
+        "over the right mesh axis?"
+    )
+    with answer_errors("compiling your function with jax.jit"):
+        compiled = jax.jit(f).lower(x).compile()
+    kinds = collectives(compiled).kinds
+    assert "all-gather" not in kinds, (
+        "the answer is right but gathers the whole array first: sum each block, then add the (8,) partial sums"
+    )
+
+
+def _column_sums_solution(x):
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))  # the notebook's
+
+    def per_device(block):  # block: (8, 8), the rows this device holds
+        return jax.lax.psum(block.sum(axis=0), "data")
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=P("data", None), out_specs=P())(x)
+
+
+def _column_sums_no_psum(x):
+    return jax.shard_map(lambda b: b.sum(axis=0), mesh=_auto_mesh(), in_specs=P("data", None),
+                         out_specs=P(), check_vma=False)(x)
+
+
+def _column_sums_gather_first(x):
+    return jax.shard_map(lambda b: jax.lax.all_gather(b, "data", tiled=True, to="invarying").sum(axis=0),
+                         mesh=_auto_mesh(), in_specs=P("data", None), out_specs=P())(x)
+
+
+def _column_sums_wrong_axis(x):
+    return jax.shard_map(lambda b: jax.lax.psum(b.sum(axis=0), "model"), mesh=_auto_mesh(),
+                         in_specs=P("data", None), out_specs=P(), check_vma=False)(x)
+
+
+def _column_sums_whole_input(x):  # in_specs=P(): every device gets all rows, and the psum counts them 4 times
+    return jax.shard_map(lambda b: jax.lax.psum(b.sum(axis=0), "data"), mesh=_auto_mesh(),
+                         in_specs=P(), out_specs=P())(x)
+
+
+column_sums = Exercise(
+    title="Exercise 1: column sums by hand",
+    checker=_check_column_sums,
+    solution=_column_sums_solution,
+    wrong=(
+        lambda x: jnp.sum(x, axis=0),
+        _column_sums_no_psum,
+        _column_sums_gather_first,
+        _column_sums_wrong_axis,
+        _column_sums_whole_input,
+    ),
+    hint="inside jax.shard_map each device sees an (8, 8) block; sum it over axis 0, then jax.lax.psum over 'data'",
+    explanation=(
+        "Each device sums its 8 rows, and one psum over 'data' (an all-reduce of 8 floats) adds the four "
+        "partial sums; the result is the same on every device, so out_specs=P() is true."
+    ),
+)
+
+
+# Exercise 2: where a ring shift comes from -------------------------------------------------------
+
+
+def _ring_source(device_id: int) -> int:
+    mesh = _auto_mesh()
+    ids = mesh.device_ids.astype(np.float32)  # (4, 2): each device's own id
+    x = jax.device_put(ids, NamedSharding(mesh, P("data", "model")))
+    reverse_ring = [(i, (i - 1) % 4) for i in range(4)]
+    y = jax.shard_map(lambda b: jax.lax.ppermute(b, "data", reverse_ring), mesh=mesh,
+                      in_specs=P("data", "model"), out_specs=P("data", "model"))(x)
+    shard = next(s for s in y.addressable_shards if s.device.id == device_id)
+    return int(np.asarray(shard.data).item())
+
+
+def _check_ring_source(answer: Any) -> None:
+    assert isinstance(answer, int) and not isinstance(answer, bool), f"give a device id (0 to 7); got {answer!r}"
+    source = _ring_source(6)
+    assert answer == source, (
+        f"device {answer} is not it: device 6 sits at data index 3, model index 0; the pair (i, i - 1) sends "
+        "from data index i to i - 1 along the same model column, and index 0 sends to index 3"
+    )
+
+
+ring_source = Exercise(
+    title="Exercise 2: where does the shifted block come from?",
+    checker=_check_ring_source,
+    solution=0,
+    wrong=(4, 1, 7, 6),
+    hint="find device 6 on the mesh picture (row = data index, column = model index); which index sends to index 3?",
+    explanation=(
+        "Device 6 is at (data=3, model=0). The pair (0, 3), i = 0 sending to (0 - 1) % 4 = 3, wraps around: "
+        "device 6 receives the block of data index 0 in the same model column, device 0."
+    ),
+)
+
+
+# Exercise 3: the out_specs of an all_to_all -------------------------------------------------------
+
+
+def _check_all_to_all_out_specs(spec: Any) -> None:
+    assert isinstance(spec, PartitionSpec), f"give a PartitionSpec such as P('data', None); got {spec!r}"
+    mesh = _auto_mesh()
+    values = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    x = jax.device_put(values, NamedSharding(mesh, P(None, "data")))
+    with answer_errors(f"jax.shard_map(..., in_specs=P(None, 'data'), out_specs={spec})"):
+        y = jax.shard_map(lambda b: jax.lax.all_to_all(b, "data", split_axis=0, concat_axis=1, tiled=True),
+                          mesh=mesh, in_specs=P(None, "data"), out_specs=spec)(x)
+    assert y.shape == values.shape, (
+        f"with out_specs={spec} the blocks assemble into shape {y.shape}, not (16, 8): each device now holds "
+        "a (4, 8) block (whole columns, a quarter of the rows); which dimension is split, and over which axis?"
+    )
+    assert np.array_equal(np.asarray(y), values), (
+        f"the shape is right but the blocks land in the wrong places with out_specs={spec}"
+    )
+
+
+all_to_all_out_specs = Exercise(
+    title="Exercise 3: put the blocks back together",
+    checker=_check_all_to_all_out_specs,
+    solution=P("data", None),
+    wrong=(P(None, "data"), P(), P("model", None), P(None, None)),
+    hint="each device starts with a (16, 2) block; after the all_to_all it holds a (4, 8) block",
+    explanation=(
+        "all_to_all splits each (16, 2) block into 4 row pieces, sends piece j to device j of 'data', and "
+        "concatenates what arrives along the columns: each device ends with its quarter of the rows, whole, "
+        "which is P('data', None)."
+    ),
+)
