@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from utils.exercises import NOT_ANSWERED, Exercise, answer_errors
 
@@ -30,8 +30,11 @@ def _check_mesh_bytes(n: object) -> None:
         raise AssertionError(f"{n} bytes is the array once; but 'data' is not in the spec, so each block has copies")
     if n == truth // 8:
         raise AssertionError(f"{n} bytes is what one device holds; the question asks for all 8 together")
-    if n == 2 * truth:
-        raise AssertionError(f"{n} bytes counts 4 bytes per element; bfloat16 has 2")
+    if n == 2 * truth:  # 8 copies of 2-byte elements, or 4 copies of 4-byte ones: the same number
+        raise AssertionError(
+            f"{n} bytes is 8x the bfloat16 array: every device holding all of it (that would be P()), or 4-byte "
+            "elements. Here each device holds only its half of the columns, and bfloat16 has 2 bytes"
+        )
     assert n == truth, (
         f"{n} bytes is not it: each of the 8 devices holds its own (512, 512) block of 2-byte elements"
     )
@@ -52,8 +55,14 @@ mesh_bytes = Exercise(
 
 # Exercise 2 ---------------------------------------------------------------------------------------------
 
+def _mesh_rev() -> jax.sharding.Mesh:
+    """The notebook's mesh_rev: the 8 devices in reverse id order, rows [7, 6], [5, 4], [3, 2], [1, 0]."""
+    devices = sorted(jax.devices(), key=lambda d: d.id)[:8][::-1]
+    return Mesh(np.array(devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+
 def _first_replicas_truth() -> set[int]:
-    a = jax.device_put(np.zeros((128, 512), np.float32), NamedSharding(_mesh_4x2(), PartitionSpec(None, "model")))
+    a = jax.device_put(np.zeros((128, 512), np.float32), NamedSharding(_mesh_rev(), PartitionSpec("data", None)))
     return {s.device.id for s in a.addressable_shards if s.replica_id == 0}
 
 
@@ -64,26 +73,33 @@ def _check_first_replicas(ids: object) -> None:
     truth = _first_replicas_truth()
     if ids == {0, 2, 4, 6}:
         raise AssertionError(
-            "{0, 2, 4, 6} all hold the same block (columns 0:256): they are replicas 0, 1, 2 and 3 of it, "
-            "and only one of them is replica 0"
+            "{0, 2, 4, 6} is the lower device id of each pair; but copies are numbered in mesh order, not by "
+            "device id: replica 0 of a block is the copy at 'model' index 0, in the mesh's left column"
         )
-    if ids == {0}:
-        raise AssertionError("device 0 is replica 0 of columns 0:256; columns 256:512 have a replica 0 too")
+    if ids == {6, 7}:
+        raise AssertionError(
+            "devices 7 and 6 hold the same block (rows 0:32): they are its replicas 0 and 1. P('data', None) "
+            "makes 4 row blocks, and each has a replica 0"
+        )
+    if ids == {7}:
+        raise AssertionError("device 7 is replica 0 of rows 0:32; the other three row blocks have a replica 0 too")
     assert ids == truth, (
-        f"{sorted(ids)} is not it: P(None, 'model') makes 2 blocks (column halves); "
-        "each block's copies are numbered 0, 1, 2, ... in device order"
+        f"{sorted(ids)} is not it: P('data', None) gives each mesh row one block; its copies are numbered "
+        "0, 1 along 'model', in mesh order"
     )
 
 
 first_replicas = Exercise(
     title="Exercise 2: which shards are replica 0",
     checker=_check_first_replicas,
-    solution={0, 1},
-    wrong=({0, 2, 4, 6}, {0}, {0, 1, 2, 3}, {1, 3, 5, 7}),
-    hint="count the distinct blocks first; each block has exactly one replica 0",
+    solution={1, 3, 5, 7},
+    wrong=({0, 2, 4, 6}, {6, 7}, {7}, {0, 1}, {0, 1, 2, 3}),
+    hint="each mesh row holds one block; which position along 'model' holds the first copy?",
     explanation=(
-        "Columns 0:256 live on devices 0, 2, 4, 6 and columns 256:512 on 1, 3, 5, 7; the first copy of each "
-        "block is on device 0 and device 1. One replica 0 per distinct block: count them to count blocks."
+        "P('data', None) makes 4 row blocks, one per mesh row: devices 7 and 6 hold rows 0:32, 5 and 4 rows "
+        "32:64, and so on. A block's copies are numbered along the axis the spec leaves out, 'model', in mesh "
+        "order: replica 0 is the copy at 'model' index 0, the mesh's left column, devices 7, 5, 3, 1. Not the "
+        "lower device id of each pair: copies follow mesh position, not device ids."
     ),
 )
 

@@ -4,22 +4,20 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/04_propagation_resharding.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/04_propagation_resharding.ipynb)
 #
 # Inside `jax.jit` every intermediate and output gets a sharding, though you only sharded the inputs,
-# and wherever two shardings disagree the compiler moves data. This notebook predicts those decisions,
-# compiles, and checks the prediction against the collectives in the compiled program and the bytes they
-# move. Then it shows how to ask for a different layout inside `jit`: the way the seed guide suggests
-# silently does nothing on an Auto mesh, and you will see what works instead.
+# and wherever two shardings disagree the compiler moves data. Shardy, the sharding propagation JAX
+# uses, gives every value a sharding; XLA's SPMD partitioner then writes the program each device runs
+# and inserts the collectives. For each layout you predict the collectives, compile, check them in the
+# compiled program and draw which blocks move; then you compile the same programs for a TPU v5e-8 that
+# you do not have.
 #
 # **You will learn**
-# - why "computation follows data": elementwise ops keep their input's sharding, and a matmul's output
+# - why computation follows data: elementwise ops keep their input's sharding, and a matmul's output
 #   sharding follows from its operands';
-# - the four matmul cases that predict which collective `C = A @ B` needs (none, all-gather, all-reduce or
-#   reduce-scatter, all-gather of one side), and the bytes each one moves per device;
-# - what the compiler inserts when two inputs disagree, and the error you get when a committed input does
-#   not match `in_shardings`;
-# - why `jax.device_put` inside `jit` does not reshard on an Auto mesh, and what does:
-#   `jax.lax.with_sharding_constraint` on Auto axes, `jax.reshard` on Explicit axes;
-# - how Explicit axes put the sharding in the type (`float32[128@data,512]`) and turn an ambiguous
-#   matmul into a `ShardingTypeError` that `out_sharding=` resolves.
+# - the four matmul cases that predict which collective `C = A @ B` needs, and a picture of each;
+# - how to read a collective in the compiled HLO, replica groups such as `[4,2]<=[8]` included, and
+#   what `compiled.memory_analysis()` reports per device;
+# - why one program has an all-reduce on the CPU backend and a reduce-scatter on a TPU;
+# - what the compiler does when two inputs disagree, and what that resharding costs.
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -40,34 +38,56 @@ from utils import launch, setup_devices
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the memory in use. Elsewhere: nothing.
 SETUP = setup_devices(8)
 
-# %% [markdown]
-# ## 1. Computation follows data
-#
-# Until section 6, every mesh here has **Auto** axes: the compiler (Shardy, the partitioner behind
-# `jax.jit`) decides every sharding you did not fix. Build the `(4, 2)` mesh of this course with its axis
-# types spelled out:
-
 # %%
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding
+from jax.experimental import topologies
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_shardings, format_bytes, tile_labels, type_string
+from utils import (
+    NOT_ANSWERED,
+    collectives,
+    draw_matmul,
+    draw_shardings,
+    format_bytes,
+    matmul_traffic,
+    memory_per_device,
+    quiet,
+    tpu_compiler_available,
+    type_string,
+)
 
-mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-print(mesh)
-assert mesh.axis_types == (AxisType.Auto, AxisType.Auto)
+assert jax.device_count() == 8
+CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
+# CPU float32 matmuls are exact float32; GPUs (TF32) and TPUs (bf16 passes) multiply float32 at lower
+# precision by default: 1e-2 there.
+RTOL = 1e-5 if CPU else 1e-2
+
+
+def assert_close(actual, expected):
+    """Equal to the single-device NumPy result, up to the backend's matmul precision."""
+    np.testing.assert_allclose(np.asarray(actual), expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())
+
 
 # %% [markdown]
-# An elementwise function touches each element on its own, so every device can compute its block of the
-# output from its block of the input. The compiler therefore gives the output the input's sharding and
-# inserts no communication. Check it for three layouts of a `(128, 512)` array. Compare shardings with
-# `is_equivalent_to(other, ndim)`, not `spec ==`: the compiler may report `P('data', None)` as
-# `P('data',)`, which is the same layout but not an equal `PartitionSpec`.
+# ## 1. Computation follows data
+#
+# Every mesh in this notebook has **Auto** axes: you shard the inputs, and the compiler does the rest in
+# two steps. **Shardy propagates shardings**: starting from the inputs', it gives every intermediate value
+# and output a sharding. Then **XLA's SPMD partitioner** rewrites the program into the one each device runs
+# on its own blocks, and inserts a collective wherever a device needs data that another device holds.
+#
+# An elementwise function treats each element on its own, so each device computes its block of the output
+# from its block of the input: the output keeps the input's sharding, and nothing moves. Compare shardings
+# with `is_equivalent_to(other, ndim)`, not `spec ==`: the compiler may write `P('data', None)` as
+# `P('data',)`, the same layout but an unequal `PartitionSpec`.
 
 # %%
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 rng = np.random.default_rng(0)
 X = rng.standard_normal((128, 512)).astype(np.float32)
 
@@ -83,293 +103,335 @@ for spec in [P("data", None), P(None, "model"), P("data", "model")]:
     print(f"input {type_string(x):<22} -> output {type_string(y):<22} collectives: {collectives(compiled).count()}")
     assert y.sharding.is_equivalent_to(x.sharding, x.ndim)
     assert collectives(compiled).count() == 0
-    np.testing.assert_allclose(np.asarray(y), np.tanh(X) * 2.0 + 1.0, rtol=1e-5, atol=1e-6)
+    assert_close(y, np.tanh(X) * 2.0 + 1.0)
 
-# %% [markdown]
-# Outside `jit` the same holds: eager operations run on the devices that hold the data, block by block.
-
-# %%
-y_eager = jnp.tanh(x) * 2.0 + 1.0
-print(type_string(x), "->", type_string(y_eager))
+y_eager = jnp.tanh(x) * 2.0 + 1.0  # outside jit too: each eager op runs where its input's blocks are
 assert y_eager.sharding.is_equivalent_to(x.sharding, x.ndim)
 
 # %% [markdown]
-# ## 2. A matmul's output sharding follows from its operands
+# ## 2. The four matmul cases: predict, compile, check, draw
 #
-# The seed guide's "Constraint Propagation" example says:
+# For `C = A @ B` with `A: [I, J]` and `B: [J, K]`, what must move depends on where each operand is cut:
+# along the **contracting dimension** `J`, which the sum runs over, and along `I` and `K`, which become
+# `C`'s dimensions.
 #
-# > If `x: P('data', None)` and `w: P(None, 'model')`, then output: `P('data', 'model')`. No need to specify
-# > output sharding!
+# | case | layout | what must happen |
+# |---|---|---|
+# | 1 | `J` whole in both operands | each device multiplies its own blocks: **nothing moves** |
+# | 2 | `J` cut in one operand only | **all-gather** that operand along `J` first |
+# | 3 | `J` cut in both, by the same mesh axis | local partial products, then an **all-reduce** (a **reduce-scatter** if `C` stays cut over that axis) |
+# | 4 | one mesh axis cuts both `I` and `K` | `C` cannot be cut twice by one axis: **all-gather one operand** |
 #
-# Reason it out before you run it. `x` is cut into row blocks over `data`, `w` into column blocks over
-# `model`. Device `(d, m)` holds rows block `d` of `x` in full and columns block `m` of `w` in full, which is
-# everything it needs for block `(d, m)` of the product. So the output should be `P('data', 'model')`, and
-# no device needs anything from another: **no collectives**.
+# For each case: predict from the table, compile, check the collectives of the compiled program (kind,
+# per-device result shape, group size), and draw what device 0 holds (green), fetches (red hatching) and
+# computes (purple). `run_case` places the operands, compiles, runs, compares with NumPy and prints.
 
 # %%
 I, J, K = 128, 256, 512  # noqa: E741  C[I, K] = A[I, J] @ B[J, K]; J is the contracting dimension
 A = rng.standard_normal((I, J)).astype(np.float32)
 B = rng.standard_normal((J, K)).astype(np.float32)
 C_ref = A @ B
+cases = {}  # name -> (a, b, c, compiled), for the summary and the TPU section
 
 
 def matmul(a, b):
     return a @ b
 
 
-a = jax.device_put(A, NamedSharding(mesh, P("data", None)))
-b = jax.device_put(B, NamedSharding(mesh, P(None, "model")))
-compiled = jax.jit(matmul).lower(a, b).compile()
-c = compiled(a, b)
+def run_case(name, spec_a, spec_b, out=None):
+    a = jax.device_put(A, NamedSharding(mesh, spec_a))
+    b = jax.device_put(B, NamedSharding(mesh, spec_b))
+    fixed = {} if out is None else {"out_shardings": NamedSharding(mesh, out)}
+    compiled = jax.jit(matmul, **fixed).lower(a, b).compile()
+    c = compiled(a, b)
+    assert_close(c, C_ref)
+    print(type_string(a), "@", type_string(b), "->", type_string(c))
+    print(collectives(compiled))
+    cases[name] = (a, b, c, compiled)
+    return a, b, c, collectives(compiled)
 
-print(type_string(a), "@", type_string(b), "->", type_string(c))
-print(collectives(compiled))
+
+def found(col):
+    """(kind, per-device result shape, group size) of each collective, in program order."""
+    return [(op.kind, op.shapes[0], op.group_size) for op in col.ops]
+
+
+# %% [markdown]
+# **Case 1: `J` whole on both sides.** `A` at `P('data', None)` is cut into row blocks, `B` at
+# `P(None, 'model')` into column blocks. Device `(d, m)` holds row block `d` of `A` and column block `m` of
+# `B`: all it needs for block `(d, m)` of `C`. Predict `C` at `P('data', 'model')` and no collectives.
+
+# %%
+a, b, c, col = run_case("1", P("data", None), P(None, "model"))
+assert found(col) == []
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
-assert collectives(compiled).count() == 0
-np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
+draw_matmul(a, b, c)
 
 # %% [markdown]
-# The seed's claim holds. In pictures: the row blocks of `A` and the column blocks of `B` meet in the
-# `(32, 256)` blocks of `C`, one per device.
+# **Case 2: `J` cut on one side.** `A` at `P('data', 'model')` cuts its `J` columns over `model`; `B` at
+# `P(None, 'model')` keeps `J` whole. Each device holds half of the `J` columns of its row block, so it
+# all-gathers the other half from its `model` neighbour (a group of 2), giving a `(32, 256)` block, then
+# multiplies locally: `C` at `P('data', 'model')`. No all-reduce: nothing is a partial sum, because `B`'s
+# `J` is whole.
 
 # %%
-fig = draw_shardings({"A": a, "B": b, "C = A @ B": c})
-labels = tile_labels(fig)  # panel by panel: A's 4 blocks, B's 2, then C's
-assert len(labels) == 4 + 2 + 8
-assert all("(32, 256)" in label for label in labels[-8:])  # C: 8 distinct (32, 256) blocks, one per device
-fig
-
-# %% [markdown]
-# ## 3. The four matmul cases: predict, compile, check
-#
-# For `C = A @ B` with `A: [I, J]`, `B: [J, K]`, what the compiler must move depends only on where the
-# **contracting dimension** `J` is cut:
-#
-# | case | layout | what must happen |
-# |---|---|---|
-# | 1 | no operand is sharded along `J` | each device multiplies its own blocks: **no communication** |
-# | 2 | one operand is sharded along `J`, the other is not | **all-gather** that operand along `J` first |
-# | 3 | both are sharded along `J` by the same mesh axis | local partial products, then **all-reduce** them (a **reduce-scatter** if the output must stay sharded) |
-# | 4 | both are sharded by the same mesh axis on their *non*-contracting dims (`I` and `K`) | the output cannot be sharded twice by one axis, so **all-gather one operand** |
-#
-# The textbook cost per device (ring algorithms, group of `N` devices): an all-gather sends
-# `(N-1)/N x` the bytes it produces, an all-reduce `2(N-1)/N x` its bytes, a reduce-scatter `(N-1)/N x`
-# its input. `collectives(compiled)` reads each collective's per-device result size (`result_bytes`),
-# group size and `estimated_bytes` from the compiled program; each cell below checks them against the formula
-# worked out by hand. Section 2 was case 1; record it for the summary table:
-
-# %%
-cases = []  # one row per case, for the summary table at the end of this section
-cases.append(("1", P("data", None), P(None, "model"), c, collectives(compiled), 0))
-
-# %% [markdown]
-# **Case 2: one side sharded on `J`.** The seed guide's "2D parallelism" section puts activations at
-# `P('data', 'model')` and weights at `P(None, 'model')` and says: "Compiler inserts all-reduce along
-# 'model' axis". Predict with the table instead. `A`'s `J` is cut over `model`, `B`'s `J` is whole: case 2.
-# Each device must first gather `A`'s two `J`-halves along `model` (a group of `N = 2`), giving a
-# `(32, 256)` block: 32 KiB produced, `(2-1)/2 x 32 KiB = 16 KiB` sent. Then it multiplies locally, and the
-# output is `P('data', 'model')`.
-
-# %%
-a = jax.device_put(A, NamedSharding(mesh, P("data", "model")))
-b = jax.device_put(B, NamedSharding(mesh, P(None, "model")))
-compiled = jax.jit(matmul).lower(a, b).compile()
-c = compiled(a, b)
-col = collectives(compiled)
-print(type_string(a), "@", type_string(b), "->", type_string(c))
-print(col)
-
-N = 2
-assert col.counts["all-gather"] == 1 and col.count() == 1  # an all-gather, and no all-reduce
-(op,) = col.ops
-assert (op.group_size, op.result_bytes) == (N, 32 * 256 * 4)
-assert op.estimated_bytes == (N - 1) / N * (32 * 256 * 4) == 16 * 1024
+a, b, c, col = run_case("2", P("data", "model"), P(None, "model"))
+assert found(col) == [("all-gather", (32, 256), 2)]
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
-np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
-cases.append(("2", P("data", "model"), P(None, "model"), c, col, (N - 1) / N * (32 * 256 * 4)))
+draw_matmul(a, b, c)
 
 # %% [markdown]
-# The seed gets the output sharding right and the collective wrong: the compiled program gathers the
-# activations and all-reduces nothing. An all-reduce is what case 3 needs.
-#
-# **Case 3: both sides sharded on `J` by the same axis.** This is the second layer of a tensor-parallel
-# MLP: `A` at `P(None, 'model')`, `B` at `P('model', None)`. Each device holds matching halves of `J`, so it
-# can compute a partial product of the full `(128, 512)` shape; the true `C` is the sum of the two partial
-# products. Prediction: one all-reduce over `model` (`N = 2`) of `128 x 512 x 4 = 256 KiB`, sending
-# `2(2-1)/2 x 256 KiB = 256 KiB`, and a replicated output.
+# **Case 3: `J` cut on both sides by the same axis.** `A` at `P(None, 'model')`, `B` at `P('model', None)`:
+# the second layer of a tensor-parallel MLP. Each device holds matching halves of `J` and computes a partial
+# product of the full `(128, 512)` shape; `C` is the sum of the two. Predict one all-reduce over `model`
+# (a group of 2) and `C` replicated.
 
 # %%
-a = jax.device_put(A, NamedSharding(mesh, P(None, "model")))
-b = jax.device_put(B, NamedSharding(mesh, P("model", None)))
-compiled = jax.jit(matmul).lower(a, b).compile()
-c = compiled(a, b)
-col = collectives(compiled)
-print(type_string(a), "@", type_string(b), "->", type_string(c))
-print(col)
-
-N = 2
-assert col.counts["all-reduce"] == 1 and col.count() == 1
-(op,) = col.ops
-assert (op.group_size, op.result_bytes) == (N, I * K * 4)
-assert op.estimated_bytes == 2 * (N - 1) / N * (I * K * 4) == 256 * 1024
+a, b, c, col = run_case("3", P(None, "model"), P("model", None))
+assert found(col) == [("all-reduce", (128, 512), 2)]
 assert c.sharding.is_fully_replicated
-np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
-cases.append(("3", P(None, "model"), P("model", None), c, col, 2 * (N - 1) / N * (I * K * 4)))
+draw_matmul(a, b, c)
 
 # %% [markdown]
-# **Case 3 with a sharded output.** Now add `data` to `A`'s rows and ask for `C` at `P('data', 'model')`
-# with `jax.lax.with_sharding_constraint` (section 5 says more about it). Each device's partial product is
-# `(32, 512)`, but it keeps only a `(32, 256)` block of the sum: a reduce-scatter's job, which sends
-# `(N-1)/N x` its input, half of what an all-reduce sends.
-#
-# The CPU backend shows you the two steps the partitioner wrote: an **all-reduce** of the `(32, 512)`
-# partial products, then a local `dynamic-slice` that keeps each device's half. GPU and TPU compilers run a
-# pass that fuses that pair into one `reduce-scatter`; the CPU compiler does not, so on CPU the cost is the
-# all-reduce's.
+# **Case 3 with `C` cut.** Add `data` to `A`'s rows and fix `C` at `P('data', 'model')` with
+# `jax.jit(matmul, out_shardings=...)` (notebook 05 covers the ways to ask for a layout). Each device's
+# partial product is `(32, 512)`, but it keeps only a `(32, 256)` block of the sum: a reduce-scatter's job.
+# On the CPU backend the partitioner's two steps stay separate: an **all-reduce** of the `(32, 512)`
+# partial products, then a local `dynamic-slice` that keeps each device's half. GPU and TPU compilers have
+# a pass that fuses the pair into one reduce-scatter; section 4 shows it on a TPU.
 
 # %%
-a = jax.device_put(A, NamedSharding(mesh, P("data", "model")))
-b = jax.device_put(B, NamedSharding(mesh, P("model", None)))
-
-
-def matmul_to_data_model(a, b):
-    return jax.lax.with_sharding_constraint(a @ b, NamedSharding(mesh, P("data", "model")))
-
-
-compiled = jax.jit(matmul_to_data_model).lower(a, b).compile()
-c = compiled(a, b)
-col = collectives(compiled)
-print(type_string(a), "@", type_string(b), "->", type_string(c))
-print(col)
-
-N = 2
-(op,) = col.ops
-assert op.kind == "all-reduce" and (op.group_size, op.result_bytes) == (N, 32 * 512 * 4)
-assert c.sharding.shard_shape(c.shape) == (32, 256)  # each device keeps half of what was reduced
-assert "dynamic-slice" in compiled.as_text()  # ... cut out locally after the all-reduce
-reduce_scatter_bytes = (N - 1) / N * (32 * 512 * 4)  # what a fused reduce-scatter would send
-assert op.estimated_bytes == 2 * (N - 1) / N * (32 * 512 * 4) == 2 * reduce_scatter_bytes
-print(f"all-reduce + slice sends {format_bytes(op.estimated_bytes)}; a reduce-scatter would send "
-      f"{format_bytes(reduce_scatter_bytes)}")
-np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
-cases.append(("3'", P("data", "model"), P("model", None), c, col, 2 * (N - 1) / N * (32 * 512 * 4)))
+a, b, c, col = run_case("3'", P("data", "model"), P("model", None), out=P("data", "model"))
+assert c.sharding.shard_shape(c.shape) == (32, 256)  # each device keeps half of the (32, 512) it summed
+if CPU:
+    assert found(col) == [("all-reduce", (32, 512), 2)]
+    assert "dynamic-slice" in cases["3'"][3].as_text()  # ... and cuts its half out locally
+else:  # the backend's own form: a reduce-scatter where its compiler fuses the pair
+    assert len(col.ops) == 1 and col.ops[0].kind in ("reduce-scatter", "all-reduce") and col.ops[0].group_size == 2
+draw_matmul(a, b, c)
 
 # %% [markdown]
-# **Case 4: both sides sharded by the same axis, on non-contracting dims.** `A` at `P('data', None)` cuts
-# `I` over `data`; `B` at `P(None, 'data')` cuts `K` over `data`. The output would be `P('data', 'data')`,
-# which is illegal: a mesh axis can cut only one dimension. So one operand must be gathered along `data`
-# (`N = 4`). Gathering `A` (128 KiB) costs less than gathering `B` (512 KiB); predict that the compiler
-# gathers `A`, sends `(4-1)/4 x 128 KiB = 96 KiB`, and keeps `B`'s layout for the output: `P(None, 'data')`.
+# **Case 4: one axis cuts `I` and `K`.** `A` at `P('data', None)`, `B` at `P(None, 'data')`. The natural
+# output, `P('data', 'data')`, is illegal: a mesh axis can cut only one dimension. So one operand is
+# gathered along `data` (a group of 4). Gathering `A` (128 KiB) is cheaper than gathering `B` (512 KiB):
+# predict an all-gather of the whole of `A`, and `C` at `P(None, 'data')`, like `B`.
 
 # %%
-a = jax.device_put(A, NamedSharding(mesh, P("data", None)))
-b = jax.device_put(B, NamedSharding(mesh, P(None, "data")))
-compiled = jax.jit(matmul).lower(a, b).compile()
-c = compiled(a, b)
-col = collectives(compiled)
-print(type_string(a), "@", type_string(b), "->", type_string(c))
-print(col)
-
-N = 4
-(op,) = col.ops
-assert op.kind == "all-gather" and op.group_size == N
-assert op.result_bytes == A.nbytes  # the whole of A lands on every device
-assert op.estimated_bytes == (N - 1) / N * A.nbytes == 96 * 1024
+a, b, c, col = run_case("4", P("data", None), P(None, "data"))
+assert found(col) == [("all-gather", (I, J), 4)]  # the whole of A on every device
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "data")), 2)
-np.testing.assert_allclose(np.asarray(c), C_ref, rtol=1e-4, atol=1e-4)
-cases.append(("4", P("data", None), P(None, "data"), c, col, (N - 1) / N * A.nbytes))
+draw_matmul(a, b, c)
 
 # %% [markdown]
-# The summary, printed from the measurements above. The last column is the formula you worked out by
-# hand; the one before it is what the compiled programs send.
+# The summary. `matmul_traffic` computes the textbook plan the pictures show; the compiled column is what
+# the programs contain. The last column is an **estimate** from the ring formulas, per device: an
+# all-gather sends `(N-1)/N x` its result, an all-reduce `2(N-1)/N x`, a reduce-scatter `(N-1)/N x` its
+# input, for a group of `N` devices.
 
 # %%
-print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<25}{'collectives':<14}{'moved':>10}{'formula':>10}")
-for name, spec_a, spec_b, out, col, formula in cases:
-    kinds = ", ".join(f"{n} {k}" for k, n in col.counts.items() if n) or "none"
-    print(f"{name:<5}{spec_a!s:<20}{spec_b!s:<20}{type_string(out):<25}{kinds:<14}"
-          f"{format_bytes(col.estimated_bytes):>10}{format_bytes(formula):>10}")
-    assert col.estimated_bytes == formula
-assert [sorted(col.kinds) for *_, col, _ in cases] == [[], ["all-gather"], ["all-reduce"], ["all-reduce"],
-                                                       ["all-gather"]]
+print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'ring estimate':>13}")
+for name, (a, b, c, compiled) in cases.items():
+    col = collectives(compiled)
+    plan = matmul_traffic(A.shape, a.sharding, B.shape, b.sharding, c.sharding).collectives
+    shown = ", ".join(f"{op.kind} {op.result_type}" for op in col.ops) or "none"
+    print(f"{name:<5}{a.sharding.spec!s:<20}{b.sharding.spec!s:<20}{c.sharding.spec!s:<20}"
+          f"{', '.join(plan) or 'none':<16}{shown:<26}{format_bytes(col.estimated_bytes):>13}")
+    kinds = tuple(op.kind for op in col.ops)
+    assert kinds == plan or (plan, kinds) == (("reduce-scatter",), ("all-reduce",))  # CPU: all-reduce + slice
 
 # %% [markdown]
-# **Rules of thumb, not laws.** The table says what *must* move; the compiler picks *how*, and you only
-# know by compiling. Two layouts where it did something you might not predict:
-#
-# - `A: P('data', None) @ B: P('model', None)` looks like case 2 (only `B` is cut along `J`), which
-#   suggests gathering `B`. But `A`'s `J` is whole on every device, so each device can take the `J`-half
-#   that matches its `B` half for free, which turns it into case 3. The compiler does that and all-reduces
-#   a `(32, 512)` partial product (64 KiB sent) instead of gathering `B` (256 KiB sent).
-# - `A: P('model', None) @ B: P(None, 'model')` is case 4 on the `model` axis. Gathering `A` along `model`
-#   would send 64 KiB. The compiled program first moves 32-row pieces of `A` with a `collective-permute`,
-#   then all-gathers along `data` (4 devices): 128 KiB in all.
+# **The table says what must move; the compiler picks how.** `A` at `P('data', None)` with `B` at
+# `P('model', None)` looks like case 2 (only `B` cuts `J`): gather `B`, ring estimate 256 KiB per device.
+# But `A`'s `J` is whole on every device, so each device can slice out, for free, the half that matches its
+# rows of `B`, which turns it into case 3. The compiler does that and all-reduces a `(32, 512)` partial
+# product instead (ring estimate 64 KiB). Compile and count; do not guess.
 
 # %%
-a = jax.device_put(A, NamedSharding(mesh, P("data", None)))
-b = jax.device_put(B, NamedSharding(mesh, P("model", None)))
-col = collectives(jax.jit(matmul).lower(a, b).compile())
-print(f"{type_string(a)} @ {type_string(b)}\n{col}\n")
-assert col.kinds == {"all-reduce"} and col.ops[0].result_bytes == 32 * 512 * 4
-assert col.estimated_bytes < (2 - 1) / 2 * B.nbytes  # cheaper than all-gathering B along model
-
-a = jax.device_put(A, NamedSharding(mesh, P("model", None)))
-b = jax.device_put(B, NamedSharding(mesh, P(None, "model")))
-col = collectives(jax.jit(matmul).lower(a, b).compile())
-print(f"{type_string(a)} @ {type_string(b)}\n{col}")
-assert col.kinds == {"collective-permute", "all-gather"}
-assert col.estimated_bytes == 128 * 1024 > (2 - 1) / 2 * A.nbytes  # more than one all-gather along model
+a, b, c, col = run_case("2 or 3?", P("data", None), P("model", None))
+del cases["2 or 3?"]
+assert found(col) == [("all-reduce", (32, 512), 2)]
+assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)
 
 # %% [markdown]
-# ## 4. When two inputs disagree, the compiler reshards
+# ## 3. Reading the compiled program
 #
-# Inside `jit`, nothing stops you from combining arrays with different shardings: the compiler picks a
-# layout for the result and moves whatever does not fit. Sometimes that is free. `x` at `P('data', None)`
-# plus `y` at `P(None, 'model')`: device `(d, m)` holds row block `d` of `x` and column block `m` of `y`,
-# both contain block `(d, m)`, so each device cuts that block out of what it has. Predict: output
-# `P('data', 'model')`, no collectives.
+# `collectives()` reads `compiled.as_text()`, the per-device HLO after partitioning. Here is the line of
+# case 3''s all-reduce, up to its metadata:
+
+# %%
+def hlo_line(compiled, op):
+    """The line of compiled.as_text() that defines collective `op`, without its metadata."""
+    line = next(s.strip() for s in compiled.as_text().splitlines() if f"%{op.name} = " in s)
+    return re.sub(r", (frontend_attributes|metadata|backend_config)=.*", "", line)
+
+
+compiled = cases["3'"][3]
+op = collectives(compiled).ops[0]
+line = hlo_line(compiled, op)
+print(line)
+
+# %% [markdown]
+# Read it left to right: `f32[32,512]` is each device's result, its summed partial product;
+# `to_apply=%add.clone` makes the reduction a sum; `replica_groups` says which devices add together.
+# `[4,2]<=[8]` is XLA's compact ("iota") notation: number the program's 8 devices 0 to 7 in mesh order
+# (`mesh.devices.flat`; here, the device ids), lay them out as `[4,2]`, and each row is a group: {0,1},
+# {2,3}, {4,5}, {6,7}. Those are the mesh's rows, devices that differ only in their `model` index: a sum
+# over `model`. Groups along `data` are the mesh's columns, written with a transpose: `[2,4]<=[4,2]T(1,0)`
+# lays out 0 to 7 as `[4,2]`, transposes it, and reads 2 groups of 4: {0,2,4,6}, {1,3,5,7}. Other lines
+# name the mesh axes instead, `replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` (axis 1 is
+# `model`), or list the groups, `{{0,1},{2,3},...}`.
+
+# %%
+def iota_groups(text):
+    """XLA's iota replica groups, '[4,2]<=[8]' or '[2,4]<=[4,2]T(1,0)', as a list of groups."""
+    shape, dims, perm = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text).groups()
+    numbers = np.arange(8).reshape([int(d) for d in dims.split(",")])
+    if perm:
+        numbers = numbers.transpose([int(p) for p in perm.split(",")])
+    return numbers.reshape([int(s) for s in shape.split(",")]).tolist()
+
+
+positions = np.arange(8).reshape(mesh.devices.shape)  # the program's device numbers, laid out as the mesh
+groups = re.search(r"replica_groups=(.+?), (?:use_global_device_ids|to_apply|dimensions)", line).group(1)
+print("replica_groups:", groups, "| mesh positions:", positions.tolist())
+assert iota_groups("[4,2]<=[8]") == positions.tolist()  # the rows: groups over 'model'
+assert iota_groups("[2,4]<=[4,2]T(1,0)") == positions.T.tolist()  # the columns: groups over 'data'
+assert op.group_size == 2
+if CPU:  # how the CPU compiler writes this program's groups
+    assert groups == "[4,2]<=[8]"
+
+# %% [markdown]
+# The compiled program also knows each device's memory. `compiled.memory_analysis()` returns the
+# compiler's figures in bytes, per device. For case 4: the arguments are the device's blocks of `A` and
+# `B`, the output its block of `C`, and the temporaries hold the gathered `A`.
+
+# %%
+compiled = cases["4"][3]
+stats = compiled.memory_analysis()
+print(f"{type(stats).__name__}: argument_size_in_bytes={stats.argument_size_in_bytes:,}, "
+      f"output_size_in_bytes={stats.output_size_in_bytes:,}, temp_size_in_bytes={stats.temp_size_in_bytes:,}")
+assert stats.argument_size_in_bytes == (32 * 256 + 256 * 128) * 4  # A's (32, 256) block + B's (256, 128)
+assert stats.output_size_in_bytes == 128 * 128 * 4  # C's (128, 128) block
+if CPU:  # the CPU compiler keeps the gathered A in a temporary buffer
+    assert stats.temp_size_in_bytes == A.nbytes
+print(memory_per_device(compiled))  # the same fields, read by the course's helper from here on
+
+# %% [markdown]
+# ## 4. The same programs for a TPU v5e-8, compiled without one
+#
+# JAX compiles ahead of time for a TPU it does not have: `jax.experimental.topologies` describes a v5e-8
+# (`v5e:2x4`), you build the same mesh from its devices, describe the inputs as
+# `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`, and compile. Nothing runs, but the program, its
+# collectives and its memory can be read. This needs libtpu, the TPU compiler (Linux only); notebook 15
+# does more with it.
+
+# %%
+ok, why = tpu_compiler_available()
+print(why)
+tpu = {}  # case -> the TPU program
+if ok:
+    with quiet():  # libtpu writes start-up warnings to stderr
+        topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
+    tpu_mesh = Mesh(np.array(topo.devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    for name, (a, b, c, _) in cases.items():
+        args = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(tpu_mesh, v.sharding.spec))
+                for v in (a, b)]
+        fixed = {"out_shardings": NamedSharding(tpu_mesh, c.sharding.spec)} if name == "3'" else {}
+        with quiet():
+            tpu[name] = jax.jit(matmul, **fixed).lower(*args).compile()
+    print(topo.devices[0].device_kind, "x", len(topo.devices), "| compiled:", list(tpu))
+
+# %% [markdown]
+# Case 3', side by side: on the TPU the partial products are **reduce-scattered**, and each chip receives
+# only its `(32, 256)` block of the sum. The TPU compiler writes it as a fusion that calls a computation
+# named `all-reduce-scatter`; `collectives()` counts that as one reduce-scatter. Its ring estimate is half
+# the all-reduce's.
+
+# %%
+if ok:
+    here, there = collectives(cases["3'"][3]), collectives(tpu["3'"])
+    print(f"{jax.default_backend()}, {jax.device_count()} devices:\n{here}\n\nTPU v5e-8:\n{there}\n")
+    fusion = hlo_line(tpu["3'"], there.ops[0])
+    print(fusion)
+    print(memory_per_device(tpu["3'"]))
+    assert found(there) == [("reduce-scatter", (32, 256), 2)]
+    assert "calls=%all-reduce-scatter" in fusion
+    if CPU:
+        assert found(here) == [("all-reduce", (32, 512), 2)]
+        assert there.estimated_bytes == here.estimated_bytes / 2
+
+# %% [markdown]
+# The four cases on both backends:
+
+# %%
+tpu_expected = {"1": [], "2": [("all-gather", (32, 256), 2)], "3": [("all-reduce", (128, 512), 2)],
+                "3'": [("reduce-scatter", (32, 256), 2)], "4": [("all-gather", (128, 256), 4)]}
+if ok:
+    print(f"{'case':<6}{jax.default_backend():<32}{'TPU v5e-8':<32}")
+    for name, (*_, compiled) in cases.items():
+        here, there = collectives(compiled), collectives(tpu[name])
+        print(f"{name:<6}" + "".join(f"{', '.join(f'{op.kind} {op.result_type}' for op in c.ops) or 'none':<32}"
+                                      for c in (here, there)))
+        assert found(there) == tpu_expected[name]
+        if CPU and name != "3'":
+            assert found(here) == found(there)  # the same kinds, shapes and groups on both
+
+# %% [markdown]
+# The same collectives, shapes and groups, except case 3'. The TPU gathers `bf16`, though: it converts
+# `f32` matmul operands to `bfloat16` before gathering them (its default matmul precision), half the bytes.
+#
+# ## 5. When two inputs disagree, the compiler reshards
+#
+# Inside `jit` you may combine arrays sharded differently: propagation picks one sharding for the result,
+# and the partitioner moves whatever does not fit it. Add `x` at `P('data', None)` to `y` in five layouts:
 
 # %%
 x = jax.device_put(X, NamedSharding(mesh, P("data", None)))
-y = jax.device_put(X, NamedSharding(mesh, P(None, "model")))
 
 
 def add(x, y):
     return x + y
 
 
-compiled = jax.jit(add).lower(x, y).compile()
-s = compiled(x, y)
-print(type_string(x), "+", type_string(y), "->", type_string(s))
-assert s.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
-assert collectives(compiled).count() == 0
-np.testing.assert_allclose(np.asarray(s), 2 * X, rtol=1e-6)
-fig = draw_shardings({"x": x, "y": y, "z = x + y": s})  # panels come in the names' sorted order
-assert all("(32, 256)" in label for label in tile_labels(fig)[-8:])  # z: one (32, 256) block per device
-fig
+results = {}
+print(f"{'y':<20}{'x + y':<20}{'collectives (result, group)':<52}{'ring estimate':>13}")
+for spec in [P("data", "model"), P(), P(None, "model"), P(None, "data"), P("model", None)]:
+    y = jax.device_put(X, NamedSharding(mesh, spec))
+    compiled = jax.jit(add).lower(x, y).compile()
+    s = compiled(x, y)
+    col = collectives(compiled)
+    results[str(spec)] = (y, s, col)
+    shown = ", ".join(f"{op.kind} {op.result_type}/{op.group_size}" for op in col.ops) or "none"
+    print(f"{spec!s:<20}{s.sharding.spec!s:<20}{shown:<52}{format_bytes(col.estimated_bytes):>13}")
+    assert_close(s, 2 * X)
+
+for spec, out in [("P('data', 'model')", P("data", "model")), ("P()", P("data", None)),
+                  ("P(None, 'model')", P("data", "model"))]:
+    y, s, col = results[spec]
+    assert col.count() == 0 and s.sharding.is_equivalent_to(NamedSharding(mesh, out), 2)  # free: a local slice
+assert results["P('model', None)"][1].sharding.is_fully_replicated
+if CPU:  # the routes the partitioner took, as the CPU compiler writes them
+    assert found(results["P(None, 'data')"][2]) == [("all-to-all", (1, 32, 128), 4)]
+    assert found(results["P('model', None)"][2]) == [("all-gather", (128, 512), 4), ("all-gather", (128, 512), 2)]
 
 # %% [markdown]
-# Change `y` to `P('model', None)`: now both operands cut the rows, over different axes, and no device
-# holds matching blocks. The compiler gathers **both** to full copies and adds replicated arrays: an
-# all-gather over `data` (`3/4 x 256 KiB`) plus one over `model` (`1/2 x 256 KiB`), 320 KiB sent per device.
+# - `P('data', 'model')`, `P()`, `P(None, 'model')`: every device already holds its block of `y`, or more,
+#   and slices it locally: nothing moves. With `P(None, 'model')` the result takes both cuts,
+#   `P('data', 'model')`; the picture below shows why.
+# - `P(None, 'data')`: `y` cuts columns where `x` cuts rows, over the same axis. One all-to-all among the 4
+#   devices of each `data` group gives each device its row block of `y`; each device sends 3 of its 4 pieces.
+# - `P('model', None)`: both cut rows, over different axes, and no device holds matching blocks. The compiler
+#   gathers both to full copies and adds replicated arrays: the whole result on every device, the most
+#   expensive of the five.
 
 # %%
-z = jax.device_put(X, NamedSharding(mesh, P("model", None)))
-compiled = jax.jit(add).lower(x, z).compile()
-s = compiled(x, z)
-col = collectives(compiled)
-print(type_string(x), "+", type_string(z), "->", type_string(s))
-print(col)
-assert col.counts["all-gather"] == 2 and col.count() == 2
-assert sorted(op.group_size for op in col.ops) == [2, 4]
-assert col.estimated_bytes == 3 / 4 * X.nbytes + 1 / 2 * X.nbytes == 320 * 1024
-assert s.sharding.is_fully_replicated
+y, s, _ = results["P(None, 'model')"]
+draw_shardings({"x": x, "y": y, "x + y": s})
 
 # %% [markdown]
-# **Pinned input shardings.** `in_shardings=` tells `jit` the layout an argument must have. An array you
-# placed yourself with `device_put` is *committed* to its sharding, and `jit` refuses to move it for you:
-# `ValueError: Sharding passed to jit does not match the sharding on the respective arg`. A NumPy array
-# (or any uncommitted input) is simply transferred with the requested layout.
+# **A committed input must match `in_shardings`.** `jax.jit(f, in_shardings=...)` fixes the layout an
+# argument must have. An array you placed with `device_put` is *committed* to its sharding, and `jit` will not
+# reshard it for you: it raises `ValueError`. A NumPy array is placed as asked.
 
 # %%
 double_by_columns = jax.jit(lambda v: v * 2, in_shardings=NamedSharding(mesh, P(None, "model")))
@@ -380,278 +442,20 @@ except ValueError as err:
     raised.append(type(err).__name__)
     print("ValueError:", str(err).split(". Got")[0])
 assert raised == ["ValueError"]
-
-from_numpy = double_by_columns(X)  # uncommitted: placed as P(None, 'model') on the way in
-assert from_numpy.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "model")), 2)
-
-# The fix: move the committed array first (an eager device_put outside jit does reshard), then call.
-x_cols = jax.device_put(x, NamedSharding(mesh, P(None, "model")))
+assert double_by_columns(X).sharding.is_equivalent_to(NamedSharding(mesh, P(None, "model")), 2)  # NumPy: placed
+x_cols = jax.device_put(x, NamedSharding(mesh, P(None, "model")))  # the fix: move it first, outside jit
 assert double_by_columns(x_cols).sharding.is_equivalent_to(x_cols.sharding, 2)
-print("after device_put:", type_string(x_cols))
-
-# %% [markdown]
-# ## 5. Asking for a layout inside `jit`
-#
-# ### Gotcha: `device_put` inside `jit` does not reshard
-#
-# The seed guide's "Resharding Arrays" section claims "JAX automatically reshard arrays when needed" with
-# this function, and that "JAX inserts collective operations to reshard". On the course's mesh `P('model')`
-# means: rows cut over `model`. Run it as written:
-
-# %%
-x_data = jax.device_put(X, NamedSharding(mesh, P("data")))
-
-
-@jax.jit
-def process(x):
-    # Automatic reshard! (the seed's comment)
-    y = jax.device_put(x, NamedSharding(mesh, P("model")))
-    return y * 2
-
-
-result = process(x_data)
-print("asked for:", type_string(X.shape, NamedSharding(mesh, P("model"))))
-print("got:      ", type_string(result))
-lowered_text = process.lower(x_data).as_text()
-assert result.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)  # still P('data', None)
-assert not result.sharding.is_equivalent_to(NamedSharding(mesh, P("model", None)), 2)
-assert "sharding_constraint" not in lowered_text  # nothing in the program asks for P('model')
-assert collectives(process.lower(x_data).compile()).count() == 0  # nothing moved
-np.testing.assert_allclose(np.asarray(result), 2 * X, rtol=1e-6)  # the values are right, only the layout is not
-
-
-# %% [markdown]
-# The values are right, but the layout never changed. On an Auto mesh, `jax.device_put` inside a traced
-# function lowers to nothing (the lowered program above holds no sharding op), so the compiler never hears
-# about `P('model')`. Outside `jit`, `device_put` moves data (section 4 used that); inside, use one of the
-# tools below.
-#
-# ### Fix on Auto axes: `jax.lax.with_sharding_constraint`
-#
-# A sharding constraint pins the layout of one intermediate value; propagation and resharding work around
-# it. Going from row blocks over `data` (32 rows) to row blocks over `model` (64 rows), each device gets
-# its 64 rows from two devices: the compiled program moves 32-row pieces with a `collective-permute`,
-# then all-gathers pairs along `model`.
-
-# %%
-@jax.jit
-def process_fixed(x):
-    y = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("model")))
-    return y * 2
-
-
-lowered = process_fixed.lower(x_data)
-assert "sharding_constraint" in lowered.as_text()  # this time the program carries the request
-compiled = lowered.compile()
-result = compiled(x_data)
-col = collectives(compiled)
-print("got:", type_string(result))
-print(col)
-assert result.sharding.is_equivalent_to(NamedSharding(mesh, P("model", None)), 2)
-assert result.sharding.shard_shape(result.shape) == (64, 512)
-assert col.kinds == {"collective-permute", "all-gather"}
-np.testing.assert_allclose(np.asarray(result), 2 * X, rtol=1e-6)
-fig = draw_shardings({"in: x_data": x_data, "out: process_fixed(x_data)": result})
-assert tile_labels(fig)[-2:] == ["dev 0,2,4,6\n(64, 512)\n128.0 KiB\n4 copies", "dev 1,3,5,7\n(64, 512)\n128.0 KiB\n4 copies"]
-fig
-
-# %% [markdown]
-# **What a reshard costs depends on the pair of layouts.** Constrain the same `P('data', None)` array to
-# five targets and measure each program:
-#
-# - `P('data', 'model')` only narrows each block: every device slices locally, nothing is sent;
-# - `P(None, 'data')` swaps which dimension `data` cuts: one **all-to-all** among the 4 devices of each
-#   `data` group, each sending 3 of its 4 pieces;
-# - `P(None, 'model')` moves the cut to the other dimension *and* axis: the partitioner finds no direct
-#   route, gathers the **whole array** on every device and slices it. XLA's C++ code says so on the
-#   process's stderr: `[SPMD] Involuntary full rematerialization. The compiler cannot go from sharding ...
-#   to ... efficiently`. That warning is the one to look for in real programs: it means a full copy of a
-#   tensor on every device. Jupyter shows it in the cell or only in the terminal that runs the server,
-#   depending on the setup, so the cell below catches it from file descriptor 2 to check it;
-# - `P()` replicates: one all-gather of the whole array, asked for, so no warning.
-
-# %%
-import re
-
-from utils import compile_with_log  # lowered.compile(), plus what XLA's C++ code wrote to stderr meanwhile
-
-targets = {
-    "P('data', 'model')": (P("data", "model"), set(), 0),
-    "P(None, 'data')": (P(None, "data"), {"all-to-all"}, 3 / 4 * (X.nbytes // 4)),
-    "P('model', None)": (P("model", None), {"collective-permute", "all-gather"}, 128 * 1024),
-    "P(None, 'model')": (P(None, "model"), {"all-gather"}, 3 / 4 * X.nbytes),
-    "P()": (P(), {"all-gather"}, 3 / 4 * X.nbytes),
-}
-warned = []
-print(f"{'P(data, None) ->':<20}{'collectives':<36}{'moved':>10}")
-for name, (spec, kinds, moved) in targets.items():
-    reshard_to = lambda v, spec=spec: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, spec))
-    compiled, log = compile_with_log(jax.jit(reshard_to).lower(x))
-    col = collectives(compiled)
-    print(f"{name:<20}{', '.join(sorted(col.kinds)) or 'none':<36}{format_bytes(col.estimated_bytes):>10}")
-    assert col.kinds == kinds and col.estimated_bytes == moved
-    assert compiled(x).sharding.is_equivalent_to(NamedSharding(mesh, spec), 2)
-    if "Involuntary full rematerialization" in log:
-        warned.append(name)
-        full_copy, warning = col.ops[0], log
-assert warned == ["P(None, 'model')"]
-assert full_copy.result_bytes == X.nbytes  # the full rematerialization: all 256 KiB on every device
-print("\nstderr while compiling the P(None, 'model') reshard (the key sentences):")
-print(" ", re.search(r"\[SPMD\] Involuntary full rematerialization\.", warning).group())
-print(" ", re.search(r"As the last resort.*?inefficient\.", warning).group())
-
-# %% [markdown]
-# ### On Explicit axes: `jax.reshard`
-#
-# On a mesh whose axes are **Explicit**, a sharding is part of the array's type (section 6), and the tool
-# that changes it is `jax.reshard`, inside or outside `jit`. It is rejected on Auto axes, with an error that
-# says why.
-
-# %%
-emesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-xe = jax.device_put(X, NamedSharding(emesh, P("data", None)))
-
-resharded = jax.jit(lambda v: jax.reshard(v, NamedSharding(emesh, P("model", None))))(xe)
-print("Explicit:", jax.typeof(xe), "->", jax.typeof(resharded))
-assert str(jax.typeof(resharded)) == "float32[128@model,512]"
-np.testing.assert_array_equal(np.asarray(resharded), X)
-
-errors = []
-try:
-    jax.jit(lambda v: jax.reshard(v, NamedSharding(mesh, P("model", None))))(x)
-except ValueError as err:
-    errors.append("reshard on Auto")
-    print("Auto: ValueError:", str(err).split(". This error")[0].split(". Got")[0])
-try:
-    jax.jit(lambda v: jax.lax.with_sharding_constraint(v, NamedSharding(emesh, P("model", None))))(xe)
-except ValueError as err:
-    errors.append("constraint on Explicit")
-    print("Explicit: ValueError:", str(err).split(". Got")[0])
-assert errors == ["reshard on Auto", "constraint on Explicit"]
-
-# %% [markdown]
-# | inside `jit`, to change a layout | Auto axes | Explicit axes |
-# |---|---|---|
-# | `jax.device_put(x, sharding)` | **silently ignored** | reshards |
-# | `jax.lax.with_sharding_constraint(x, sharding)` | reshards | `ValueError` |
-# | `jax.reshard(x, sharding)` | `ValueError` | reshards |
-#
-# (`device_put` inside `jit` does reshard on Explicit axes, because there the sharding is part of the type;
-# checked in the next cell.)
-
-# %%
-moved_by_put = jax.jit(lambda v: jax.device_put(v, NamedSharding(emesh, P("model", None))))(xe)
-print(jax.typeof(moved_by_put))
-assert str(jax.typeof(moved_by_put)) == "float32[128@model,512]"
-
-# %% [markdown]
-# ## 6. Explicit mode: the sharding is in the type
-#
-# On Explicit axes, `jax.typeof` prints the sharding as part of the type, in the notation this course
-# uses (`type_string` writes the same for any mesh; on an Auto mesh `jax.typeof` shows only
-# `float32[128,512]`).
-
-# %%
-print("Explicit:", jax.typeof(xe), "  type_string:", type_string(xe))
-print("Auto:    ", jax.typeof(x), "       type_string:", type_string(x))
-assert str(jax.typeof(xe)) == "float32[128@data,512]"
-assert str(jax.typeof(x)) == "float32[128,512]"
-
-# %% [markdown]
-# Because the sharding is in the type, JAX computes it for every intermediate **while tracing**, before
-# the compiler sees anything. Print the types from inside a jitted function: the print runs once, at trace
-# time. The `(128, 512) @ (512, 256)` product follows case 1; the sum over rows then crosses the `data` cut,
-# so it needs an all-reduce over `data`, and the result keeps only `model`.
-
-# %%
-W = rng.standard_normal((512, 256)).astype(np.float32)
-we = jax.device_put(W, NamedSharding(emesh, P(None, "model")))
-trace_types = []
-
-
-@jax.jit
-def layer_sum(x, w):
-    h = x @ w
-    total = h.sum(axis=0)
-    for name, value in [("x", x), ("w", w), ("h = x @ w", h), ("h.sum(axis=0)", total)]:
-        print(f"{name:<14}{jax.typeof(value)}")
-        trace_types.append(str(jax.typeof(value)))
-    return total
-
-
-compiled = layer_sum.lower(xe, we).compile()
-col = collectives(compiled)
-print(col)
-assert trace_types == ["float32[128@data,512]", "float32[512,256@model]", "float32[128@data,256@model]",
-                       "float32[256@model]"]
-assert col.kinds == {"all-reduce"} and col.ops[0].group_size == 4
-np.testing.assert_allclose(np.asarray(compiled(xe, we)), (X @ W).sum(axis=0), rtol=1e-4, atol=1e-3)
-
-# %% [markdown]
-# ### Ambiguous matmuls are type errors
-#
-# Case 3 needs a decision the operands cannot make: after the partial products, should the sum be
-# replicated, or cut, and how? On Auto axes the compiler picks (section 3 got a replicated output). On
-# Explicit axes JAX refuses to guess and raises `ShardingTypeError` at trace time. Case 4's
-# `P('model', None) @ P(None, 'model')`, whose output would be cut twice by `model`, is a type error too.
-# `ShardingTypeError` is not exported by a public module (it lives in `jax._src.core`), so catch it by
-# class name.
-
-# %%
-ae = jax.device_put(A, NamedSharding(emesh, P(None, "model")))
-be = jax.device_put(B, NamedSharding(emesh, P("model", None)))
-type_errors = []
-for left, right in [(ae, be),
-                    (jax.device_put(A, NamedSharding(emesh, P("model", None))),
-                     jax.device_put(B, NamedSharding(emesh, P(None, "model"))))]:
-    try:
-        jax.jit(matmul)(left, right)
-    except Exception as err:  # jax._src.core.ShardingTypeError
-        assert type(err).__name__ == "ShardingTypeError", err
-        type_errors.append(str(jax.typeof(left)) + " @ " + str(jax.typeof(right)))
-        print(f"{type_errors[-1]}\n  ShardingTypeError: {str(err).split('. Please')[0]}\n")
-assert len(type_errors) == 2
-
-
-# %% [markdown]
-# The fix is to say where the result goes, with `out_sharding=` on the matmul. For `P('data', None)` each
-# device only needs rows block `d` of the sum, so it multiplies just those rows (free: `A`'s rows are whole
-# on every device) and all-reduces a `(32, 512)` partial product over `model`.
-
-# %%
-def matmul_rows(a, b):
-    return jnp.matmul(a, b, out_sharding=NamedSharding(emesh, P("data", None)))
-
-
-compiled = jax.jit(matmul_rows).lower(ae, be).compile()
-ce = compiled(ae, be)
-col = collectives(compiled)
-print(jax.typeof(ae), "@", jax.typeof(be), "->", jax.typeof(ce))
-print(col)
-assert str(jax.typeof(ce)) == "float32[128@data,512]"
-(op,) = col.ops
-assert op.kind == "all-reduce" and (op.group_size, op.result_bytes) == (2, 32 * 512 * 4)
-np.testing.assert_allclose(np.asarray(ce), C_ref, rtol=1e-4, atol=1e-4)
-
-# %% [markdown]
-# Under `jax.set_mesh(emesh)` a bare `PartitionSpec` works too, and `jnp.dot` takes the same argument:
-
-# %%
-with jax.set_mesh(emesh):
-    ce_dot = jax.jit(lambda a, b: jnp.dot(a, b, out_sharding=P("data", None)))(ae, be)
-print(jax.typeof(ce_dot))
-assert str(jax.typeof(ce_dot)) == "float32[128@data,512]"
 
 # %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
-# `ex.reveal()` for the reference answer. The checkers compile on the `(4, 2)` Auto mesh of this notebook.
+# `ex.<name>.reveal()` for the reference answer. The checkers compile on a `(4, 2)` Auto mesh like this one.
 #
-# **Exercise 1 (predict the collective).** FSDP-style layout: activations `x: f32[128, 256]` at
-# `P(('data', 'model'), None)` and weights `w: f32[256, 512]` at `P(('data', 'model'), None)`, so both cut
-# their first dimension over all 8 devices. Which collectives does `jax.jit(lambda x, w: x @ w)` insert?
-# Answer with a dict of kind to count, e.g. `{'all-reduce': 2}`; leave out kinds that do not occur.
+# **Exercise 1 (predict the collective).** An FSDP layout: activations `x: f32[128, 256]` and weights
+# `w: f32[256, 512]`, both at `P(('data', 'model'), None)`, so both cut their first dimension over all 8
+# devices. Which collectives does `jax.jit(lambda x, w: x @ w)` insert? Answer with a dict of kind to
+# count, e.g. `{'all-reduce': 2}`; leave out kinds that do not occur.
 
 # %%
 from exercises import ex04_propagation_resharding as ex
@@ -660,38 +464,39 @@ answer_1 = NOT_ANSWERED  # e.g. {"all-gather": 1}
 ex.predict_collective.check(answer_1);
 
 # %% [markdown]
-# **Exercise 2 (predict the bytes).** In the program of exercise 1, how many bytes does each device send,
-# by the textbook ring formula? Work it out from the shapes.
+# **Exercise 2 (estimate the bytes).** In the program of exercise 1, how many bytes does each device send,
+# by the ring-formula estimate? Work it out from the shapes.
 
 # %%
 answer_2 = NOT_ANSWERED  # a number of bytes, e.g. 3 / 4 * 65536
 ex.predict_bytes.check(answer_2);
 
 # %% [markdown]
-# **Exercise 3 (write the constraint).** With `x` at `P('data', None)` and `w` at `P(None, 'model')`,
-# `x @ w` comes out `P('data', 'model')` (section 2). Write a function `constrain(y)` such that
-# `jax.jit(lambda x, w: constrain(x @ w))` returns `P(None, 'model')`. The checker runs it under
-# `jax.set_mesh` of the Auto mesh, so a bare `P(...)` works as well as `NamedSharding(mesh, ...)`.
+# **Exercise 3 (read the replica groups).** A program compiled on the `(4, 2)` mesh contains
+# `%all-gather = f32[64,256] all-gather(%wrapped_copy), replica_groups=[2,4]<=[4,2]T(1,0), dimensions={1}`.
+# Which devices gather together? Answer with a list of groups of device ids, e.g. `[{0, 1}, {2, 3}]`.
 
 # %%
-answer_3 = NOT_ANSWERED  # a function, e.g. lambda y: ...
-ex.write_constraint.check(answer_3);
+answer_3 = NOT_ANSWERED  # a list of sets of device ids
+ex.read_groups.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - Computation follows data: elementwise ops keep their input's sharding, and a matmul's output sharding
-#   follows from its operands'. `P('data', None) @ P(None, 'model')` gives `P('data', 'model')` with no
-#   communication.
-# - Where the contracting dimension is cut predicts the collective: nowhere, none; on one side, an
-#   all-gather; on both sides, an all-reduce (a reduce-scatter, fused on GPU/TPU, for a sharded output);
-#   one axis on both non-contracting dims, an all-gather of one operand. Compile and count to confirm: the
-#   compiler picks the route, and it can surprise you.
-# - Mismatched layouts inside `jit` are resharded for you, from free (a local slice) to a full copy on every
-#   device ("Involuntary full rematerialization" on stderr). Committed inputs that do not match
-#   `in_shardings` raise a `ValueError` instead.
-# - Inside `jit`, `jax.device_put` does not reshard on Auto axes. Use `jax.lax.with_sharding_constraint`
-#   on Auto axes and `jax.reshard` on Explicit axes.
-# - On Explicit axes the sharding is in the type (`float32[128@data,512]`), and a matmul whose output
-#   layout is ambiguous is a `ShardingTypeError` until you pass `out_sharding=`.
+# - Shardy propagates shardings from the inputs to every value; XLA's SPMD partitioner writes each device's
+#   program and inserts the collectives. Computation follows data: elementwise ops keep their input's
+#   sharding, and `P('data', None) @ P(None, 'model')` gives `P('data', 'model')` with nothing moved.
+# - Where the operands are cut predicts the collective: `J` whole, none; `J` cut on one side, an
+#   all-gather; on both, an all-reduce (a reduce-scatter when `C` stays cut); one axis on `I` and `K`, an
+#   all-gather of one operand. The compiler picks the route: compile and count.
+# - The HLO line states kind, per-device shape and replica groups (`[4,2]<=[8]`: the mesh's rows, a group
+#   over `model`); `compiled.memory_analysis()` gives bytes per device. Byte counts from the ring formulas
+#   are estimates.
+# - The CPU backend writes a reduce-scatter as an all-reduce and a slice; compiled for a TPU v5e-8 without
+#   one, the same program has a reduce-scatter, and the TPU gathers `f32` matmul operands as `bf16`.
+# - When inputs disagree, the compiler reshards: free when each device already holds its block, an
+#   all-to-all or full copies on every device when not. A committed input that does not match
+#   `in_shardings` raises instead.
 #
-# **Next:** [05 · Constraints and manual control](05_constraints_explicit.ipynb)
+# Propagation decides every layout you leave open. To ask for one yourself inside `jit`, go on to 05.
+#
+# **Next:** [05 · Constraints and Explicit axes](05_constraints_explicit.ipynb)
