@@ -499,4 +499,4 @@ ex.read_groups.check(answer_3);
 #
 # Propagation decides every layout you leave open. To ask for one yourself inside `jit`, go on to 05.
 #
-# **Next:** [05 · Constraints and Explicit axes](05_constraints_explicit.ipynb)
+# **Next:** [05 · Asking for a layout: constraints, Auto and Explicit axes](05_constraints_explicit.ipynb)
