@@ -48,7 +48,7 @@ activation_bytes = Exercise(
 )
 
 
-# Exercise 2: split a batch sharded P('data') over 8 devices into micro-batches that keep it sharded.
+# Exercise 2: micro-batches that keep a P('data') batch split over 8 devices, each device's share contiguous.
 _DEVICES = 8
 
 
@@ -57,48 +57,59 @@ def _check_split(answer: object) -> None:
     for batch, n in ((64, 4), (128, 8), (32, 2)):
         x = np.arange(batch * 3, dtype=np.float32).reshape(batch, 3)
         with answer_errors(f"micro_batches(x, {n}) for x of shape {x.shape}"):
-            out = answer(x, n)
-            out = np.asarray(out)
+            out = np.asarray(answer(x, n))
         assert out.shape == (n, batch // n, 3), (
             f"micro_batches(x, {n}) for x of shape {x.shape} returned shape {out.shape}; it must be "
             f"(n, {batch} // n, 3) = {(n, batch // n, 3)}: the micro-batch index first, for jax.lax.scan"
         )
         rows = out[:, :, 0].astype(int) // 3  # which row of x each entry came from
-        assert np.array_equal(np.sort(rows.ravel()), np.arange(batch)) and np.array_equal(out.reshape(-1, 3),
-                                                                                           x[rows.ravel()]), (
-            f"for x of shape {x.shape}: every row of x must appear exactly once, whole (a reshape or a "
-            "transpose of the rows, not of the features)"
+        assert np.array_equal(np.sort(rows.ravel()), np.arange(batch)) and np.array_equal(
+            out.reshape(-1, 3), x[rows.ravel()]), (
+            f"for x of shape {x.shape}: every row of x must appear exactly once, whole (move rows, not features)"
         )
-        per_device = batch // _DEVICES  # device d holds rows d * per_device ... (d + 1) * per_device - 1
+        per_device, share = batch // _DEVICES, batch // n // _DEVICES  # device d holds rows d * per_device ...
         for m in range(n):
             held = np.bincount(rows[m] // per_device, minlength=_DEVICES)
-            assert np.all(held == batch // n // _DEVICES), (
-                f"for a batch of {batch} on {_DEVICES} devices, micro-batch {m} of {n} takes "
-                f"{held.tolist()} rows from devices 0..7; each device must give it the same number "
-                f"({batch // n // _DEVICES}), or the devices that hold none of it sit idle (the consecutive split "
-                "puts micro-batch m on one device only)"
+            assert np.all(held == share), (
+                f"for a batch of {batch} on {_DEVICES} devices, micro-batch {m} of {n} takes {held.tolist()} rows "
+                f"from devices 0..7; each device must give it the same number ({share}), or the devices that hold "
+                "none of it sit idle (consecutive rows of x put micro-batch m on one device only)"
             )
+            for d in range(_DEVICES):
+                got = np.sort(rows[m][rows[m] // per_device == d])
+                first = d * per_device + m * share
+                assert np.array_equal(got, np.arange(first, first + share)), (
+                    f"for a batch of {batch} and n = {n}, micro-batch {m} takes rows {got.tolist()} of device {d} "
+                    f"(which holds rows {d * per_device} to {(d + 1) * per_device - 1}); it must take the "
+                    f"contiguous run {first} to {first + share - 1}: micro-batch 0 gets each device's first "
+                    f"{share} rows, micro-batch 1 the next {share}, and so on"
+                )
 
 
 def _solution_split(x, n):
-    return x.reshape(-1, n, *x.shape[1:]).swapaxes(0, 1)
+    per_share = x.shape[0] // (8 * n)
+    # (device, micro-batch, row within the share, ...) -> (micro-batch, device, row, ...) -> (micro-batch, row, ...)
+    return x.reshape(8, n, per_share, *x.shape[1:]).swapaxes(0, 1).reshape(n, 8 * per_share, *x.shape[1:])
 
 
 micro_batches = Exercise(
-    title="Exercise 2: micro-batches that stay data-parallel",
+    title="Exercise 2: micro-batches from contiguous shares",
     checker=_check_split,
     solution=_solution_split,
     wrong=(
+        lambda x, n: x.reshape(-1, n, *x.shape[1:]).swapaxes(0, 1),  # the strided split: shares not contiguous
         lambda x, n: x.reshape(n, -1, *x.shape[1:]),  # consecutive rows: one micro-batch per device
-        lambda x, n: x.reshape(-1, n, *x.shape[1:]),  # strided, but the micro-batch index is not first
+        lambda x, n: x.reshape(8, n, -1, *x.shape[1:]).reshape(n, -1, *x.shape[1:]),  # no swap: consecutive again
+        lambda x, n: x.reshape(8, n, -1, *x.shape[1:]).swapaxes(0, 1),  # the device axis left in the shape
         lambda x, n: np.stack([x[: x.shape[0] // n]] * n),  # the first micro-batch n times
-        lambda x, n: x.reshape(n, -1, x.shape[1]).swapaxes(1, 2),  # features mixed into rows
-        lambda x, n: x.reshape(-1, n, *x.shape[1:]).swapaxes(0, 1) + 1,  # changes the data
+        lambda x, n: _solution_split(x, n) + 1,  # changes the data
     ),
-    hint="reshape to (rows // n, n, features), then swap the first two axes: micro-batch m takes rows m, m + n, ...",
+    hint="reshape x to (8, n, rows // (8 * n), ...): device, micro-batch, row within the share; swap the first "
+    "two axes; then merge the device and row axes: reshape to (n, rows // n, ...)",
     explanation=(
-        "Each device's block of rows contributes the same share to every micro-batch, so the micro-batches keep "
-        "P(None, 'data', ...) and the scan moves no data."
+        "Every device gives each micro-batch the same number of rows, so the result keeps its 'data' split "
+        "(f32[n, rows // n @data, ...]) and nothing moves; contiguous shares suit a loader that reads each "
+        "device's rows in order."
     ),
 )
 

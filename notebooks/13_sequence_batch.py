@@ -4,11 +4,8 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/13_sequence_batch.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/13_sequence_batch.ipynb)
 #
 # This notebook teaches three techniques that practitioners add to the strategies of notebooks 07 to 11:
-# sequence parallelism, gradient accumulation, and training on an Explicit mesh. Sequence parallelism
-# splits the activations that tensor parallelism leaves replicated; gradient accumulation reaches a
-# global batch whose activations do not fit; on an Explicit mesh every sharding is part of a type. The
-# notebook ends with a map of pipeline, expert and context parallelism: what each splits, the mesh axis
-# it adds, and the collective it brings.
+# sequence parallelism, gradient accumulation, and training on an Explicit mesh. It ends with a map of
+# pipeline, expert and context parallelism: what each splits, and the axis and collective it adds.
 #
 # **You will learn**
 # - how `P(None, 'model', None)` on the activations between tensor-parallel regions divides their
@@ -109,6 +106,7 @@ for name, between in (("tensor parallel", TP), ("sequence parallel", SP)):
     runs[name] = (compiled, normed)
     np.testing.assert_allclose(out, ref_out, rtol=RTOL, atol=1e-5)
     np.testing.assert_allclose(normed, ref_normed, rtol=RTOL, atol=1e-5)
+    assert shard_table(out).bytes_per_device == shard_table(normed).bytes_per_device  # the residual stream too
     print(f"{name}: normed is {type_string(normed)}, "
           f"{format_bytes(shard_table(normed).bytes_per_device[0])} per device")
     print(collectives(compiled), "\n")
@@ -122,18 +120,16 @@ assert (sp_ops.ops[0].kind, sp_ops.ops[0].shapes) == ("all-gather", ((B, S, D),)
 draw_shardings({"tensor parallel: normed": tp_normed, "sequence parallel: normed": sp_normed}, ncols=2)
 
 # %% [markdown]
-# Both layouts give the reference's numbers. Under tensor parallelism the layer norm's output is
-# `f32[4,128,64]` on every device, 128 KiB each; under sequence parallelism it is
-# `f32[4,128@model,64]`, 16 KiB each, and so are the residual stream and everything else between the
-# regions. (The picture shows the last two dimensions, tokens down, features across.)
+# Both layouts give the reference's numbers. Under tensor parallelism the layer norm's output (and the
+# residual stream) is `f32[4,128,64]` on every device, 128 KiB each; under sequence parallelism
+# `f32[4,128@model,64]`, 16 KiB each. (The picture shows tokens down, features across.)
 #
 # The communication moves. The row-parallel layer still produces partial sums, but each device now
 # needs only its own 16 tokens of the total: a **reduce-scatter** over the sequence. The next
-# column-parallel layer needs every token: an **all-gather** of the normed input. Notebook 10 showed
-# that an all-reduce *is* a reduce-scatter followed by an all-gather; sequence parallelism splits it
-# into its two halves and puts the layer norm and the residual between them. On the CPU backend the
-# reduce-scatter is spelled as the whole all-reduce followed by a `dynamic-slice` of each device's 16
-# tokens:
+# column-parallel layer needs every token: an **all-gather**. An all-reduce *is* a reduce-scatter
+# followed by an all-gather (notebook 10); sequence parallelism puts the layer norm and the residual
+# between its two halves. On the CPU backend the reduce-scatter is spelled as the whole all-reduce
+# followed by a `dynamic-slice` of each device's 16 tokens:
 
 # %%
 slices = sorted(set(re.findall(r"= (f32\[[0-9,]+\])\{[0-9,]+\} dynamic-slice\(", sp_program.as_text())))
@@ -213,13 +209,23 @@ def cross_entropy(logits, labels):
 
 
 N, MICRO = 8192, 8
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-teacher = jax.random.normal(key_teacher, (64, 10))
-x_big = jax.random.normal(key_x, (N, 64))
-y_big = jnp.argmax(x_big @ teacher, axis=-1).astype(jnp.int32)
 
-graphdef, params0 = nnx.split(MLP(nnx.Rngs(0)))
+
+@jax.jit
+def make_data(key):  # N examples labelled by a fixed random teacher
+    key_x, key_teacher = jax.random.split(key)
+    x = jax.random.normal(key_x, (N, 64))
+    return x, jnp.argmax(x @ jax.random.normal(key_teacher, (64, 10)), axis=-1).astype(jnp.int32)
+
+
+x_big, y_big = make_data(jax.random.key(0))
+graphdef, params0 = nnx.split(nnx.jit(lambda: MLP(nnx.Rngs(0)))())
 tx = optax.adam(1e-2)
+
+
+def fresh_model():
+    """A new MLP holding a copy of the initial parameters."""
+    return nnx.merge(graphdef, jax.tree.map(jnp.copy, params0))
 
 
 def loss_fn(params, x, y):
@@ -365,7 +371,7 @@ def place(model, mesh):
     return model
 
 
-model = place(MLP(nnx.Rngs(0)), emesh)
+model = place(fresh_model(), emesh)
 x_e, y_e = jax.device_put(x, NamedSharding(emesh, P("data", None))), jax.device_put(y, NamedSharding(emesh, P("data")))
 types = {}
 
@@ -402,7 +408,7 @@ assert raised == ["ShardingTypeError"] and str(types["h"]) == "float32[64@data,2
 logits = forward(model, x_e, out_sharding=NamedSharding(emesh, P("data", None)))
 print("logits:", types["logits"])
 assert str(types["logits"]) == "float32[64@data,10]"
-np.testing.assert_allclose(logits, MLP(nnx.Rngs(0))(x), rtol=RTOL, atol=1e-5)
+np.testing.assert_allclose(logits, fresh_model()(x), rtol=RTOL, atol=1e-5)
 
 # %% [markdown]
 # > **You will see this online:** the loss with integer labels,
@@ -440,7 +446,7 @@ def train_step(model, optimizer, x, y, out_sharding=None):
     return loss
 
 
-reference = MLP(nnx.Rngs(0))
+reference = fresh_model()
 ref_optimizer = nnx.Optimizer(reference, optax.adam(1e-2), wrt=nnx.Param)
 with jax.set_mesh(emesh):
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
@@ -476,9 +482,9 @@ assert (str(jax.typeof(kernel2)), str(jax.typeof(mu1))) == ("float32[256@model,1
 # | **expert** | the experts of a mixture-of-experts layer, whole experts per device | `expert` | all-to-all: every device sends each token to its expert's device, and the results back |
 # | **context** (ring attention) | the sequence, *inside* attention too | `context` (or `sequence`) | collective-permute: key/value blocks travel around a ring of devices |
 #
-# The two collectives that the earlier notebooks did not show cost little to see. An expert-style
-# dispatch with `jax.shard_map` (notebook 06): each of 8 devices holds 8 blocks of tokens, block *e*
-# routed to expert *e*, which lives on device *e*. One `all_to_all` delivers them:
+# Both collectives are cheap to show with `jax.shard_map` (notebook 06). First an expert-style
+# dispatch: each of 8 devices holds 8 blocks of tokens, block *e* routed to expert *e*, which lives on
+# device *e*. One `all_to_all` delivers them:
 
 # %%
 expert_mesh = jax.make_mesh((8,), ("expert",), axis_types=(AxisType.Auto,))
@@ -568,9 +574,11 @@ answer_1 = NOT_ANSWERED  # a pair (tensor parallel, sequence parallel), in bytes
 ex.activation_bytes.check(answer_1);
 
 # %% [markdown]
-# **Exercise 2.** Write `micro_batches(x, n)`: it takes a batch `x` whose rows are split over 8
-# devices, `P('data')`, and returns an array of shape `(n, rows // n, ...)` for `jax.lax.scan`, in
-# which every device holds the same share of every micro-batch. The checker calls it on numpy arrays.
+# **Exercise 2.** The strided split interleaves each device's rows. Write another split,
+# `micro_batches(x, n)`, for a batch `x` whose rows are split over 8 devices, `P('data')`: it returns
+# shape `(n, rows // n, ...)` for `jax.lax.scan`, every device gives every micro-batch the same number
+# of rows, and each device's share is a *contiguous* run of its rows (micro-batch 0 gets each device's
+# first rows, and so on). The checker calls it on numpy arrays.
 
 # %%
 def micro_batches(x, n):
@@ -591,20 +599,17 @@ ex.row_parallel_out.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - Under tensor parallelism the activations between the regions (layer norm, residual, dropout) are
-#   whole on every device of `model`. Sequence parallelism pins them to `P(None, 'model', None)`: one
-#   eighth of the bytes here, and the all-reduce becomes a reduce-scatter and an all-gather, the same
-#   traffic. The CPU backend spells the reduce-scatter as an all-reduce and a `dynamic-slice`; the TPU
-#   compiler fuses it.
-# - Gradient accumulation is a `jax.lax.scan` over micro-batches inside the jitted step: one update,
-#   equal to the whole batch's, with one micro-batch's activations alive at a time. Split the batch
-#   strided (`reshape(-1, n, ...).swapaxes(0, 1)`) so every device keeps its share of every
-#   micro-batch; consecutive rows gather the batch and undo data parallelism.
-# - On an Explicit mesh (what `jax.make_mesh` gives by default) `jax.typeof` shows every layout while
-#   tracing, and the row-parallel layer needs `out_sharding=P('data', None)`. The program and the
-#   losses are those of the Auto mesh.
-# - Pipeline parallelism adds a `stage` axis and collective-permutes between stages; expert parallelism
-#   an `expert` axis and all-to-alls; context parallelism a `context` axis and a ring of
-#   collective-permutes of key/value blocks.
+# - Sequence parallelism pins the activations between tensor-parallel regions to
+#   `P(None, 'model', None)`: 1/8 of the bytes here, and the all-reduce becomes an all-gather and a
+#   reduce-scatter, no more traffic by the ring estimate (the CPU backend spells the reduce-scatter as
+#   an all-reduce and a `dynamic-slice`).
+# - Gradient accumulation is a `jax.lax.scan` over micro-batches inside the jitted step: the whole
+#   batch's update, one micro-batch's activations at a time. Split strided
+#   (`reshape(-1, n, ...).swapaxes(0, 1)`); consecutive rows gather the batch and undo data
+#   parallelism. The CPU backend all-reduces the gradients per micro-batch, the TPU compiler once.
+# - On an Explicit mesh, `jax.make_mesh`'s default, `jax.typeof` shows every layout while tracing and
+#   the row-parallel layer needs `out_sharding=P('data', None)`; it trains to one device's losses.
+# - Pipeline parallelism adds a `stage` axis and collective-permutes; expert parallelism an `expert`
+#   axis and all-to-alls; context parallelism a `context` axis and a ring of collective-permutes.
 #
 # **Next:** [14 · Choosing a mesh shape](14_mesh_shape.ipynb)
