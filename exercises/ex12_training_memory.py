@@ -100,8 +100,9 @@ def _check_zero_specs(fn: object) -> None:
                 f"zero_specs({stage}): {spec} names an axis other than 'data'"
             )
             assert entries[0] is None, (
-                f"zero_specs({stage}): {spec} splits the layer axis; the scan takes one layer at a time from it, "
-                "so split a dimension inside the layer: P(None, 'data')"
+                f"zero_specs({stage}): {spec} splits the layer axis, so each device would hold whole layers of its "
+                "own; split a dimension inside the layer, P(None, 'data'), so that every device holds a slice of "
+                "every layer"
             )
             assert entries.count("data") <= 1, f"zero_specs({stage}): {spec} uses 'data' on two dimensions"
             if split:
