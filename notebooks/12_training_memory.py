@@ -121,9 +121,9 @@ def train_step(model, optimizer, x, y):
     return loss
 
 
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-x = jax.random.normal(key_x, (512, D))
-y = x @ jax.random.normal(key_teacher, (D, D)) / D**0.5
+rng = np.random.default_rng(0)  # the data, made on the host
+x = rng.standard_normal((512, D), dtype=np.float32)
+y = x @ rng.standard_normal((D, D), dtype=np.float32) / np.float32(D**0.5)
 
 # %% [markdown]
 # Where each array lives is a rule, as in notebook 10; it needs no path here, since the stacked kernels
