@@ -215,7 +215,7 @@ ref_model, ref_optimizer = nnx.merge(graphdef, jax.tree.map(lambda a: jnp.copy(j
 
 n_params = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
 state_bytes = sum(shard_table(leaf).bytes_per_device[0] for leaf in jax.tree.leaves(state))
-print("parameters:", n_params, "| init program per device:", init)
+print("parameters:", n_params, "| init program,", init)
 print("up kernel:", type_string(model.blocks.up.kernel[...]), " Adam mu:",
       type_string(optimizer.opt_state[0].mu["blocks"]["up"]["kernel"][...]))
 assert init.argument == 0 and init.output + init.temp < 3 * 4 * n_params / 4  # no device ever held it all
