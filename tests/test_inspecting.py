@@ -320,6 +320,56 @@ def test_fsdp_gradient_tpu_fuses_the_reduce_scatter_cpu_does_not(meshes):
     assert cpu.count("reduce-scatter") == 0 and "dynamic-slice" in grads["cpu"].as_text()
 
 
+def test_fused_reduce_scatter_of_a_combined_all_reduce_is_one_reduce_scatter():
+    """The TPU fuses a combined all-reduce of two gradients and their slices: one reduce-scatter of both slices."""
+    def module(second_use):
+        return "\n".join([
+            "HloModule m, num_partitions=8",
+            "%all-reduce-scatter (a: f32[512,128], b: f32[128,512]) -> (f32[64,128], f32[16,512]) {",
+            "  %a = f32[512,128]{1,0} parameter(0)",
+            "  %b = f32[128,512]{1,0} parameter(1)",
+            "  %ar = (f32[512,128]{1,0:T(8,128)}, f32[128,512]{1,0:T(8,128)}) all-reduce(%a, %b), channel_id=1, "
+            "replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add",
+            "  %g0 = f32[512,128]{1,0} get-tuple-element(%ar), index=0",
+            "  %s0 = f32[64,128]{1,0:T(8,128)S(1)} dynamic-slice(%g0, %i, %z), dynamic_slice_sizes={64,128}",
+            "  %g1 = f32[128,512]{1,0} get-tuple-element(%ar), index=1",
+            second_use,
+            "  ROOT %t = (f32[64,128]{1,0}, f32[16,512]{1,0}) tuple(%s0, %s1)",
+            "}",
+            "ENTRY %main (x: f32[512,128], y: f32[128,512]) -> (f32[64,128], f32[16,512]) {",
+            "  %x = f32[512,128]{1,0} parameter(0)",
+            "  %y = f32[128,512]{1,0} parameter(1)",
+            "  ROOT %f = (f32[64,128]{1,0}, f32[16,512]{1,0}) fusion(%x, %y), kind=kCustom, calls=%all-reduce-scatter",
+            "}",
+        ])
+
+    (op,) = collectives(module("  %s1 = f32[16,512]{1,0} dynamic-slice(%g1, %i, %z), dynamic_slice_sizes={16,512}")).ops
+    assert (op.kind, op.result_type, op.shapes, op.group_size, op.form) == (
+        "reduce-scatter", "f32[64,128] + f32[16,512]", ((64, 128), (16, 512)), 8, "fused")
+    assert op.result_bytes == (64 * 128 + 16 * 512) * 4
+    # one element used whole (added, not sliced): not a reduce-scatter, so the all-reduce it is
+    (op,) = collectives(module("  %s1 = f32[128,512]{1,0} add(%g1, %g1)")).ops
+    assert (op.kind, op.result_type) == ("all-reduce", "f32[512,128] + f32[128,512]")
+
+
+def test_tpu_fuses_the_combined_gradient_reduce_scatter_in_a_scan(tpu_devices):
+    """Residual blocks scanned over layers, weights split over 8 devices: one reduce-scatter for both gradients."""
+    def loss(ws, x):
+        def block(h, w):
+            return h + jax.nn.relu(h @ w[0]) @ w[1], None
+        return jnp.mean(jax.lax.scan(block, x, ws)[0] ** 2)
+
+    mesh = Mesh(np.array(tpu_devices), ("data",), axis_types=(AxisType.Auto,))
+    split = P(None, "data")
+    ws = (_struct(mesh, (2, 128, 512), split), _struct(mesh, (2, 512, 128), split))
+    grad = jax.jit(jax.grad(loss), out_shardings=(NamedSharding(mesh, split),) * 2)
+    found = collectives(grad.lower(ws, _struct(mesh, (512, 128), P("data"))).compile())
+    (rs,) = [op for op in found.ops if op.kind == "reduce-scatter"]
+    assert rs.in_loop and rs.form == "fused" and sorted(rs.shapes) == [(16, 512), (64, 128)], str(found)
+    assert rs.result_bytes == (16 * 512 + 64 * 128) * 4
+    assert found.count("all-reduce") == 0, str(found)
+
+
 def test_psum_scatter_is_a_reduce_scatter_on_cpu_too(meshes):
     scatter = jax.shard_map(lambda a: jax.lax.psum_scatter(a, "data", scatter_dimension=0, tiled=True),
                             mesh=MESH, in_specs=P(None, None), out_specs=P("data", None))

@@ -383,20 +383,36 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], list[str]]:
 _KIND = {**{k: k for k in COLLECTIVES}, **{f"{k}-start": k for k in COLLECTIVES}}
 
 
-def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, _Instr] | None:
-    """(all-reduce, dynamic-slice) when a fused computation is an all-reduce whose result is sliced."""
+def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, str] | None:
+    """(all-reduce, result type) when a fused computation is an all-reduce whose result is sliced.
+
+    The result type is the slice's type, or, for a combined all-reduce of several arrays (a tuple,
+    whose elements are taken apart with ``get-tuple-element`` and each sliced), the tuple of the slices.
+    """
     reduces = [i for i in body if i.opcode in ("all-reduce", "all-reduce-start")]
     if len(reduces) != 1:
         return None
-    names = {reduces[0].name}
+    reduce = reduces[0]
+    arity = len(_tuple_elements(_strip_type(reduce.type))) if reduce.opcode == "all-reduce" else 1
+    source = {reduce.name: 0}  # instruction -> which element of the all-reduce's result it carries
+    pieces: dict[int, _Instr] = {}
     for instr in body:  # text order is a topological order
-        if not instr.operands or instr.operands[0] not in names:
+        if not instr.operands or instr.operands[0] not in source:
             continue
+        element = source[instr.operands[0]]
         if instr.opcode == "dynamic-slice":
-            return reduces[0], instr
-        if instr.opcode in ("all-reduce-done", "bitcast", "copy", "reshape"):
-            names.add(instr.name)
-    return None
+            pieces.setdefault(element, instr)
+        elif instr.opcode == "get-tuple-element" and arity > 1:
+            m = re.search(r"\bindex=(\d+)", instr.attrs)
+            if m:
+                source[instr.name] = int(m.group(1))
+        elif instr.opcode in ("all-reduce-done", "bitcast", "copy", "reshape"):
+            source[instr.name] = element
+    if len(pieces) != arity:  # an element used whole: not a reduce-scatter
+        return None
+    if arity == 1:
+        return reduce, pieces[0].type
+    return reduce, "(" + ", ".join(_strip_type(pieces[i].type) for i in range(arity)) + ")"
 
 
 def collectives(compiled: Any) -> Collectives:
@@ -419,7 +435,9 @@ def collectives(compiled: Any) -> Collectives:
     - a fusion whose computation is an all-reduce followed by a
       dynamic-slice of it (how the TPU compiler writes a reduce-scatter) as
       one reduce-scatter, with the slice's type and the all-reduce's groups;
-      the all-reduce inside it is not counted again.
+      the all-reduce inside it is not counted again. A combined all-reduce of
+      several arrays whose every element is sliced is one reduce-scatter whose
+      result is the tuple of the slices.
 
     An unfused all-reduce + dynamic-slice (the CPU's spelling of the
     partitioner's reduce-scatter) is reported as the all-reduce it is. Each
@@ -469,13 +487,13 @@ def collectives(compiled: Any) -> Collectives:
                 if instr.opcode == "fusion" and callee in comps and callee not in visited:
                     pair = _fused_reduce_scatter(comps[callee])
                     if pair is not None:
-                        reduce, piece = pair
+                        reduce, result = pair
                         channel = ("reduce-scatter", reduce.channel) if reduce.channel else None
                         visited.add(callee)
                         if channel is None or channel not in seen_channels:
                             if channel is not None:
                                 seen_channels.add(channel)
-                            add("reduce-scatter", instr, piece.type, "fused", in_loop, reduce.line)
+                            add("reduce-scatter", instr, result, "fused", in_loop, reduce.line)
                         continue
                 if key_ == "to_apply" and instr.opcode != "call":
                     continue  # a reduction's scalar computation
