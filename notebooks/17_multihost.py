@@ -173,6 +173,16 @@ assert results["topology"][1]["local_device_ids"] == [2048, 2049, 2050, 2051]  #
 # Process 1's devices are numbered 2048 to 2051, not 4 to 7: a device id says nothing about where a
 # device sits in a mesh.
 #
+# > **You will see this online:** `jax.config.update("jax_cpu_collectives_implementation", "gloo")` before
+# > `jax.distributed.initialize`, as if CPU processes needed it to talk to each other.
+
+# %%
+print({i: r["cpu_collectives"] for i, r in results["topology"].items()})
+assert all(r["cpu_collectives"] == "gloo" for r in results["topology"].values())  # the script never set it
+
+# %% [markdown]
+# Gloo is already the default for collectives between CPU processes; the script sets nothing.
+#
 # ## 4. Each process loads only its rows
 #
 # The script builds three meshes over the same 8 devices and trains the same model on each: batch on

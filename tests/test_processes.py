@@ -138,10 +138,10 @@ def test_what_a_worker_starts_is_stopped_with_it(tmp_path):
         while not pathlib.Path({str(pid_file)!r}).exists(): time.sleep(0.02)
         sys.exit(2)
     """)
-    with pytest.raises(WorkersFailed, match="exit status 2"):
+    with pytest.raises(WorkersFailed, match="exit status 2") as caught:
         run_workers([parent_of_sleeper, failing], timeout=120)
-    grandchild = int(pid_file.read_text())
-    assert wait_until(lambda: gone(grandchild), 10)
+    assert gone(int(pid_file.read_text()))
+    assert still_running([o.pid for o in caught.value.outputs]) == []
 
 
 def test_a_run_that_never_ends_times_out_loudly():

@@ -130,13 +130,20 @@ def _with_parent_death(command: list[str]) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGKILL the worker's process group, reap the worker, and wait (up to ``grace`` s) for the group to empty.
+
+    What the worker started is reaped by init (or a subreaper), a moment after the SIGKILL.
+    """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         proc.kill()  # where the group is gone but the leader is not yet reaped
     proc.wait()
     _live.pop(proc.pid, None)
+    deadline = time.monotonic() + grace
+    while still_running([proc.pid]) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 @atexit.register

@@ -213,7 +213,8 @@ def main() -> None:
     else:  # TPU VM, Slurm, Open MPI, Kubernetes: JAX reads the cluster's environment
         jax.distributed.initialize(initialization_timeout=args.init_timeout)
     report("topology", process_count=jax.process_count(), device_count=jax.device_count(),
-           local_device_ids=[d.id for d in jax.local_devices()], backend=jax.default_backend())
+           local_device_ids=[d.id for d in jax.local_devices()], backend=jax.default_backend(),
+           cpu_collectives=jax.config.jax_cpu_collectives_implementation)  # across processes, on CPU
 
     # 2. Three meshes over the same global devices.
     mesh_1d = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
