@@ -400,11 +400,12 @@ if ok:
 # ## 10. A launcher that fails loudly
 #
 # When a worker dies, the others do not fail: they wait for it, at `jax.distributed.initialize` or at
-# their next collective, for the minutes printed in section 7. `run_workers` therefore watches all workers together; at the first
-# failure it kills the rest and raises with the last lines of every worker's stderr. Each worker runs in a
+# their next collective, for the minutes printed in section 7. `run_workers` therefore watches all workers
+# together; at the first failure it kills the rest and raises with the last lines of every worker's
+# stderr. Each worker runs in a
 # process group of its own, killed with SIGKILL (a JAX worker treats SIGTERM as a preemption notice and
-# keeps running); on Linux the kernel kills the workers when this notebook's kernel dies, even on a kernel
-# restart. The script binds the coordinator to the address the port was checked on, and waits at most 30 s
+# keeps running); on Linux, the operating system kills the workers when this notebook's kernel dies, even
+# on a kernel restart. The script binds the coordinator to the address the port was checked on, and waits at most 30 s
 # for the other process. Take the port and watch:
 
 # %%
@@ -428,8 +429,8 @@ assert still_running([out.pid for out in failure.outputs]) == []  # nothing left
 
 # %% [markdown]
 # The coordinator could not bind its port and died at once; the launcher stopped process 1, which would
-# have waited 30 s for it, and raised an error that quotes the last lines of both workers' stderr. `tests/test_processes.py` provokes the other
-# failures (a worker that dies, a hang, a killed parent).
+# have waited 30 s for it, and raised an error that quotes the last lines of both workers' stderr.
+# `tests/test_processes.py` provokes the other failures (a worker that dies, a hang, a killed parent).
 #
 # ## Exercises
 #

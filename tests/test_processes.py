@@ -111,6 +111,31 @@ def test_a_worker_killed_by_a_signal_is_named():
     assert still_running([o.pid for o in caught.value.outputs]) == []
 
 
+def test_a_jax_process_in_a_distributed_job_survives_sigterm():
+    """Why run_workers stops workers with SIGKILL: JAX's preemption notifier catches SIGTERM."""
+    script = textwrap.dedent("""
+        import sys, time
+        import jax
+        port = sys.argv[1]
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0,
+                                   coordinator_bind_address=f"127.0.0.1:{port}")
+        print("joined", flush=True)
+        time.sleep(120)
+    """)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([PY, "-c", script, str(free_loopback_port())], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "joined\n", proc.stderr.read() if proc.poll() is not None else ""
+        proc.terminate()
+        time.sleep(2)
+        assert proc.poll() is None  # still running after SIGTERM
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "SIGTERM caught" in err
+
+
 def test_a_worker_that_ignores_sigterm_is_still_stopped():
     """A JAX process joined to a distributed job takes SIGTERM as a preemption notice and keeps running."""
     stubborn = py("""
