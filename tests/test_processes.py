@@ -211,7 +211,7 @@ def test_workers_die_with_a_parent_killed_by_sigkill(tmp_path):
     parent.kill()
     parent.wait()
     assert wait_until(lambda: all(gone(pid) for pid in workers), 10)
-    assert still_running(workers) == [] or all(gone(pid) for pid in workers)
+    assert wait_until(lambda: still_running(workers) == [], 10)  # and reaped, once init has collected them
 
 
 def test_an_interrupted_parent_stops_its_workers(tmp_path):
@@ -307,3 +307,27 @@ def test_worker_output_names_its_status():
     assert WorkerOutput(0, 1, 0, "", "").status() == "exit status 0"
     assert WorkerOutput(0, 1, -9, "", "", stopped=True).status() == "stopped (SIGKILL)"
     assert WorkerOutput(0, 1, -11, "", "").status() == "killed by SIGSEGV"
+
+
+@pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_jupyter_kernel_restart_leaves_no_worker(tmp_path):
+    """The case the launcher exists for: a notebook's kernel restarted while its workers run."""
+    from jupyter_client.manager import start_new_kernel
+
+    pids = [tmp_path / f"worker{i}" for i in range(2)]
+    worker = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(120)"
+    cell = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from utils.processes import run_workers\n"
+            f"run_workers([[sys.executable, '-c', {worker!r}, {str(pids[0])!r}], "
+            f"[sys.executable, '-c', {worker!r}, {str(pids[1])!r}]], timeout=120)")
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        kc.execute(cell)
+        assert wait_until(lambda: all(p.exists() and p.read_text() for p in pids), 60)
+        workers = [int(p.read_text()) for p in pids]
+        km.restart_kernel(now=True)  # what JupyterLab's "Restart kernel" does to a busy kernel
+        assert wait_until(lambda: all(gone(pid) for pid in workers), 10)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert wait_until(lambda: still_running(workers) == [], 10)  # and reaped, once init has collected them
