@@ -105,6 +105,6 @@ which_hang = Exercise(
     wrong=({"b"}, {"d"}, {"a", "b", "d"}, {"b", "c", "d"}, {"a", "b", "c", "d"}, set(), "bd"),
     hint="which calls are collectives, that every process must reach?",
     explanation="(b) Orbax's save and (d) process_allgather are collectives: under process_index() == 0 only "
-                "process 0 calls them, and it waits for the others forever. (a) and (c) read a replicated value "
-                "that process 0 already holds.",
+                "process 0 calls them, and it waits for the others until a runtime timeout, minutes later. "
+                "(a) and (c) read a replicated value that process 0 already holds.",
 )

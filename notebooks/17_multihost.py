@@ -264,7 +264,7 @@ else:
         rows_2d.setdefault(device.process_index, set()).add(index[0].indices(128)[:2])
     assert host_0 == [(0, 8), (8, 16), (48, 56), (120, 128)]  # not a contiguous run
     assert rows_2d[0] == rows_2d[1] != rows_2d[2] == rows_2d[3]  # hosts 0 and 1 share the model axis
-    fig = draw_sharding((128, 16), batch_1d, title="the batch on a v5e-16: host of each block: "
+    fig = draw_sharding((128, 16), batch_1d, title="f32[128@data,16] on a v5e-16; host of each block, top down: "
                         + " ".join(str(h) for h in host_of(pod_1d.devices)))
     assert len(tile_labels(fig)) == 16
     display(fig)
@@ -350,8 +350,8 @@ assert defaults["initialization_timeout"].default == defaults["shutdown_timeout_
 # %% [markdown]
 # Collectives hide in `jit` calls on global arrays (the train step's all-reduce), in `process_allgather`,
 # and in Orbax's `save` and `restore`. So every process runs every computation on global arrays, in the
-# same order; only side effects go under
-# `if jax.process_index() == 0:` (printing, logging metrics, listing files, as the script did).
+# same order; only side effects go under `if jax.process_index() == 0:` (printing, logging metrics,
+# listing files, as the script did).
 #
 # ## 8. Porting multi-host `pmap` code
 #
@@ -402,11 +402,10 @@ if ok:
 # When a worker dies, the others do not fail: they wait for it, at `jax.distributed.initialize` or at
 # their next collective, for the minutes printed in section 7. `run_workers` therefore watches all workers
 # together; at the first failure it kills the rest and raises with the last lines of every worker's
-# stderr. Each worker runs in a
-# process group of its own, killed with SIGKILL (a JAX worker treats SIGTERM as a preemption notice and
-# keeps running); on Linux, the operating system kills the workers when this notebook's kernel dies, even
-# on a kernel restart. The script binds the coordinator to the address the port was checked on, and waits at most 30 s
-# for the other process. Take the port and watch:
+# stderr. Each worker runs in a process group of its own, killed with SIGKILL (a JAX worker treats SIGTERM
+# as a preemption notice and keeps running); on Linux, the operating system kills the workers when this
+# notebook's kernel dies, even on a kernel restart. The script binds the coordinator to the address the
+# port was checked on, and waits at most 30 s for the other process. Take the port and watch:
 
 # %%
 failure = None
@@ -478,7 +477,7 @@ ex.which_hang.check(answer_3);
 # - Every process calls Orbax's `save` and `restore` and handles its own shards; a checkpoint restores
 #   onto another mesh.
 # - Every process runs the same collectives in the same order; only side effects go under
-#   `process_index() == 0`. Otherwise the job hangs without an error.
+#   `process_index() == 0`. Otherwise the job hangs, with no error for minutes.
 # - A launcher must watch every worker, stop all at the first failure and show why.
 #
 # **Next:** [18 · PyTorch/XLA side by side](18_pytorch_xla.ipynb)
