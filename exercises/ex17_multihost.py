@@ -1,40 +1,110 @@
-"""Exercises of notebook 17: which process holds what in multi-host data parallelism."""
+"""Exercises of notebook 17: which rows each host loads, and which lines hang a multi-host job."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from utils.exercises import Exercise
 
+# The 1-D mesh jax.make_mesh builds on a TPU v5e-16 (v5e:4x4): the host of each position, in mesh order.
+V5E_16_HOSTS = (0, 0, 1, 1, 1, 1, 0, 2, 3, 3, 3, 3, 2, 2, 2, 0)
+BATCH = 128
 
-def _check_rows(answer: object) -> None:
-    assert isinstance(answer, tuple) and len(answer) == 2, f"give a (start, stop) tuple; got {answer!r}"
-    assert answer == (32, 48), (
-        f"{answer} is not it: 4 processes x 2 devices = 8 devices of 8 rows; process 2 drives the 5th and "
-        "6th devices of the mesh"
+
+def host_rows(hosts: Sequence[int], host: int, rows: int) -> list[tuple[int, int]]:
+    """The row ranges a host loads for a batch of ``rows`` on P('data') over a 1-D mesh, in row order."""
+    block = rows // len(hosts)
+    return [(p * block, (p + 1) * block) for p, h in enumerate(hosts) if h == host]
+
+
+def _rows_covered(ranges: list) -> list[int]:
+    return [row for start, stop in ranges for row in range(start, stop)]
+
+
+def _check_rows_of_host(answer: object) -> None:
+    assert isinstance(answer, list | tuple) and all(
+        isinstance(r, tuple | list) and len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+        for r in answer
+    ), f"give a list of (start, stop) ranges of whole numbers, such as [(0, 8), (40, 48)]; got {answer!r}"
+    assert all(0 <= start < stop <= BATCH for start, stop in answer), (
+        f"each range must satisfy 0 <= start < stop <= {BATCH}; got {answer!r}"
+    )
+    truth = _rows_covered(host_rows(V5E_16_HOSTS, 2, BATCH))
+    given = _rows_covered(answer)
+    assert len(given) == len(set(given)), f"{answer} loads some rows twice: each row the host holds, once"
+    assert set(given) == set(truth), (
+        f"{answer} is not the set of rows host 2's devices hold: each of the 16 positions holds 128 / 16 = 8 rows, "
+        "and host 2 drives the positions where the list says 2 (they are not one contiguous run)"
+    )
+    assert given == sorted(given), (
+        f"{answer} has the right rows in the wrong order: make_array_from_process_local_data takes this host's rows "
+        "in the order of the global batch"
     )
 
 
-rows_of_process = Exercise(
-    title="Exercise 1: rows of process 2",
-    checker=_check_rows,
-    solution=(32, 48),
-    wrong=((16, 24), (32, 40), (48, 64), [32, 48]),
-    hint="devices are ordered process by process; each device holds 64 / 8 = 8 rows",
-    explanation="Process 2 drives global devices 4 and 5, which hold rows 32:40 and 40:48.",
+rows_of_host = Exercise(
+    title="Exercise 1: the rows of host 2 on a v5e-16",
+    checker=_check_rows_of_host,
+    solution=[(56, 64), (96, 120)],
+    wrong=([(64, 96)], [(56, 64), (96, 104), (104, 112)], [(96, 120), (56, 64)], [(56, 120)],
+           [(56, 64), (56, 64), (96, 120)], "56:64, 96:120"),
+    hint="position p of the mesh holds rows 8p to 8p + 8; find the positions whose host is 2",
+    explanation="Positions 7, 12, 13, 14 hold rows 56:64, 96:104, 104:112 and 112:120. Listing the four blocks "
+                "separately is right too; `rows_to_load` in the script finds them with "
+                "`sharding.addressable_devices_indices_map`.",
 )
 
 
-def _check_local_batch(answer: object) -> None:
+def _check_rows_per_process(answer: object) -> None:
     assert isinstance(answer, int) and not isinstance(answer, bool), f"give a whole number; got {answer!r}"
-    assert answer == 2048 // 16, (
-        f"{answer} rows is not it: the batch is split over all 64 devices, and each process drives 4 of them"
+    assert answer != 2048 // 16, (
+        f"{answer} rows would be right if each host held its own rows; here every data row's pair of devices "
+        "spans two hosts, so each host also holds the rows of its partner"
+    )
+    assert answer == 4 * (2048 // 32), (
+        f"{answer} is not it: the batch splits into 32 blocks of 64 rows (one per data row); each of a host's 4 "
+        "devices sits in a different data row"
     )
 
 
-local_batch = Exercise(
-    title="Exercise 2: rows per process",
-    checker=_check_local_batch,
-    solution=128,
-    wrong=(32, 2048, 512),
-    hint="rows per device = 2048 / 64; a process passes the rows of all its local devices",
-    explanation="2048 / 64 = 32 rows per device, x 4 local devices = 128 rows per process.",
+rows_per_process = Exercise(
+    title="Exercise 2: rows per process when 'model' spans hosts",
+    checker=_check_rows_per_process,
+    solution=256,
+    wrong=(128, 64, 2048, 32),
+    hint="a model pair joins two hosts, so no data row holds two devices of the same host",
+    explanation="2048 / 32 = 64 rows per data row; a host's 4 devices sit in 4 different data rows: 256 rows, "
+                "the same 256 as the host it shares them with.",
+)
+
+
+HANGS = frozenset({"b", "d"})
+
+
+def _check_which_hang(answer: object) -> None:
+    assert isinstance(answer, set | frozenset) and all(isinstance(a, str) for a in answer), (
+        f'give a set of letters, such as {{"a"}}; got {answer!r}'
+    )
+    letters = {a.strip().lower().strip("()") for a in answer}
+    assert letters <= {"a", "b", "c", "d"}, f"the choices are a, b, c and d; got {sorted(letters)}"
+    extra, missing = sorted(letters - HANGS), sorted(HANGS - letters)
+    assert not extra, (
+        f"({extra[0]}) does not hang: it only reads a value this process already holds (a replicated output) "
+        "or does a side effect, which is what belongs under process_index() == 0"
+    )
+    assert not missing, (
+        f"({missing[0]}) hangs too: it runs a collective (Orbax's save, or the all-gather) that the other "
+        "processes never call, so process 0 waits for them"
+    )
+
+
+which_hang = Exercise(
+    title="Exercise 3: which lines hang",
+    checker=_check_which_hang,
+    solution={"b", "d"},
+    wrong=({"b"}, {"d"}, {"a", "b", "d"}, {"b", "c", "d"}, {"a", "b", "c", "d"}, set(), "bd"),
+    hint="which calls are collectives, that every process must reach?",
+    explanation="(b) Orbax's save and (d) process_allgather are collectives: under process_index() == 0 only "
+                "process 0 calls them, and it waits for the others until a runtime timeout, minutes later. "
+                "(a) and (c) read a replicated value that process 0 already holds.",
 )

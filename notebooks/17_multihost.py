@@ -1,21 +1,26 @@
 # %% [markdown]
-# # 17 · Multi-host SPMD: two processes, one mesh
+# # 17 · Multi-host SPMD: one script on every host
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_multihost.ipynb)
 #
-# On a TPU pod or a multi-node GPU cluster, one Python process runs per host and each sees only its own
-# devices, yet all of them must run *one* SPMD program over *one* mesh. This notebook builds exactly that
-# on this machine: two processes with 4 simulated CPU devices each, joined by `jax.distributed.initialize`
-# into an 8-device mesh, each loading only its half of the batch, training data-parallel, and getting the
-# same losses as the single-process 8-device run.
+# This notebook teaches multi-host SPMD as it is really run: one script, started as one process per
+# host, all driving one global mesh. You run such a script, a file of this repository, as two processes
+# of 4 CPU devices each: every process loads only the rows its devices hold, results come back to the
+# hosts, every process saves and restores its part of a sharded checkpoint, and you see why a job hangs
+# when the processes disagree. Then you port multi-host `pmap` code, build multi-slice meshes, and launch
+# the script so that a failure is loud and no process is left behind.
 #
 # **You will learn**
-# - the multi-host vocabulary: process, local vs global devices, `process_index`, addressable shards;
-# - how each process builds its part of a global array with `jax.make_array_from_process_local_data`;
-# - that the training code is the same as on one host: the mesh is global, the compiler inserts the
-#   cross-process all-reduce;
-# - why fetching a sharded global array to one process fails, and what to do instead;
-# - how the same script maps to TPU pods and multi-node GPU clusters.
+# - the multi-host vocabulary (process, local and global devices, addressable shards) and the one call
+#   that joins the processes, `jax.distributed.initialize`;
+# - how each process finds its rows with `sharding.addressable_devices_indices_map` and builds one
+#   global batch with `jax.make_array_from_process_local_data`, and why the hosts of one `model` group
+#   load identical rows;
+# - how to get values back: a replicated output, or `process_allgather(x, tiled=True)`;
+# - how every process saves and restores its own shards of an Orbax checkpoint, under another mesh;
+# - the rule that prevents hangs: every process runs the same collectives in the same order;
+# - how to port multi-host `pmap` code to `jit`, and build multi-slice meshes;
+# - how to run the script on two local processes, a TPU slice or Slurm, and what a launcher must do.
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -41,293 +46,438 @@ import inspect
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
-import textwrap
-from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding
+from IPython.display import Code, display
+from jax.experimental import mesh_utils, topologies
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_sharding, tile_labels
+from utils import (
+    NOT_ANSWERED,
+    WorkersFailed,
+    collectives,
+    draw_sharding,
+    draw_shardings,
+    free_loopback_port,
+    quiet,
+    run_workers,
+    still_running,
+    tile_labels,
+    tpu_compiler_available,
+)
+from utils.course import ROOT
+
+assert jax.device_count() == 8
+CPU = jax.default_backend() == "cpu"
+RTOL = 1e-5 if CPU else 1e-2  # the workers below run on CPU; this kernel's reference may not
+
+SCRIPT = ROOT / "notebooks" / "scripts" / "spmd_worker.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import spmd_worker as worker  # the script is also a module: this kernel reuses its model and data
 
 # %% [markdown]
-# ## 1. One program, several processes
+# ## 1. One script, several processes
 #
-# The slides this course started from ("SPMD + Data Parallel + multi host") draw the batch sharded across
-# the devices of *all* hosts and the parameters replicated on every device. In JAX terms:
+# On a TPU pod or a GPU cluster, one Python process runs on each host and drives that host's devices.
+# Every process runs the same script. They meet once, at `jax.distributed.initialize`, which tells each
+# one where the coordinator (process 0) listens, how many processes there are and which one it is. From
+# then on:
 #
-# | term | on one host | with 2 processes of 4 devices |
+# | | one process | 2 processes of 4 devices |
 # |---|---|---|
 # | `jax.process_count()` | 1 | 2 |
-# | `jax.process_index()` | 0 | 0 or 1: which process am I |
-# | `jax.devices()` | 8 devices | the same 8 **global** devices, in every process |
+# | `jax.process_index()` | 0 | 0 or 1: which one am I |
+# | `jax.devices()` | 8 devices | the same 8 **global** devices in every process |
 # | `jax.local_devices()` | 8 devices | the 4 devices this process drives |
 # | `x.addressable_shards` | all 8 shards | the 4 shards on local devices |
 #
-# Every process runs the same script. They meet once, at `jax.distributed.initialize`, which tells each
-# process the coordinator's address, how many processes there are and which one it is. From then on,
-# `jax.devices()` lists all devices of all processes, and a mesh over them is a global mesh.
+# Here is the script, whole. Its docstring gives the commands that start it on two local processes, on
+# every worker of a TPU slice, and under Slurm.
+
+# %%
+source = SCRIPT.read_text()
+main_body = source[source.index("def main()"):]
+assert main_body.index("jax.distributed.initialize(") < main_body.index("jax.make_mesh(")  # joining comes first
+Code(source, language="python")
+
+# %% [markdown]
+# Only a few lines are about several processes: `jax.distributed.initialize`, `rows_to_load` with
+# `jax.make_array_from_process_local_data`, `multihost_utils`, and the checkpoint that every process
+# calls. The model, the train step, `jax.jit` and the shardings are what notebooks 07 to 09 ran on one
+# host.
 #
-# Here is the layout we will build: a global batch of 64 rows sharded over the 8 devices on `data`.
-# Process 0 drives the devices that hold rows 0:32, process 1 those that hold rows 32:64.
+# ## 2. The reference: one process, 8 devices
+#
+# This kernel imports the script's functions and trains data-parallel on its own 8 devices, as in
+# notebook 07. The compiler adds the all-reduce of the gradients.
 
 # %%
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
-fig = draw_sharding((64, 16), NamedSharding(mesh, P("data")),
-                    title="x: f32[64@data,16]; process 0 drives devices 0-3, process 1 devices 4-7")
-assert [label.split("\n")[1] for label in tile_labels(fig)] == ["(8, 16)"] * 8
+replicated = NamedSharding(mesh, P())
+x_all, y_all = worker.load_rows(0, worker.ROWS)
+x = jax.device_put(x_all, NamedSharding(mesh, P("data")))
+y = jax.device_put(y_all, NamedSharding(mesh, P("data")))
+params = jax.device_put(worker.init_params(), replicated)
+step = jax.jit(worker.train_step, out_shardings=(replicated, replicated))
+found = collectives(step.lower(params, x, y).compile())
+print(found)
+assert found.kinds == {"all-reduce"}
+
+reference = []
+for _ in range(worker.STEPS):
+    params, loss = step(params, x, y)
+    reference.append(float(loss))
+reference_final = float(jax.jit(worker.loss_fn)(params, x, y))
+print("one process:", np.round(reference, 5), " loss after training:", round(reference_final, 5))
+assert reference[-1] < reference[0]
+
+
+# %% [markdown]
+# ## 3. Two processes, one mesh
+#
+# The cell below starts the script twice with `utils.run_workers`, the course's launcher (section 10
+# says what it guarantees). Each process gets `JAX_PLATFORMS=cpu` and 4 CPU devices, even where this
+# kernel has a GPU or TPU, and a free port on `127.0.0.1`, the address the coordinator binds. A
+# temporary directory, removed afterwards, plays the shared disk. Each process prints its results as
+# `RESULT {json}` lines.
+
+# %%
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
+
+
+def commands(port: int | str, shared: str) -> list[list[str]]:
+    return [[sys.executable, str(SCRIPT), "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+             "--process-id", str(i), "--init-timeout", "30", "--shared-dir", shared] for i in range(2)]
+
+
+with tempfile.TemporaryDirectory() as shared:
+    outputs = run_workers(commands(free_loopback_port(), shared), env=ENV, timeout=240)
+print("process 1 ran: python", SCRIPT.name, " ".join(commands("PORT", "SHARED_DIR")[1][2:]))
+
+results: dict[str, dict[int, dict]] = {}
+for out in outputs:
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line.removeprefix("RESULT "))
+            results.setdefault(r.pop("topic"), {})[r.pop("process")] = r
+for i, r in results["topology"].items():
+    print(f"process {i} of {r['process_count']}: {r['device_count']} global devices, local ids {r['local_device_ids']}")
+assert still_running([out.pid for out in outputs]) == []  # both workers have exited
+assert all(r["device_count"] == 8 and r["process_count"] == 2 for r in results["topology"].values())
+assert results["topology"][1]["local_device_ids"] == [2048, 2049, 2050, 2051]  # ids, not positions 4-7
+
+# %% [markdown]
+# Process 1's devices are numbered 2048 to 2051, not 4 to 7: a device id says nothing about where a
+# device sits in a mesh.
+#
+# > **You will see this online:** `jax.config.update("jax_cpu_collectives_implementation", "gloo")` before
+# > `jax.distributed.initialize`, as if CPU processes needed it to talk to each other.
+
+# %%
+print({i: r["cpu_collectives"] for i, r in results["topology"].items()})
+assert all(r["cpu_collectives"] == "gloo" for r in results["topology"].values())  # the script never set it
+
+# %% [markdown]
+# Gloo is already the default for collectives between CPU processes; the script sets nothing.
+#
+# ## 4. Each process loads only its rows
+#
+# The script builds three meshes over the same 8 devices and trains the same model on each: batch on
+# `data`, and on the 2-D meshes the hidden units on `model` (tensor parallelism, notebook 08). Each
+# process asks the batch's sharding which blocks its own devices hold,
+# `sharding.addressable_devices_indices_map(global_shape)`, loads those rows, and passes them to
+# `jax.make_array_from_process_local_data`, which assembles the global `(64, 16)` batch.
+
+# %%
+for name in ("data_parallel", "model_within", "model_across"):
+    print(f"{name}: process of each mesh position {results[name][0]['processes']}")
+    for i, r in results[name].items():
+        print(f"    process {i} loads rows {[tuple(a) for a in r['rows']]}")
+    for r in results[name].values():
+        np.testing.assert_allclose(r["losses"], reference, rtol=RTOL)  # the same training as one process
+assert results["data_parallel"][0]["rows"] == [[0, 8], [8, 16], [16, 24], [24, 32]]
+assert results["model_within"][0]["rows"] == [[0, 32]] and results["model_within"][1]["rows"] == [[32, 64]]
+assert results["model_across"][0]["rows"] == results["model_across"][1]["rows"] == [[0, 16], [16, 32], [32, 48],
+                                                                                   [48, 64]]
+
+# %% [markdown]
+# The same three layouts of the batch, drawn on this kernel's 8 devices with devices 0-3 standing for
+# process 0 and 4-7 for process 1, the order the script sorts them in:
+
+# %%
+stand_in = np.array(jax.devices())  # [process 0's four devices, process 1's four devices]
+auto2 = (AxisType.Auto,) * 2
+layouts = {
+    "data_parallel": NamedSharding(mesh, P("data")),
+    "model_within": NamedSharding(Mesh(stand_in.reshape(2, 4), ("data", "model"), axis_types=auto2), P("data")),
+    "model_across": NamedSharding(Mesh(stand_in.reshape(2, 4).T, ("data", "model"), axis_types=auto2), P("data")),
+}
+fig = draw_shardings({name: ((64, 16), sharding) for name, sharding in layouts.items()}, ncols=3)
+labels = tile_labels(fig)
+assert labels[8].endswith("4 copies") and labels[-1].startswith("dev 3,7") and labels[-1].endswith("2 copies")
 fig
 
 # %% [markdown]
-# ## 2. The program every process runs
+# All three reproduce the single-process losses. The rows differ: when `model` stays inside a process,
+# each process loads half the batch; when `model` spans both processes, every block of rows sits on a
+# device of each, so **both load all 64 rows, identical**. A process that loaded other rows would feed
+# its half of the model different examples, and nothing would raise.
 #
-# A small data-parallel regression: an MLP `16 -> 32 -> 1` trained with plain SGD on a mean squared error.
-# The batch is made of 8 blocks of 8 rows; block `b` is generated from its own seed, so a process can
-# produce **only its own blocks**, the way a real input pipeline reads only its own files.
+# > **You will see this online:** each host loads the slice `process_index * rows_per_host` onward:
+# > ```python
+# > x_local = dataset[jax.process_index() * per_host : (jax.process_index() + 1) * per_host]
+# > ```
 
 # %%
-ROWS_PER_BLOCK, N_BLOCKS, D_IN, D_HIDDEN = 8, 8, 16, 32
-
-
-def load_blocks(first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of blocks first .. first+count-1 of the global batch (inputs and targets)."""
-    xs, ys = [], []
-    for b in range(first, first + count):
-        rng = np.random.default_rng(1000 + b)
-        x = rng.standard_normal((ROWS_PER_BLOCK, D_IN)).astype(np.float32)
-        xs.append(x)
-        ys.append(np.sin(x[:, :1] * 2.0) + 0.5 * x[:, 1:2])
-    return np.concatenate(xs), np.concatenate(ys).astype(np.float32)
-
-
-def init_params() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "w1": (rng.standard_normal((D_IN, D_HIDDEN)) / np.sqrt(D_IN)).astype(np.float32),
-        "b1": np.zeros(D_HIDDEN, np.float32),
-        "w2": (rng.standard_normal((D_HIDDEN, 1)) / np.sqrt(D_HIDDEN)).astype(np.float32),
-        "b2": np.zeros(1, np.float32),
-    }
-
-
-def loss_fn(params, x, y):
-    h = jax.nn.relu(x @ params["w1"] + params["b1"])
-    return jnp.mean((h @ params["w2"] + params["b2"] - y) ** 2)
-
-
-def train_step(params, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
-
+per_host = 32  # 64 rows / 2 hosts
+for i, r in results["model_across"].items():
+    assumed = (i * per_host, (i + 1) * per_host)
+    print(f"process {i}: the snippet loads rows {assumed}; its devices hold rows {r['rows'][0][0]}:{r['rows'][-1][1]}")
+assert results["model_across"][1]["rows"][0][0] != 1 * per_host  # the assumption is wrong for process 1
 
 # %% [markdown]
-# ## 3. The reference: one process, 8 devices
-#
-# The familiar single-host data parallelism of notebook 07: batch on `data`, parameters replicated, no
-# collective written by hand. The compiler inserts the all-reduce that sums the gradients across devices.
+# The shapes fit, so nothing raises. Ask the sharding instead, as `rows_to_load` does. On real pods even
+# a 1-D mesh does not give each host a contiguous run of rows: `jax.make_mesh` orders a TPU slice's chips
+# along the interconnect. Here is a TPU v5e-16 (4 hosts of 4 chips) compiled for without a TPU
+# (notebook 15); this kernel plays host 0.
 
 # %%
-STEPS = 5
-batch_sharding, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
-x_all, y_all = load_blocks(0, N_BLOCKS)
-x = jax.device_put(x_all, batch_sharding)
-y = jax.device_put(y_all, batch_sharding)
-params = jax.device_put(init_params(), replicated)
-
-step = jax.jit(train_step, out_shardings=(replicated, replicated))
-found = collectives(step.lower(params, x, y).compile())
-print(found)
-assert found.count("all-reduce") >= 1 and found.kinds == {"all-reduce"}
-
-reference_losses = []
-for _ in range(STEPS):
-    params, loss = step(params, x, y)
-    reference_losses.append(float(loss))
-print("single process, 8 devices:", np.round(reference_losses, 5))
-assert reference_losses[-1] < reference_losses[0]
-
+ok, why = tpu_compiler_available()
+if not ok:
+    print(why)
+else:
+    with quiet():
+        topo = topologies.get_topology_desc(topology_name="v5e:4x4", platform="tpu")
+    pod_1d = jax.make_mesh((16,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
+    pod_2d = jax.make_mesh((4, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=topo.devices)
+    host_of = np.vectorize(lambda d: d.process_index)
+    print("1-D mesh, host of each position:", host_of(pod_1d.devices).tolist())
+    print("2-D mesh, host of each position:", host_of(pod_2d.devices).tolist())
+    batch_1d = NamedSharding(pod_1d, P("data"))
+    host_0 = sorted(index[0].indices(128)[:2] for index in batch_1d.addressable_devices_indices_map((128, 16)).values())
+    print("host 0 loads rows", host_0)
+    rows_2d: dict[int, set] = {}
+    for device, index in NamedSharding(pod_2d, P("data")).devices_indices_map((128, 16)).items():
+        rows_2d.setdefault(device.process_index, set()).add(index[0].indices(128)[:2])
+    assert host_0 == [(0, 8), (8, 16), (48, 56), (120, 128)]  # not a contiguous run
+    assert rows_2d[0] == rows_2d[1] != rows_2d[2] == rows_2d[3]  # hosts 0 and 1 share the model axis
+    fig = draw_sharding((128, 16), batch_1d, title="f32[128@data,16] on a v5e-16; host of each block, top down: "
+                        + " ".join(str(h) for h in host_of(pod_1d.devices)))
+    assert len(tile_labels(fig)) == 16
+    display(fig)
 
 # %% [markdown]
-# ## 4. The same step on two processes
+# Host 0 holds rows 0:16, 48:56 and 120:128; on the 2-D mesh hosts 0 and 1 hold the same rows, as our two
+# processes did.
 #
-# The worker below is what each process runs. Only four lines are about several processes:
-# - `jax_num_cpu_devices = 4` (each host has its own devices) and `gloo` for CPU collectives across
-#   processes (GPUs use NCCL and TPUs their interconnect, with no such line);
-# - `jax.distributed.initialize(...)`, before any other JAX operation;
-# - `jax.make_array_from_process_local_data(sharding, local_rows)`: each process hands over only its rows,
-#   and JAX assembles one global `(64, 16)` array whose shards live in two processes.
+# ## 5. Getting results back
 #
-# The mesh, the shardings and `jax.jit(train_step)` are unchanged.
+# A value that lives on another host's devices cannot be read here. The script tried on the global batch:
 
 # %%
-def worker(process_id: int, num_processes: int, port: int) -> None:
-    jax.config.update("jax_num_cpu_devices", 4)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
-                               num_processes=num_processes, process_id=process_id)
-
-    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
-    batch_sharding, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
-    blocks_per_process = N_BLOCKS // num_processes
-    x_local, y_local = load_blocks(process_id * blocks_per_process, blocks_per_process)
-    x = jax.make_array_from_process_local_data(batch_sharding, x_local)
-    y = jax.make_array_from_process_local_data(batch_sharding, y_local)
-    params = jax.device_put(init_params(), replicated)  # every process passes the same values
-
-    try:  # a sharded global array is not entirely in this process
-        np.asarray(x)
-        fetch_error = ""
-    except RuntimeError as err:
-        fetch_error = str(err)
-
-    step = jax.jit(train_step, out_shardings=(replicated, replicated))
-    losses = []
-    for _ in range(STEPS):
-        params, loss = step(params, x, y)
-        losses.append(float(loss))  # fine: the loss is replicated, so every process holds all of it
-    report = {
-        "process_index": jax.process_index(), "process_count": jax.process_count(),
-        "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
-        "local_device_ids": [d.id for d in jax.local_devices()], "global_shape": list(x.shape),
-        "local_rows": [list(s.index[0].indices(x.shape[0])[:2]) for s in x.addressable_shards],
-        "losses": losses, "fetch_error": fetch_error,
-    }
-    print("REPORT " + json.dumps(report), flush=True)
-    jax.distributed.shutdown()
-
+r = results["results"][0]
+print("print(x) shows:  ", r["printed"])
+print("np.asarray(x):   ", r["fetch_error"].split(". ")[0])
+assert r["printed"] == "Array(shape=(64, 16), dtype=float32)"  # no values, and no error
+assert "spans non-addressable (non process local) devices" in r["fetch_error"]
 
 # %% [markdown]
-# The launcher writes the cells above into one script, picks a free port on loopback, starts two
-# processes, waits at most 120 s, and always cleans up, even if a process fails.
+# > **You will see this online:** "use `multihost_utils.process_allgather(x)` to fetch a global array".
 
 # %%
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(num_processes: int = 2, timeout: float = 120.0) -> list[dict]:
-    header = textwrap.dedent("""\
-        import json, sys
-        import jax, jax.numpy as jnp, numpy as np
-        from jax.sharding import AxisType, NamedSharding
-        from jax.sharding import PartitionSpec as P
-        """)
-    constants = "".join(f"{name} = {globals()[name]!r}\n"
-                        for name in ("ROWS_PER_BLOCK", "N_BLOCKS", "D_IN", "D_HIDDEN", "STEPS"))
-    functions = [load_blocks, init_params, loss_fn, train_step, worker]
-    body = "\n\n".join(inspect.getsource(f) for f in functions)
-    main = "\nworker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))\n"
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "worker.py"
-        script.write_text(header + constants + body + main)
-        procs = [subprocess.Popen([sys.executable, str(script), str(i), str(num_processes), str(port)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                 for i in range(num_processes)]
-        try:
-            outputs = [p.communicate(timeout=timeout) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-    reports = []
-    for p, (out, err) in zip(procs, outputs, strict=True):
-        if p.returncode != 0:
-            raise RuntimeError(f"a worker failed (exit {p.returncode}):\n{err[-2000:]}")
-        reports.append(json.loads(next(line[7:] for line in out.splitlines() if line.startswith("REPORT "))))
-    return reports
-
-
-reports = launch()
-for r in reports:
-    print(f"process {r['process_index']} of {r['process_count']}: {r['local_device_count']} local of "
-          f"{r['device_count']} devices {r['local_device_ids']}, global x {tuple(r['global_shape'])}, "
-          f"local rows {r['local_rows']}")
-    print("  losses:", np.round(r["losses"], 5))
+print("process_allgather(x):", r["gather_error"])
+assert r["gather_error"] == "Gathering global non-fully-addressable arrays only supports tiled=True"
 
 # %% [markdown]
-# Each process saw the whole mesh but held only its rows, and both computed the same losses as the
-# single-process run: the gradient all-reduce now crosses the process boundary (over gloo here), and
-# nothing else changed.
+# Two ways work. `process_allgather(x, tiled=True)` sends every block to every process (costly for a large
+# array). Better, compute what you need inside `jit` and ask for a **replicated** output
+# (`out_shardings=NamedSharding(mesh, P())`): every process then holds all of it, as with the losses above.
 
 # %%
-assert [r["process_index"] for r in reports] == [0, 1]
-for r in reports:
-    assert (r["process_count"], r["device_count"], r["local_device_count"]) == (2, 8, 4)
-    assert r["global_shape"] == [64, 16]
-    np.testing.assert_allclose(r["losses"], reference_losses, rtol=1e-5)
-assert [r["local_rows"] for r in reports] == [[[0, 8], [8, 16], [16, 24], [24, 32]],
-                                               [[32, 40], [40, 48], [48, 56], [56, 64]]]
-assert not set(reports[0]["local_device_ids"]) & set(reports[1]["local_device_ids"])
+for i, r in results["results"].items():
+    print(f"process {i}: gathered {tuple(r['gathered_shape'])}, replicated column sums {np.round(r['column_sums'][:3], 3)}...")
+    assert r["gathered_shape"] == [64, 16]
+    np.testing.assert_allclose(r["gathered_sum"], x_all.sum(), rtol=1e-5)
+    np.testing.assert_allclose(r["column_sums"], x_all.sum(axis=0), rtol=1e-5, atol=1e-5)
 
 # %% [markdown]
-# ## 5. Gotcha: a global array cannot be fetched by one process
+# ## 6. A sharded checkpoint, saved and restored by every process
 #
-# `np.asarray(x)`, `print(x)` or `float(x)` on one host ask for data that partly lives on another host.
-# Each worker tried it on the sharded batch:
+# The script saves the parameters trained with `model` spanning the processes, so each process holds
+# half of `w1` and `w2`, with Orbax's `StandardCheckpointer`. **Every process calls `save`** and writes
+# the shards it holds; then every process calls `restore` with a target of `jax.ShapeDtypeStruct`s whose
+# shardings are on the *other* 2-D mesh, and reads the shards it needs there. Only process 0 listed the
+# directory:
 
 # %%
-print(textwrap.fill(reports[0]["fetch_error"][:300], 100))
-assert all("non-addressable" in r["fetch_error"] for r in reports)
+files = results["checkpoint_files"]
+print("checkpoint entries:", files[0]["entries"])
+for i, r in results["checkpoint"].items():
+    print(f"process {i}: restored on {r['restored_mesh']} with w1 {r['restored_spec']}, identical: {r['identical']},"
+          f" loss {r['loss']:.5f}")
+    assert r["identical"] and r["restored_mesh"] == {"data": 2, "model": 4}
+    np.testing.assert_allclose(r["loss"], reference_final, rtol=RTOL)  # the trained model, restored
+assert list(files) == [0] and {"ocdbt.process_0", "ocdbt.process_1"} <= set(files[0]["entries"])
 
 # %% [markdown]
-# What to do instead:
-# - compute what you need *inside* the jitted step and return it **replicated** (`out_shardings=P()`), as
-#   the loss above: every process then holds the whole value, and `float(loss)` works everywhere;
-# - read only the local part: `x.addressable_shards` (each process sees its own four);
-# - gather explicitly when you really need everything on every host:
-#   `jax.experimental.multihost_utils.process_allgather(x)` (costly: the whole array crosses the network).
+# `ocdbt.process_0` and `ocdbt.process_1` hold what each process wrote. On a cluster the directory is shared
+# storage (a bucket, a network file system) that every host reaches.
 #
-# ## 6. From this notebook to a real cluster
+# ## 7. The rule: same collectives, same order
 #
-# | here | TPU pod slice | multi-node GPUs |
-# |---|---|---|
-# | 2 processes started by the notebook | one process per TPU host, started by your launcher (e.g. `gcloud ... ssh --worker=all`) | one process per node (or per GPU), started by SLURM, `torchrun`-like launchers or Kubernetes |
-# | `jax.distributed.initialize("127.0.0.1:port", 2, i)` | `jax.distributed.initialize()` with no arguments: the TPU environment tells it everything | `jax.distributed.initialize()` detects SLURM / Open MPI; otherwise pass `coordinator_address`, `num_processes`, `process_id` |
-# | gloo over loopback | the inter-chip interconnect (ICI) within a slice, the data-centre network across slices | NCCL over NVLink within a node, InfiniBand or Ethernet across nodes |
-# | `load_blocks(process_index * k, k)` | each host reads its own shard of the dataset files | the same |
+# A collective finishes only when every process has called it. The script showed it: process 0 called
+# `process_allgather` alone, in a thread, and after one second it was still waiting; process 1 then called
+# it too, and both finished.
+
+# %%
+print(results["wait"])
+assert results["wait"][0]["waiting_after_1s"] and all(r["finished"] for r in results["wait"].values())
+
+# %% [markdown]
+# Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it: process 0 waits in
+# it, and process 1 waits for process 0 in its own next collective or at `jax.distributed.shutdown()`.
+# Neither raises an error; they wait until a timeout of the distributed runtime, whose defaults are
+# minutes:
+
+# %%
+defaults = inspect.signature(jax.distributed.initialize).parameters
+print({name: defaults[name].default for name in ("initialization_timeout", "shutdown_timeout_seconds")})
+assert defaults["initialization_timeout"].default == defaults["shutdown_timeout_seconds"].default == 300  # seconds
+
+# %% [markdown]
+# Collectives hide in `jit` calls on global arrays (the train step's all-reduce), in `process_allgather`,
+# and in Orbax's `save` and `restore`. So every process runs every computation on global arrays, in the
+# same order; only side effects go under `if jax.process_index() == 0:` (printing, logging metrics,
+# listing files, as the script did).
 #
-# On real hardware, put the axis with the most traffic (e.g. `model` for tensor parallelism) *within* a host
-# and the data-parallel axis *across* hosts: the gradient all-reduce happens once per step, activation
-# collectives happen in every layer. `jax.make_mesh` orders devices with that topology in mind.
+# ## 8. Porting multi-host `pmap` code
+#
+# Multi-host `pmap` code (notebook 16) hands each process's **own** arrays to `pmap`, with a leading axis of
+# `jax.local_device_count()`, and gets per-process arrays back. `jit` takes **global** arrays.
+# `multihost_utils.host_local_array_to_global_array(x_local, mesh, P('data'))` makes the global array from
+# what pmap code already has, and `global_array_to_host_local_array` goes back, so a port can proceed one
+# function at a time.
+
+# %%
+for i, r in results["pmap"].items():
+    print(f"process {i}: pmap gave a per-process {tuple(r['pmap_shape'])} array {np.round(r['pmap_loss'], 5)}, "
+          f"jit a global loss {r['jit_loss']:.5f}")
+    assert r["pmap_shape"] == [4] and r["global_shape"] == [64, 16] and r["local_shape"] == [32, 16]
+    assert r["same_as_make_array"] and r["round_trip"]
+    np.testing.assert_allclose(r["pmap_loss"], [r["jit_loss"]] * 4, rtol=1e-6)
+    np.testing.assert_allclose(r["jit_loss"], reference[0], rtol=RTOL)
+
+# %% [markdown]
+# ## 9. Multi-slice meshes
+#
+# Several TPU slices join over the data-centre network (DCN), much slower than the chip interconnect
+# inside a slice. `jax.make_mesh` refuses them; `mesh_utils.create_hybrid_device_mesh(ici_shape,
+# dcn_shape)` builds a mesh whose DCN axes cross slices and whose other axes stay inside one. The
+# script's `model_within` mesh was built the same way, with `process_is_granule=True`: each process
+# counts as a slice, as the hosts of a GPU cluster do. Two v5e-4 slices, compiled for without a TPU:
+
+# %%
+if ok:
+    with quiet():
+        slices = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu", num_slices=2).devices
+    refused = False
+    try:
+        jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=slices)
+    except ValueError as err:
+        print("jax.make_mesh:", err)
+        refused = "does not support multi-slice" in str(err)
+    hybrid = mesh_utils.create_hybrid_device_mesh((1, 4), (2, 1), devices=slices)  # ICI (1, 4) x DCN (2, 1)
+    print("slice of each position:", np.vectorize(lambda d: d.slice_index)(hybrid).tolist())
+    assert refused and np.vectorize(lambda d: d.slice_index)(hybrid).tolist() == [[0] * 4, [1] * 4]
+
+# %% [markdown]
+# Each row is one slice: `model` stays on the fast interconnect, and only `data`, whose gradient all-reduce
+# happens once a step, crosses the DCN.
+#
+# ## 10. A launcher that fails loudly
+#
+# When a worker dies, the others do not fail: they wait for it, at `jax.distributed.initialize` or at
+# their next collective, for the minutes printed in section 7. `run_workers` therefore watches all workers
+# together; at the first failure it kills the rest and raises with the last lines of every worker's
+# stderr. Each worker runs in a process group of its own, killed with SIGKILL (a JAX worker treats SIGTERM
+# as a preemption notice and keeps running); on Linux, the operating system kills the workers when this
+# notebook's kernel dies, even on a kernel restart. The script binds the coordinator to the address the
+# port was checked on, and waits at most 30 s for the other process. Take the port and watch:
+
+# %%
+failure = None
+with tempfile.TemporaryDirectory() as shared, socket.socket() as squatter:
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    try:
+        run_workers(commands(taken, shared), env=ENV, timeout=240)
+    except WorkersFailed as err:
+        failure = err
+assert isinstance(failure, WorkersFailed)
+worker_0, worker_1 = failure.outputs
+bind_error = next(line for line in worker_0.stderr.splitlines() if "Failed to add port to server" in line)
+print("worker 0 failed:", bind_error.split("] ", 1)[-1].replace(str(taken), "PORT"))
+print("worker 1:", worker_1.status())
+assert worker_0.returncode != 0 and worker_1.stopped
+assert all(f"--- worker {i} (pid {out.pid})" in str(failure) for i, out in enumerate(failure.outputs))
+assert still_running([out.pid for out in failure.outputs]) == []  # nothing left behind
+
+# %% [markdown]
+# The coordinator could not bind its port and died at once; the launcher stopped process 1, which would
+# have waited 30 s for it, and raised an error that quotes the last lines of both workers' stderr.
+# `tests/test_processes.py` provokes the other failures (a worker that dies, a hang, a killed parent).
 #
 # ## Exercises
 #
-# **Exercise 1.** With 4 processes of 2 devices each and the same 64-row batch on `P('data')`, which rows
-# does process 2 load? Answer with a `(start, stop)` tuple.
+# **Exercise 1.** On the TPU v5e-16 of section 4, the 1-D mesh puts its 16 positions on hosts
+# `[0, 0, 1, 1, 1, 1, 0, 2, 3, 3, 3, 3, 2, 2, 2, 0]`. A 128-row batch is sharded `P('data')`. Which rows
+# does host 2 load, in the order `make_array_from_process_local_data` wants them? Answer with a list of
+# `(start, stop)` ranges.
 
 # %%
 from exercises import ex17_multihost as ex
 
-answer_1 = NOT_ANSWERED  # (start, stop)
-ex.rows_of_process.check(answer_1);
+answer_1 = NOT_ANSWERED  # e.g. [(0, 8), (40, 48)]
+ex.rows_of_host.check(answer_1);
 
 # %% [markdown]
-# **Exercise 2.** A run on 16 hosts with 4 devices each uses a global batch of 2048 rows sharded on a 1-D
-# `data` mesh over all devices. How many rows does each process pass to
-# `jax.make_array_from_process_local_data`?
+# **Exercise 2.** 16 hosts with 4 devices each, a global batch of 2048 rows on `P('data')`, and a mesh
+# `(32, 2)` on `('data', 'model')` whose `model` pairs always join two different hosts. How many rows does
+# each process pass to `jax.make_array_from_process_local_data`?
 
 # %%
 answer_2 = NOT_ANSWERED  # a whole number
-ex.local_batch.check(answer_2);
+ex.rows_per_process.check(answer_2);
+
+# %% [markdown]
+# **Exercise 3.** Which of these lines, run in a multi-host job, hang? Answer with a set of letters.
+#
+# - (a) `if jax.process_index() == 0: print(float(loss))`, with `loss` a replicated output of a jitted step
+# - (b) `if jax.process_index() == 0: checkpointer.save(path, params)`
+# - (c) `if jax.process_index() == 0: wandb.log({"loss": float(loss)})`
+# - (d) `if jax.process_index() == 0: print(process_allgather(x, tiled=True).mean())`
+
+# %%
+answer_3 = NOT_ANSWERED  # e.g. {"a"}
+ex.which_hang.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - Multi-host SPMD is the same program on every host over one global mesh; `jax.distributed.initialize`
-#   is the only new step, and it comes first.
-# - Each process builds its part of a global array from local data with
-#   `jax.make_array_from_process_local_data`; the compiler moves the gradient all-reduce across processes.
-# - The two-process run reproduced the single-process losses exactly (to float tolerance).
-# - A sharded global array cannot be fetched by one process: return replicated results, read
-#   `addressable_shards`, or gather on purpose.
+# - Multi-host SPMD is one script run by every process over one global mesh; `jax.distributed.initialize`
+#   comes first. The model, `jit` and shardings are the single-host ones.
+# - Each process asks `sharding.addressable_devices_indices_map(shape)` which rows to load, and passes them
+#   to `jax.make_array_from_process_local_data`. Hosts of one `model` group load identical rows; a host's
+#   rows need not be contiguous.
+# - Get values back as replicated outputs, or with `process_allgather(x, tiled=True)`; `print(x)` shows no
+#   values and `np.asarray(x)` raises.
+# - Every process calls Orbax's `save` and `restore` and handles its own shards; a checkpoint restores
+#   onto another mesh.
+# - Every process runs the same collectives in the same order; only side effects go under
+#   `process_index() == 0`. Otherwise the job hangs, with no error for minutes.
+# - A launcher must watch every worker, stop all at the first failure and show why.
 #
 # **Next:** [18 · PyTorch/XLA side by side](18_pytorch_xla.ipynb)

@@ -9,7 +9,8 @@ and ``jax.device_put`` themselves).
 - ``exercises``: self-checking exercises;
 - ``explorer``: an ipywidgets explorer of layouts and matmuls, for JupyterLab;
 - ``course``: where the course lives and how its notebooks start;
-- ``launch``: readying a live runtime (Colab, Binder) before the setup cell starts JAX.
+- ``launch``: readying a live runtime (Colab, Binder) before the setup cell starts JAX;
+- ``processes``: several worker processes run together, all stopped at the first failure.
 
 Names load lazily (PEP 562): ``from utils import setup_devices`` imports
 ``utils.devices`` and nothing else, so the setup cell can install packages
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
     from .layout import matmul_traffic, tiles, type_string
+    from .processes import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
     from .tpu import tpu_compiler_available
 
 _SOURCES = {
@@ -52,6 +54,7 @@ _SOURCES = {
     "explorer": ("explore",),
     "inspecting": ("collectives", "compile_with_log", "format_bytes", "memory_per_device", "shard_table"),
     "layout": ("matmul_traffic", "tiles", "type_string"),
+    "processes": ("WorkerOutput", "WorkersFailed", "free_loopback_port", "run_workers", "still_running"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 _SUBMODULES = frozenset({*_SOURCES, "course", "launch"})
@@ -63,6 +66,8 @@ __all__ = [
     "DeviceSetup",
     "Exercise",
     "Verdict",
+    "WorkerOutput",
+    "WorkersFailed",
     "answer_errors",
     "collectives",
     "compile_with_log",
@@ -74,12 +79,15 @@ __all__ = [
     "draw_shardings",
     "explore",
     "format_bytes",
+    "free_loopback_port",
     "matmul_traffic",
     "memory_per_device",
     "mesh_labels",
     "quiet",
+    "run_workers",
     "setup_devices",
     "shard_table",
+    "still_running",
     "tile_labels",
     "tiles",
     "tpu_compiler_available",

@@ -1,0 +1,53 @@
+"""Exercises of notebook 17: valid answers of other forms are accepted, and the facts they state hold."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from exercises import ex17_multihost as ex
+from utils.exercises import Verdict
+
+
+@pytest.mark.parametrize("answer", [
+    [(56, 64), (96, 120)],
+    [(56, 64), (96, 104), (104, 112), (112, 120)],  # the four blocks, as addressable_devices_indices_map gives them
+    [[56, 64], [96, 120]],
+    ((56, 64), (96, 120)),
+])
+def test_rows_of_host_accepts_every_form_of_the_right_rows(answer):
+    assert ex.rows_of_host.verdict(answer) is Verdict.CORRECT
+
+
+@pytest.mark.parametrize("answer", [{"b", "d"}, {"B", "D"}, {"(b)", "(d)"}, frozenset({"d", "b"})])
+def test_which_hang_accepts_letters_in_any_form(answer):
+    assert ex.which_hang.verdict(answer) is Verdict.CORRECT
+
+
+def test_the_exercise_rows_agree_with_a_sharding_of_the_same_layout():
+    """host_rows, on an 8-device CPU mesh whose positions are given hosts, is what devices_indices_map says."""
+    hosts = (0, 1, 1, 0, 2, 2, 3, 3)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    index_map = NamedSharding(mesh, P("data")).devices_indices_map((64, 4))
+    position = {d: i for i, d in enumerate(mesh.devices.flat)}
+    for host in range(4):
+        rows = sorted(index[0].indices(64)[:2] for d, index in index_map.items() if hosts[position[d]] == host)
+        assert ex.host_rows(hosts, host, 64) == rows
+
+
+def test_the_v5e_16_hosts_of_the_exercise_are_what_jax_make_mesh_builds():
+    from jax.experimental import topologies
+
+    from utils.capture import quiet
+    from utils.tpu import tpu_compiler_available
+
+    ok, why = tpu_compiler_available()
+    if not ok:
+        pytest.skip(why)
+    with quiet():
+        devices = topologies.get_topology_desc(topology_name="v5e:4x4", platform="tpu").devices
+    mesh = jax.make_mesh((16,), ("data",), axis_types=(AxisType.Auto,), devices=devices)
+    assert tuple(np.vectorize(lambda d: d.process_index)(mesh.devices).tolist()) == ex.V5E_16_HOSTS

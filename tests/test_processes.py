@@ -1,0 +1,333 @@
+"""utils.processes: workers run together, the first failure stops them all, and nothing is left behind.
+
+The failures are provoked for real: a worker that exits with an error, one killed by a signal, one that
+ignores SIGTERM, one that starts a child of its own, a run that never ends, a parent killed with
+SIGKILL (a notebook kernel restart), an interrupted parent, and the course's multi-host script started
+on a port another process holds. Every test checks the message and that no process is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from utils.course import ROOT
+from utils.processes import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
+
+PY = sys.executable
+LINUX = sys.platform.startswith("linux")
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", textwrap.dedent(code)]
+
+
+def gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie waiting for a parent that never reaps it counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(condition, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+# --- success ----------------------------------------------------------------------------------------------
+
+
+def test_every_worker_succeeds_and_their_output_comes_back():
+    outputs = run_workers([py(f"import sys; print('out {i}'); print('err {i}', file=sys.stderr)") for i in range(3)],
+                          timeout=60)
+    assert [o.index for o in outputs] == [0, 1, 2]
+    assert [(o.returncode, o.stdout, o.stderr, o.stopped) for o in outputs] == [
+        (0, f"out {i}\n", f"err {i}\n", False) for i in range(3)]
+    assert all(o.status() == "exit status 0" for o in outputs)
+    assert still_running([o.pid for o in outputs]) == []
+
+
+def test_workers_run_at_the_same_time(tmp_path):
+    """Two workers that each wait for the other's file finish only if both run at once."""
+    wait_for = ("import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\n"
+                "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.02)")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    outputs = run_workers([[PY, "-c", wait_for, a, b], [PY, "-c", wait_for, b, a]], timeout=60)
+    assert [o.returncode for o in outputs] == [0, 0]
+
+
+def test_env_and_cwd_reach_the_workers(tmp_path):
+    outputs = run_workers([py("import os; print(os.environ['SPMD_TEST'], os.getcwd())")],
+                          env=dict(os.environ, SPMD_TEST="seen"), cwd=tmp_path, timeout=60)
+    assert outputs[0].stdout.split() == ["seen", str(tmp_path.resolve())]
+
+
+def test_a_worker_that_prints_megabytes_never_blocks():
+    outputs = run_workers([py("import sys; sys.stdout.write('x' * 3_000_000)")], timeout=60)
+    assert len(outputs[0].stdout) == 3_000_000
+
+
+# --- failures -----------------------------------------------------------------------------------------------
+
+
+def test_a_worker_that_dies_stops_the_others_and_every_stderr_is_shown():
+    start = time.monotonic()
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers([py("import sys, time; time.sleep(0.5); print('bad input on line 3', file=sys.stderr); exit(3)"),
+                     py("import sys, time; print('waiting for worker 0', file=sys.stderr, flush=1); time.sleep(60)")],
+                    timeout=120)
+    assert time.monotonic() - start < 60  # not the timeout: the failure stopped the run
+    message = str(caught.value)
+    assert message.startswith("worker 0 of 2 failed (exit status 3) after ")
+    assert "the others were stopped" in message
+    assert "bad input on line 3" in message and "waiting for worker 0" in message
+    dead, stopped = caught.value.outputs
+    assert (dead.returncode, dead.stopped, dead.status()) == (3, False, "exit status 3")
+    assert stopped.stopped and stopped.returncode == -signal.SIGKILL and stopped.status() == "stopped (SIGKILL)"
+    assert f"--- worker 1 (pid {stopped.pid}): stopped (SIGKILL)" in message
+    assert still_running([dead.pid, stopped.pid]) == []
+
+
+def test_a_worker_killed_by_a_signal_is_named():
+    with pytest.raises(WorkersFailed, match=r"worker 1 of 2 failed \(killed by SIGSEGV\)") as caught:
+        run_workers([py("import time; time.sleep(120)"), py("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")],
+                    timeout=120)
+    assert caught.value.outputs[1].status() == "killed by SIGSEGV"
+    assert still_running([o.pid for o in caught.value.outputs]) == []
+
+
+def test_a_jax_process_in_a_distributed_job_survives_sigterm():
+    """Why run_workers stops workers with SIGKILL: JAX's preemption notifier catches SIGTERM."""
+    script = textwrap.dedent("""
+        import sys, time
+        import jax
+        port = sys.argv[1]
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0,
+                                   coordinator_bind_address=f"127.0.0.1:{port}")
+        print("joined", flush=True)
+        time.sleep(120)
+    """)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([PY, "-c", script, str(free_loopback_port())], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "joined\n", proc.stderr.read() if proc.poll() is not None else ""
+        proc.terminate()
+        time.sleep(2)
+        assert proc.poll() is None  # still running after SIGTERM
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "SIGTERM caught" in err
+
+
+def test_a_worker_that_ignores_sigterm_is_still_stopped():
+    """A JAX process joined to a distributed job takes SIGTERM as a preemption notice and keeps running."""
+    stubborn = py("""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print('ignoring SIGTERM', file=sys.stderr, flush=True)
+        time.sleep(120)
+    """)
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers([stubborn, py("import time, sys; time.sleep(1); sys.exit(1)")], timeout=120)
+    assert caught.value.outputs[0].stopped
+    assert still_running([o.pid for o in caught.value.outputs]) == []
+
+
+def test_what_a_worker_starts_is_stopped_with_it(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    parent_of_sleeper = py(f"""
+        import pathlib, subprocess, time
+        child = subprocess.Popen(['sleep', '120'])
+        pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))
+        time.sleep(120)
+    """)
+    failing = py(f"""
+        import pathlib, sys, time
+        while not pathlib.Path({str(pid_file)!r}).exists(): time.sleep(0.02)
+        sys.exit(2)
+    """)
+    with pytest.raises(WorkersFailed, match="exit status 2") as caught:
+        run_workers([parent_of_sleeper, failing], timeout=120)
+    assert gone(int(pid_file.read_text()))
+    assert still_running([o.pid for o in caught.value.outputs]) == []
+
+
+def test_a_run_that_never_ends_times_out_loudly():
+    start = time.monotonic()
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers([py("import time; time.sleep(120)")] * 2, timeout=1.5)
+    assert time.monotonic() - start < 30
+    assert str(caught.value).startswith("timed out after 1.5 s with worker(s) 0, 1 of 2 still running")
+    assert all(o.stopped for o in caught.value.outputs)
+    assert still_running([o.pid for o in caught.value.outputs]) == []
+
+
+def test_a_program_that_does_not_exist_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match=r"command 1: '/no/such/python' is not an executable file"):
+        run_workers([py("pass"), ["/no/such/python", "-c", "pass"]], timeout=60)
+
+
+# --- the parent goes away ----------------------------------------------------------------------------------
+
+
+def _parent_running(tmp_path: Path, *, interrupt: bool) -> tuple[subprocess.Popen, list[int]]:
+    """A parent process (a stand-in for a notebook kernel) in the middle of run_workers; the workers' pids."""
+    pids = [tmp_path / f"worker{i}" for i in range(2)]
+    worker = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(120)"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from utils.processes import run_workers
+        run_workers([[sys.executable, '-c', {worker!r}, {str(pids[0])!r}],
+                     [sys.executable, '-c', {worker!r}, {str(pids[1])!r}]], timeout=120)
+    """)
+    parent = subprocess.Popen([PY, "-c", script], stderr=subprocess.PIPE, text=True,
+                              start_new_session=not interrupt)
+    assert wait_until(lambda: all(p.exists() and p.read_text() for p in pids), 60), parent.stderr
+    return parent, [int(p.read_text()) for p in pids]
+
+
+@pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_parent_killed_by_sigkill(tmp_path):
+    """A kernel restart kills the kernel without letting it clean up: its workers must not be orphaned."""
+    parent, workers = _parent_running(tmp_path, interrupt=False)
+    parent.kill()
+    parent.wait()
+    assert wait_until(lambda: all(gone(pid) for pid in workers), 10)
+    assert wait_until(lambda: still_running(workers) == [], 10)  # and reaped, once init has collected them
+
+
+def test_an_interrupted_parent_stops_its_workers(tmp_path):
+    parent, workers = _parent_running(tmp_path, interrupt=True)
+    parent.send_signal(signal.SIGINT)  # Ctrl-C, or a notebook's stop button
+    _, err = parent.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err
+    assert wait_until(lambda: all(gone(pid) for pid in workers), 10)
+    assert still_running(workers) == []
+
+
+# --- the multi-host script itself, on a port that another process holds ------------------------------------
+
+
+def test_the_multihost_script_on_a_taken_port_fails_at_once_and_leaves_nothing(tmp_path):
+    script = ROOT / "notebooks" / "scripts" / "spmd_worker.py"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        commands = [[PY, str(script), "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                     "--process-id", str(i), "--init-timeout", "60", "--shared-dir", str(tmp_path)] for i in range(2)]
+        start = time.monotonic()
+        with pytest.raises(WorkersFailed) as caught:
+            run_workers(commands, env=env, timeout=300)
+    assert time.monotonic() - start < 60  # the coordinator's failure ended the run, not the 60 s init timeout
+    coordinator, other = caught.value.outputs
+    assert str(caught.value).startswith("worker 0 of 2 failed")
+    assert coordinator.returncode != 0 and "Failed to add port to server" in coordinator.stderr
+    assert other.stopped
+    assert still_running([coordinator.pid, other.pid]) == []
+
+
+# --- the small helpers and bad input -----------------------------------------------------------------------
+
+
+def test_free_loopback_port_can_be_bound_on_loopback():
+    port = free_loopback_port()
+    assert isinstance(port, int) and 1024 <= port <= 65535
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_still_running_sees_a_live_group_and_not_a_finished_one():
+    sleeper = subprocess.Popen([PY, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        assert still_running([sleeper.pid]) == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert still_running([sleeper.pid]) == []
+
+
+@pytest.mark.parametrize("pids", [[0], [-3], ["12"], [True]])
+def test_still_running_rejects_what_is_not_a_pid(pids):
+    with pytest.raises(ValueError, match="process ids"):
+        still_running(pids)
+
+
+@pytest.mark.parametrize(("commands", "fix"), [
+    ([], "a list of commands"),
+    ("python worker.py", "a list of commands"),
+    (["python", "worker.py"], "command 0 must be a non-empty list"),
+    ([[]], "command 0 must be a non-empty list"),
+    ([[PY, 3]], "command 0 must be a non-empty list"),
+])
+def test_bad_commands_are_refused_with_the_fix(commands, fix):
+    with pytest.raises(ValueError, match=fix):
+        run_workers(commands)
+
+
+@pytest.mark.parametrize(("kwargs", "fix"), [
+    ({"timeout": 0}, "timeout is in seconds and must be > 0"),
+    ({"timeout": "60"}, "timeout is in seconds"),
+    ({"tail_lines": 0}, "tail_lines must be a whole number >= 1"),
+])
+def test_bad_limits_are_refused_with_the_fix(kwargs, fix):
+    with pytest.raises(ValueError, match=fix):
+        run_workers([py("pass")], **kwargs)
+
+
+def test_the_message_quotes_only_the_last_lines():
+    noisy = py("import sys\nfor i in range(50): print(f'line {i}', file=sys.stderr)\nsys.exit(1)")
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers([noisy], tail_lines=3, timeout=60)
+    message = str(caught.value)
+    assert "line 47" in message and "line 49" in message and "line 46" not in message
+    assert caught.value.outputs[0].stderr.count("\n") == 50  # all of it is kept in outputs
+
+
+def test_worker_output_names_its_status():
+    assert WorkerOutput(0, 1, 0, "", "").status() == "exit status 0"
+    assert WorkerOutput(0, 1, -9, "", "", stopped=True).status() == "stopped (SIGKILL)"
+    assert WorkerOutput(0, 1, -11, "", "").status() == "killed by SIGSEGV"
+
+
+@pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_jupyter_kernel_restart_leaves_no_worker(tmp_path):
+    """The case the launcher exists for: a notebook's kernel restarted while its workers run."""
+    from jupyter_client.manager import start_new_kernel
+
+    pids = [tmp_path / f"worker{i}" for i in range(2)]
+    worker = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(120)"
+    cell = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from utils.processes import run_workers\n"
+            f"run_workers([[sys.executable, '-c', {worker!r}, {str(pids[0])!r}], "
+            f"[sys.executable, '-c', {worker!r}, {str(pids[1])!r}]], timeout=120)")
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        kc.execute(cell)
+        assert wait_until(lambda: all(p.exists() and p.read_text() for p in pids), 60)
+        workers = [int(p.read_text()) for p in pids]
+        km.restart_kernel(now=True)  # what JupyterLab's "Restart kernel" does to a busy kernel
+        assert wait_until(lambda: all(gone(pid) for pid in workers), 10)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert wait_until(lambda: still_running(workers) == [], 10)  # and reaped, once init has collected them
