@@ -3,11 +3,10 @@
 #
 # *Runs locally only:* `make lab-xla` (PyTorch/XLA needs its own environment, about 4 GB).
 #
-# PyTorch/XLA shards a PyTorch program with the compiler that shards a JAX program, XLA, given the same
-# information: a mesh of named axes and, per tensor, which axis splits which dimension. You run each
-# PyTorch/XLA construct next to its JAX twin in one Python process, and check that both put the same block
-# on the same device, train an MLP to the same losses and get the same collectives; then the multi-host
-# calls, and a translation table.
+# PyTorch/XLA shards a PyTorch program with XLA, the compiler behind JAX, from the same mesh and partition
+# specs. You run each PyTorch/XLA construct next to its JAX twin in one Python process, and check that both
+# put the same block on the same device, train an MLP to the same losses and get the same collectives; then
+# the multi-host calls, and a translation table.
 #
 # torch-xla 2.9.0 pairs with torch 2.9.0, which PyPI serves on x86_64 only as a 4 GB CUDA build, so it
 # lives in its own environment, `.venv-xla` (Python 3.11, hence JAX 0.10.2): `make lab-xla` opens this
