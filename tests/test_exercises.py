@@ -162,3 +162,43 @@ def test_reveal_prints_the_solution(qualname, exercise, capsys):
     exercise.reveal()
     out = capsys.readouterr().out
     assert "reference solution" in out and len(out.splitlines()) >= 2
+
+
+# Notebook 18's checkers compute torch_xla's spec strings without torch_xla (exercises.ex18_pytorch_xla.spec_string),
+# so they run everywhere. Where torch_xla is installed (.venv-xla: `make test-xla`), hold them to what it prints.
+SPEC_STRING_CASES = [
+    ((8, 8, 16), (None, "data", "model")),
+    ((8,), ("data",)),
+    ((8,), (("data", "model"),)),
+    ((8, 16), ("model", None)),  # exercise 2's answer
+    ((8, 16), (None, "model")),  # exercise 3's question
+]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchax, inside torch_xla, imports old JAX names
+def test_ex18_pytorch_xla_spec_strings_are_what_torch_xla_prints():
+    import os
+
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    os.environ.setdefault("CPU_NUM_DEVICES", "8")
+    torch = pytest.importorskip("torch")
+    torch_xla = pytest.importorskip("torch_xla")
+    import jax
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    from exercises import ex18_pytorch_xla as ex18
+
+    shardy = jax.config.jax_use_shardy_partitioner  # every mark_sharding switches it off: restore it after
+    try:
+        xr.use_spmd()
+        mesh = xs.Mesh(np.arange(8), (4, 2), ("data", "model"))
+        for shape, spec in SPEC_STRING_CASES:
+            t = torch.zeros(shape).to(torch_xla.device())
+            xs.mark_sharding(t, mesh, spec)
+            assert torch_xla._XLAC._get_xla_sharding_spec(t) == ex18.spec_string(spec, shape), (shape, spec)
+        assert ex18.spec_string(ex18.spec_from_string.solution, (8, 16)) == ex18._TARGET
+        assert ex18.spec_string((None, "model"), (8, 16)) == ex18.string_from_spec.solution
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", shardy)
