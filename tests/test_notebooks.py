@@ -112,3 +112,14 @@ def test_the_source_pattern_catches_what_it_must_and_spares_random_seeds():
         assert SOURCE_MENTIONS.search(text), text
     for text in ("jax.random.key(seed)", "a fixed random seed", "the Flax guide to NNX"):
         assert not SOURCE_MENTIONS.search(text), text
+
+
+KERNEL_METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                   "language_info": {"name": "python"}}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_metadata_names_the_python_kernel_and_nothing_else(path):
+    # The kernelspec lets JupyterLab, nbmake and the book (MyST-NB's lexer) pick Python; jupytext's pairing
+    # lives in pyproject.toml, so a notebook converted without it carries only this.
+    assert json.loads(path.read_text())["metadata"] == KERNEL_METADATA, "copy the metadata of another notebook"
