@@ -72,20 +72,9 @@ ODD_ANSWERS = {
     "a mixed list": [1, "a"], "a dict": {"a": 1}, "a function returning None": lambda *a, **k: None,
     "a function returning a string": lambda *a, **k: "x", "a function that raises": _raises_name_error,
 }
-# Checkers of notebooks owned elsewhere that still crash on an odd answer: they call the learner's function
-# without utils.exercises.answer_errors. Remove an entry once its checker is fixed.
-KNOWN_CRASHES = {
-    "ex01_meshes.auto_mesh": "calls the learner's function unguarded",
-    "ex10_fsdp.fsdp_rule": "calls the learner's rule unguarded",
-}
 
 
-@pytest.mark.parametrize(
-    "qualname,exercise",
-    [pytest.param(q, e, marks=pytest.mark.xfail(reason=KNOWN_CRASHES[q], strict=False)) if q in KNOWN_CRASHES
-     else (q, e) for q, e in EXERCISES],
-    ids=[q for q, _ in EXERCISES],
-)
+@pytest.mark.parametrize("qualname,exercise", EXERCISES, ids=[q for q, _ in EXERCISES])
 def test_answers_of_the_wrong_kind_get_a_message(qualname, exercise):
     problems = []
     for label, odd in ODD_ANSWERS.items():
