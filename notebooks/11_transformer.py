@@ -338,7 +338,7 @@ fig
 # 32 for each step, and one spare.
 
 # %%
-STEPS = 25
+STEPS = 20
 
 
 def make_batches(rng, steps):
@@ -539,7 +539,7 @@ assert [no_mesh, first, again, fixed] == [False, False, False, True]
 # %% [markdown]
 # ## 5. Train it: one device, then the four strategies
 #
-# Each run takes 25 steps on the same 25 batches, from the same initial numbers; each batch is put
+# Each run takes 20 steps on the same 20 batches, from the same initial numbers; each batch is put
 # where its strategy wants it as it is fed. Every step donates the state it is given, so the loop
 # rebinds it to the step's output.
 
@@ -564,8 +564,8 @@ ref_losses, ref_accuracies = history["one device"]
 print("loss    ", np.round(ref_losses[::5], 2), "->", round(float(ref_losses[-1]), 3))
 print("accuracy", np.round(ref_accuracies[::5], 2), "->", round(float(ref_accuracies[-1]), 3))
 assert first_kernel.is_deleted()  # donated: the first step wrote the new state into its buffers
-assert ref_losses[-1] < 0.1 * ref_losses[0]  # from about ln(32) to a small fraction of it
-assert ref_accuracies[-5:].mean() > 0.9  # predicts the next token of unseen sequences
+assert ref_losses[-1] < 0.15 * ref_losses[0]  # from about ln(32) to a small fraction of it
+assert ref_accuracies[-5:].mean() > 0.85  # predicts the next token of unseen sequences
 for name in STRATEGIES:  # four layouts, one computation
     np.testing.assert_allclose(history[name][0], ref_losses, rtol=RTOL)
 print(f"all four strategies: the single-device losses, to within rtol={RTOL:g}")
