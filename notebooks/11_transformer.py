@@ -154,7 +154,7 @@ class MyTransformer(nnx.Module):
 # One block is enough: every block adds the same parameters and collectives. `nnx.eval_shape` runs
 # the constructor on shapes alone: every array of the model and its Adam optimizer is a
 # `jax.ShapeDtypeStruct`, with the logical names as metadata (eager sharding is off: section 3 places
-# the arrays). `FAST_COMPILE` tells XLA not to optimise machine code, which halves compile time here;
+# the arrays). `FAST_COMPILE` tells XLA not to optimise machine code, which shortens compiling;
 # partitioning and buffer sizes are decided before that. With no rules in force,
 # `nnx.get_partition_spec` returns the names:
 
@@ -303,7 +303,7 @@ if CPU:  # the CPU compiler's buffer sizes (accelerators pad small arrays to the
 # %% [markdown]
 # `footprint` (arguments + outputs + temporaries) is what a device needs while the program runs.
 # Building on one device needs the whole state there, whatever `device_put` does next; FSDP's init
-# needs about an eighth of it. The one-device state is section 5's reference, and every sharded state
+# needs about an eighth of it (on the CPU backend). The one-device state is section 5's reference, and every sharded state
 # holds the same numbers: JAX's random numbers do not depend on how an array is split.
 
 # %%
@@ -614,7 +614,7 @@ moved = {name: collectives(compiled[name]).estimated_bytes for name in STRATEGIE
 for name in STRATEGIES:
     held, m = state_bytes_per_device(trained[name]), memory[name]
     kinds = ", ".join(f"{n} {k}" for k, n in collectives(compiled[name]).counts.items() if n)
-    print(f"{name:<9}{format_bytes(held):>11}{format_bytes(m.total):>12}{format_bytes(m.alias):>15}   {kinds:<27}"
+    print(f"{name:<9}{format_bytes(held):>11}{format_bytes(m.footprint):>12}{format_bytes(m.alias):>15}   {kinds:<27}"
           f"{format_bytes(moved[name]):>14}")
     assert held == expected[name], (name, held, expected[name])
     if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)

@@ -255,7 +255,7 @@ def state_bytes(state):
 
 memory = {name: memory_per_device(compiled[name]) for name in LAYOUTS}
 held = {name: state_bytes(states[name]) for name in LAYOUTS}
-footprint = {name: m.total for name, m in memory.items()}
+footprint = {name: m.footprint for name, m in memory.items()}
 print(f"{'layout':<11}{'mesh':<9}{'state':>11}{'temporaries':>13}{'footprint':>11}")
 for name, (shape, _) in LAYOUTS.items():
     print(f"{name:<11}{shape!s:<9}{format_bytes(held[name]):>11}{format_bytes(memory[name].temp):>13}"
@@ -332,8 +332,8 @@ if CPU:
     assert len(at) == 1 and max(matmuls) < at[0]  # it starts after the backward pass has computed everything
 
 # %% [markdown]
-# So this data-parallel step cannot overlap its gradient sum with the backward pass: the first layer's
-# gradients, computed last, are in the same all-reduce as the others.
+# So this data-parallel step cannot overlap its gradient sum with the backward pass: the gradients
+# computed last (the embeddings') are in the same all-reduce as all the others.
 #
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
@@ -380,8 +380,8 @@ else:
     assert mem["TPU v5e:8x8"].footprint < mem["CPU"].footprint
 
 # %% [markdown]
-# Both programs sum the residual stream over groups of 8 (the `model` axis) and gather the same
-# weights over `data`. They differ in how they write it:
+# Both programs sum the residual stream over groups of 8 (the `model` axis) and gather the weight
+# matrices over `data`. They differ in how they write it:
 # - **bf16 gathers.** TPU multiplies float32 matrices with bf16 operands by default, so its compiler
 #   converts each weight to bf16 *before* gathering it: half the bytes of the CPU's f32 gathers.
 # - **Tile padding.** TPU stores an array in tiles of 8 x 128 over its last two dimensions, so a shard
@@ -511,8 +511,8 @@ ex.divisibility.check(answer_3);
 #   become the limit, and keep `model` at most the number of heads.
 # - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
 #   all-reduce after the last matmul, and tensor-parallel all-reduces always sit between matmuls.
-# - The TPU compiler partitions the same way but gathers bf16 weights and pads arrays to its tiles:
-#   read a TPU plan from a TPU compile.
+# - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
+#   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
 # - An axis wider than what it splits fails loudly for the batch (`IndivisibleError`) and silently
 #   costs extra collectives for attention heads.
 #
