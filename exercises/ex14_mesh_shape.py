@@ -86,6 +86,9 @@ def _check_choose(choose: object) -> None:
     for table, budget, want in _CASES:
         with answer_errors(f"choose({table}, {budget})"):
             got = choose(dict(table), budget)
+        if want is not None and got != want and table[want][0] == budget:
+            raise AssertionError(f"choose({table}, {budget}) returned {got!r}, but {want!r} fits: its footprint "
+                                 "equals the budget, and 'at most the budget' includes it")
         if want is None:
             assert got is None, f"choose({table}, {budget}) returned {got!r}; nothing fits, so it should return None"
             continue
@@ -115,8 +118,8 @@ choose_layout = Exercise(
     wrong=(
         lambda table, budget: min(table, key=lambda name: table[name][0]),  # the smallest footprint, always
         lambda table, budget: min(table, key=lambda name: table[name][1]),  # fewest collectives, ignoring memory
-        lambda table, budget: min((n for n in table if table[n][0] < budget), key=lambda n: table[n][1],
-                                  default=None),  # strictly under the budget
+        lambda table, budget: min((n for n in table if table[n][0] < budget),
+                                  key=lambda n: (table[n][1], table[n][0]), default=None),  # strictly under
         lambda table, budget: min((n for n in table if table[n][0] <= budget), key=lambda n: table[n][1]),  # no None
         lambda table, budget: min((n for n in table if table[n][0] <= budget), key=lambda n: table[n][1],
                                   default=None),  # no tie-break
