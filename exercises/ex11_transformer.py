@@ -35,12 +35,23 @@ def _specs(rules: tuple) -> dict[str, P]:
     return {key: var.get_value() for key, var in specs.items()}
 
 
+def _canonical(spec: P) -> tuple:
+    """A spec as a tuple with every entry written one way: None, an axis name, or a tuple of two or more."""
+    entries = []
+    for entry in spec:
+        axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return tuple(entries)
+
+
 def _check_rules(rules: object) -> None:
     assert isinstance(rules, tuple | list), (
         f"give a tuple of (logical name, mesh axis or None) pairs; got {type(rules).__name__}")
     rules = tuple(tuple(pair) if isinstance(pair, tuple | list) else pair for pair in rules)
     assert all(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) for pair in rules), (
         "each rule is a pair such as ('embed', 'data') or ('embed', None)")
+    # A target may be an axis name, None, or several axes as a tuple or list (NNX accepts each; ('data',) is 'data').
+    rules = tuple((name, tuple(target) if isinstance(target, list) else target) for name, target in rules)
     for name, target in rules:
         ok = target is None or isinstance(target, str) or (
             isinstance(target, tuple) and all(isinstance(a, str) for a in target))
@@ -53,7 +64,7 @@ def _check_rules(rules: object) -> None:
     with answer_errors("nnx.get_partition_spec with your rules"):
         got = _specs(rules)
     for key, (names, want) in _WANT.items():
-        assert got[key] == want, (
+        assert _canonical(got[key]) == _canonical(want), (
             f"{key} {names} becomes {got[key]}, but FSDP x tensor wants {want}: 'embed' and 'batch' over "
             "'data', the rest over 'model'")
 
@@ -67,6 +78,8 @@ fsdp_tensor_rules = Exercise(
         (("batch", "fsdp"), ("vocab", None), ("embed", "fsdp"), ("heads", None), ("mlp", None)),  # 1-D FSDP
         (("batch", "model"), ("vocab", "data"), ("embed", "model"), ("heads", "data"), ("mlp", "data")),  # swapped
         (("batch", "data"), ("embed", "data"), ("heads", "model"), ("mlp", "model")),  # forgot 'vocab'
+        (("batch", ("data", "model")), ("vocab", "model"), ("embed", "data"), ("heads", "model"),
+         ("mlp", "model")),  # the batch over both axes: it is split over 'data' only
     ),
     hint="start from the 2-D table and change one rule: which logical name does FSDP split?",
     explanation=(

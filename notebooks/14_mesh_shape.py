@@ -3,21 +3,19 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/14_mesh_shape.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/14_mesh_shape.ipynb)
 #
-# With 64 devices and a `data` x `model` mesh, the seed lists five shapes, from `(64, 1)` (pure data
-# parallel) to `(1, 64)` (pure model parallel), with a rule of thumb: "More data parallelism → better
-# batch throughput; more model parallelism → larger models fit". This notebook compiles the
-# transformer's train step of notebook 11 for each of the five shapes, without running it, and reads
-# off what each device would hold and send per step. The numbers support a sharper rule, and show
-# where the seed's is right and where it is not.
+# This notebook shows how to choose a mesh shape and a layout for 64 devices from what the compiler
+# says. It compiles notebook 11's transformer train step for 64 devices under five layouts, from pure
+# data parallel to pure tensor parallel, with and without FSDP, without running anything, and reads
+# what each device would hold and send per step, on the CPU compiler and on the TPU compiler for a
+# 64-chip TPU v5e. A rule of thumb follows from the measured table.
 #
 # **You will learn**
-# - how to compile a train step for 64 devices without allocating anything (`nnx.eval_shape`,
-#   `jax.ShapeDtypeStruct`), and read its per-device memory and collectives;
-# - how parameters, gradients and activations each scale with the `data` and `model` axes;
-# - why the pure data-parallel and pure model-parallel corners both cost the most memory here, and
-#   which traffic each axis causes;
-# - what happens when an axis is wider than a dimension it splits: an error for the batch, silent
-#   extra communication for attention heads.
+# - how to compile a train step for 64 devices without allocating anything, and read its memory per
+#   device and its collectives;
+# - how state, gradients and activations scale with the `data` and `model` axes, with and without FSDP;
+# - when the gradient sum can overlap the backward pass, and what a byte count leaves out;
+# - where the TPU compiler's program agrees with the CPU compiler's, and where it differs;
+# - what happens when an axis is wider than a dimension it splits.
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -43,25 +41,27 @@ import re
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 import optax
 from flax import nnx
 from flax.linen import with_logical_constraint
-from jax.sharding import AxisType, NamedSharding
+from jax.experimental import topologies
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_mesh, format_bytes, memory_per_device, mesh_labels, shard_table
-from utils import type_string
+from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, format_bytes,
+                   memory_per_device, quiet, shard_table, tpu_compiler_available, type_string)
 
 assert jax.device_count() == 64 == SETUP.count
+CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
+MiB = 2**20
 
 # %% [markdown]
-# ## 1. The model, at the seed's width
+# ## 1. The model
 #
-# The model code below is **the same as in notebook 11**, repeated so that this notebook runs on its
-# own: a decoder-only transformer whose parameters carry logical names (`'vocab'`, `'embed'`,
-# `'heads'`, `'mlp'`) and whose residual stream is constrained to `('batch', None, None)`.
+# The model code is **the same as notebook 11's**, repeated so that this notebook runs on its own: a
+# decoder-only transformer whose parameters carry logical names (`'vocab'`, `'embed'`, `'heads'`,
+# `'mlp'`) and whose residual stream is constrained to `('batch', None, None)`.
 
 # %%
 dense_init = nnx.initializers.lecun_normal()
@@ -132,18 +132,14 @@ class MyTransformer(nnx.Module):
 
 
 # %% [markdown]
-# The sizes: the seed's `d_model=512` with 8 heads of 64 and `d_ff = 4 x 512`, a vocabulary of 512,
-# sequences of 32, a global batch of 64 sequences. Every dimension that a mesh axis splits is
-# divisible by 64: the batch (over `data`) and 512, 2048, 512 (over `model`). Two layers instead of
-# the seed's six keep compilation short; each layer adds the same collectives, so the per-layer
-# pattern is all you need.
-#
-# `nnx.eval_shape` builds the model and its Adam optimizer **abstractly**: every array is a
-# `jax.ShapeDtypeStruct` (shape and dtype, no data). Nothing is allocated, which matters here:
-# under pure data parallelism each of the 64 devices would hold the whole 78 MiB state.
+# Now at a realistic width: `d_model = 512` with 8 heads of 64, `d_ff = 2048`, a vocabulary of 512,
+# sequences of 32 and a global batch of 64, with one block (each block adds the same collectives).
+# Every dimension a mesh axis splits is divisible by 64. `nnx.eval_shape` builds the model and its
+# Adam state **abstractly**, as `jax.ShapeDtypeStruct`s: under pure data parallelism each of the 64
+# devices would hold the whole 42 MiB state, and nothing here is allocated.
 
 # %%
-D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF, VOCAB, SEQ, BATCH = 512, 2, 8, 2048, 512, 32, 64
+D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF, VOCAB, SEQ, BATCH = 512, 1, 8, 2048, 512, 32, 64
 
 
 def build():
@@ -154,271 +150,291 @@ def build():
 
 graphdef, abstract = nnx.split(nnx.eval_shape(build))
 leaves = jax.tree.leaves(abstract)
-n_params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract[0], nnx.Param)))
+n_params = sum(x.size for x in jax.tree.leaves(abstract[0]))
 n_split = NUM_LAYERS * (4 * D_MODEL**2 + 2 * D_MODEL * D_FF) + 2 * VOCAB * D_MODEL  # 'heads', 'mlp', 'vocab'
 n_embed_only = (2 * NUM_LAYERS + 1) * 2 * D_MODEL + SEQ * D_MODEL  # layer norms, position table
 print(f"{n_params:,} parameters ({format_bytes(4 * n_params)}); with Adam's two moments "
       f"{format_bytes(sum(x.size * x.dtype.itemsize for x in leaves))} of state, as {type(leaves[0]).__name__}s")
-assert n_params == n_split + n_embed_only == 6_837_248
+assert n_params == n_split + n_embed_only == 3_689_472
 assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing allocated
 
 # %% [markdown]
-# ## 2. Five meshes, one rule table, five compilations
+# ## 2. Five layouts, two rule tables, compiled for 64 devices
 #
-# Every shape uses notebook 11's 2-D rules: `batch` over `data`; `heads`, `mlp` and `vocab` over
-# `model`; `embed` whole. For each shape the cell builds the mesh, turns the abstract state into
-# `ShapeDtypeStruct`s that carry their `NamedSharding`, and lowers and compiles the train step.
-# Nothing runs. The step donates its input state (`donate_argnums=0`), as a real training loop
-# would, so the new state reuses the old state's buffers and a device's footprint is its arguments
-# plus its temporaries.
+# Two of notebook 11's rule tables: **2-D** (`batch` over `data`; `heads`, `mlp` and `vocab` over
+# `model`; `embed` whole) and **FSDP x TP**, the same plus `embed` over `data`, so every parameter is
+# also split over the data axis. On a `(64, 1)` mesh the 2-D table is pure data parallelism and the
+# FSDP x TP table pure FSDP; on `(1, 64)` the 2-D table is pure tensor parallelism. For each layout
+# the cell builds the mesh, turns the abstract state into `ShapeDtypeStruct`s carrying their
+# `NamedSharding`, and compiles the train step, which donates its state (`donate_argnums=0`).
 
 # %%
-SHAPES = [(64, 1), (32, 2), (16, 4), (8, 8), (1, 64)]
-RULES = (("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model"))
-FAST_COMPILE = {"xla_backend_optimization_level": 0}  # never run: skip optimising the machine code (notebook 11)
+TWO_D = (("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model"))
+FSDP_TP = (("batch", "data"), ("vocab", "model"), ("embed", "data"), ("heads", "model"), ("mlp", "model"))
+LAYOUTS = {  # name: (mesh shape (data, model), rule table)
+    "data": ((64, 1), TWO_D),
+    "2-D": ((8, 8), TWO_D),
+    "tensor": ((1, 64), TWO_D),
+    "FSDP": ((64, 1), FSDP_TP),
+    "FSDP x TP": ((8, 8), FSDP_TP),
+}
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # never run: skip optimising machine code (notebook 11)
 
 
-def train_step(state, tokens):
-    with nnx.logical_axis_rules(RULES):  # read while tracing (notebook 11, section 3)
-        model, optimizer = nnx.merge(graphdef, state)
+def make_step(rules):
+    def train_step(state, tokens):
+        with nnx.logical_axis_rules(rules):  # read while tracing (notebook 11)
+            model, optimizer = nnx.merge(graphdef, state)
 
-        def loss_fn(model):
-            logits = model(tokens[:, :-1])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+            def loss_fn(model):
+                logits = model(tokens[:, :-1])
+                return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), loss
+            loss, grads = nnx.value_and_grad(loss_fn)(model)
+            optimizer.update(model, grads)
+            return nnx.state((model, optimizer)), loss
+
+    return train_step
 
 
-def compile_for(shape, batch=BATCH):
-    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-    with nnx.logical_axis_rules(RULES):
+def compile_for(shape, rules, devices=None, batch=BATCH):
+    """The train step for one layout, compiled from ShapeDtypeStructs: (compiled, state structs)."""
+    if devices is None:
+        mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    else:  # the chips of a TPU topology
+        mesh = Mesh(np.array(devices).reshape(shape), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    with nnx.logical_axis_rules(rules):
         shardings = nnx.get_named_sharding(abstract, mesh)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     tokens = jax.ShapeDtypeStruct((batch, SEQ + 1), jnp.int32, sharding=NamedSharding(mesh, P("data", None)))
-    step = jax.jit(train_step, donate_argnums=0, out_shardings=(shardings, NamedSharding(mesh, P())),
+    step = jax.jit(make_step(rules), donate_argnums=0, out_shardings=(shardings, NamedSharding(mesh, P())),
                    compiler_options=FAST_COMPILE)
     with jax.set_mesh(mesh):
-        return step.lower(state, tokens).compile(), state
+        compiled, _ = compile_with_log(step.lower(state, tokens))  # keeps XLA's performance warnings out
+    return compiled, state
 
 
 compiled, states = {}, {}
-for shape in SHAPES:
-    compiled[shape], states[shape] = compile_for(shape)
-    print(shape, memory_per_device(compiled[shape]))
+for name, (shape, rules) in LAYOUTS.items():
+    compiled[name], states[name] = compile_for(shape, rules)
+print("compiled:", ", ".join(f"{name} {shape}" for name, (shape, _) in LAYOUTS.items()))
 
 # %% [markdown]
-# Here is the `(8, 8)` mesh: `data` runs down, `model` across. Under the 2-D rules a parameter is cut
-# along `model` only, so each column of this grid holds one block, and the 8 devices of a column hold
-# the same block. For the MLP's first matrix (`f32[512, 2048]`, names `('embed', 'mlp')`), under
-# each shape:
+# The MLP's first matrix (`f32[512, 2048]`, names `('embed', 'mlp')`) under each layout. On the
+# `(8, 8)` mesh the 2-D table cuts it along `model` only, so each of its 8 blocks sits on the 8
+# devices of a mesh column; FSDP x TP also cuts it along `data`, into 64 blocks, one per device:
 
 # %%
-mesh_8x8 = jax.make_mesh((8, 8), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-fig = draw_mesh(mesh_8x8)
-assert mesh_labels(fig)[0] == mesh_8x8.device_ids.tolist()
-
-for d, m in SHAPES:
-    kernel = states[(d, m)][0]["blocks"][0]["mlp"]["up"]["kernel"].get_value()
-    table = shard_table(kernel)
-    (block,) = table.shard_shapes
-    copies = len(table.rows) // len({row.index for row in table.rows})
-    print(f"{(d, m)!s:<9} {type_string(kernel):<22} block {block!s:<12} "
-          f"{format_bytes(max(table.bytes_per_device.values())):>10} per device, {copies:>2} copies of each block")
-    assert block == (512, 2048 // m) and copies == d
+kernel = {name: states[name][0]["blocks"][0]["mlp"]["up"]["kernel"].get_value() for name in LAYOUTS}
+fig = draw_shardings({name: kernel[name] for name in ("2-D", "FSDP x TP")}, ncols=2)
+blocks = {}
+for name in LAYOUTS:
+    table = shard_table(kernel[name])
+    n_blocks = len({row.index for row in table.rows})
+    blocks[name] = (n_blocks, *table.shard_shapes)
+    print(f"{name:<10} {type_string(kernel[name]):<26} {n_blocks:>2} blocks of {blocks[name][1]!s:<12} "
+          f"{64 // n_blocks:>2} copies each")
+assert blocks == {"data": (1, (512, 2048)), "2-D": (8, (512, 256)), "tensor": (64, (512, 32)),
+                  "FSDP": (64, (8, 2048)), "FSDP x TP": (64, (64, 256))}
 fig
 
 # %% [markdown]
 # ## 3. Memory per device
 #
-# Three things live on a device during a step, and they scale differently:
-# - the **state** (parameters, Adam's two moments: 12 bytes per parameter) shrinks with the `model`
-#   axis, for the 6.8 M parameters in split matrices; the 21 K in layer norms and the position table
-#   stay whole; the `data` axis does not help at all;
-# - the **gradients** (4 bytes per parameter, in the temporaries) shrink the same way;
-# - the **activations** (also temporaries) shrink with the `data` axis, which splits the batch; the
-#   `model` axis splits only the heads/MLP activations, not the residual stream.
+# A device holds the **state** between steps (parameters and Adam's two moments: 12 bytes per
+# parameter; read from the shardings). While the step runs it also needs **temporaries**: gradients,
+# activations, and under FSDP the gathered weights. The **footprint** is what `memory_per_device`
+# counts as live at once: arguments + outputs + temporaries, with the donated state, which the new
+# state overwrites, counted once.
 
 # %%
-print(f"{'mesh':<10}{'state':>11}{'temporaries':>13}{'footprint':>11}   batch rows per device")
-memory = {}
-for d, m in SHAPES:
-    mem = memory_per_device(compiled[(d, m)])
-    batch_bytes = (BATCH // d) * (SEQ + 1) * 4
-    state_bytes = mem.argument - batch_bytes
-    footprint = mem.argument + mem.temp
-    memory[(d, m)] = (state_bytes, mem.temp, footprint)
-    print(f"{(d, m)!s:<10}{format_bytes(state_bytes):>11}{format_bytes(mem.temp):>13}"
-          f"{format_bytes(footprint):>11}   {BATCH // d}")
-    assert state_bytes == 12 * (n_split // m + n_embed_only) + 8  # + Adam's count and the step counter
-    assert mem.temp >= 4 * (n_split // m + n_embed_only)  # at least one gradient for every parameter
-    assert mem.alias == state_bytes  # the new state is written into the donated state's buffers
+def state_bytes(state):
+    """Bytes of parameters and Adam state one device holds under a layout (from the shardings)."""
+    return sum(max(shard_table(x).bytes_per_device.values()) for x in jax.tree.leaves(state))
 
-state_b, temp_b, total_b = (np.array([memory[s][i] for s in SHAPES]) for i in range(3))
-assert np.all(np.diff(state_b) < 0)  # more model parallelism: less state per device, every step of the way
-assert temp_b[-1] > 50 * state_b[-1]  # (1, 64): the whole batch's activations dwarf the state
-best_memory = SHAPES[int(np.argmin(total_b))]
-print("smallest footprint:", best_memory)
-assert total_b[0] == total_b.max() and total_b[-1] > total_b[2]  # both corners cost more than the middle
+
+memory = {name: memory_per_device(compiled[name]) for name in LAYOUTS}
+held = {name: state_bytes(states[name]) for name in LAYOUTS}
+footprint = {name: m.footprint for name, m in memory.items()}
+print(f"{'layout':<11}{'mesh':<9}{'state':>11}{'temporaries':>13}{'footprint':>11}")
+for name, (shape, _) in LAYOUTS.items():
+    print(f"{name:<11}{shape!s:<9}{format_bytes(held[name]):>11}{format_bytes(memory[name].temp):>13}"
+          f"{format_bytes(footprint[name]):>11}")
+    if CPU:  # the CPU compiler's exact buffer sizes
+        batch_bytes = (BATCH // shape[0]) * (SEQ + 1) * 4
+        assert memory[name].argument == held[name] + batch_bytes and memory[name].alias == held[name]
+
+for name in ("data", "2-D", "tensor"):  # the 2-D table: only `model` splits the state
+    assert held[name] == 12 * (n_split // LAYOUTS[name][0][1] + n_embed_only) + 8  # + two step counters
+assert held["FSDP"] == 12 * n_params // 64 + 8  # every parameter has 'embed': 64 devices share all of it
+assert held["FSDP x TP"] == 12 * (n_split // 64 + n_embed_only // 8) + 8
+if CPU:
+    assert min(footprint, key=footprint.get) == "FSDP x TP"
+    assert footprint["tensor"] > footprint["2-D"] and footprint["data"] == max(footprint.values())
+    assert memory["FSDP"].temp > 4 * n_params  # whole gathered weights or whole gradients at some point
 
 # %% [markdown]
-# Pure data parallel `(64, 1)` holds everything 64 times over; pure model parallel `(1, 64)` holds
-# 1/64 of the state but every device works on all 64 sequences, and those activations (about 91 MiB)
-# are far larger than the state it saved. The smallest footprint is in between, where the two
-# shrink together.
+# - Under the 2-D table only `model` divides the state: `data` repeats it. With FSDP the `data` axis
+#   divides it too, so pure FSDP holds 1/64 of everything, the least of all.
+# - FSDP's temporaries still hold whole weights, gathered before use, and on the CPU backend the whole
+#   summed gradient: 26 MiB, more than its state. Adding `model` (FSDP x TP) divides those as well:
+#   the smallest footprint here.
+# - Pure tensor parallelism holds little state, but every device computes on all 64 sequences, and
+#   those activations cost more than the state it saved: more `model` past the middle means more
+#   memory.
 #
 # ## 4. Communication per step
+
+# %%
+comm = {name: collectives(compiled[name]) for name in LAYOUTS}
+print(f"{'layout':<11}{'collectives per step':<69}{'ring estimate':>14}")
+for name in LAYOUTS:
+    kinds = ", ".join(f"{n} {k}" for k, n in comm[name].counts.items() if n)
+    print(f"{name:<11}{comm[name].count():>3}: {kinds:<64}{format_bytes(comm[name].estimated_bytes):>14}")
+activations = {name: [op for op in comm[name].ops if op.shapes[0][:2] == (BATCH // shape[0], SEQ)]
+               for name, (shape, _) in LAYOUTS.items()}  # [rows this device holds, seq, ...]
+if CPU:
+    assert comm["data"].counts["all-reduce"] == comm["data"].count() == 1  # every gradient in one sum
+    assert not activations["data"]  # pure data parallelism moves no activations
+    assert {op.kind for op in activations["2-D"]} == {"all-reduce"} and len(activations["tensor"]) >= 6
+    assert comm["FSDP"].count("all-gather") >= 9 and comm["FSDP"].estimated_bytes > comm["data"].estimated_bytes
+    assert max(comm, key=lambda name: comm[name].estimated_bytes) == "tensor"
+
+# %% [markdown]
+# Three kinds of traffic:
+# - **Gradients**, summed over `data`: here one combined all-reduce per step, of every gradient the
+#   device holds.
+# - **Activations**, summed over `model` several times per layer, in proportion to the rows each device
+#   holds: pure tensor parallelism sums all 64 sequences, and moves the most.
+# - **Weights**, gathered over `data` under FSDP before each use: FSDP moves more than data
+#   parallelism, not less (notebook 10).
 #
-# Two kinds of traffic, one per axis. Over `data`: the **gradients**, summed once per step, each device
-# summing only the slice of them it owns. Over `model`: the **activations**, summed several times per
-# layer (notebook 11, section 3). A collective's result type tells them apart: activations start with
-# the batch rows a device holds, `[64/d, ...]`. (When `d = m`, as in `(8, 8)`, the group size alone
-# cannot.)
+# The bytes are ring-formula estimates from each collective's result size and group, not
+# measurements, and they leave out time. A gradient all-reduce needs only gradients already computed,
+# so a program that sums each layer's gradients separately can overlap that with the rest of the
+# backward pass; a tensor-parallel all-reduce sits between two matmuls, and the second waits for it.
+# This program sums all gradients in **one** combined all-reduce, and in the CPU compiler's schedule it
+# comes after the step's last matmul:
 
 # %%
-MiB = 2**20
-traffic = {}
-print(f"{'mesh':<10}{'collectives':>12}{'gradients (over data)':>30}{'activations (over model)':>34}")
-for d, m in SHAPES:
-    ops = collectives(compiled[(d, m)]).ops
-    acts = [op for op in ops if op.shapes[0][:1] == (BATCH // d,) and len(op.shapes[0]) > 1]
-    grads = [op for op in ops if op not in acts]
-    assert {op.kind for op in ops} == {"all-reduce"}
-    assert all(op.group_size == d for op in grads) and len(grads) == (d > 1)  # one all-reduce, over data
-    assert all(op.group_size in (m, m // NUM_HEADS) for op in acts)  # over model (or part of it, section 6)
-    traffic[(d, m)] = (sum(op.estimated_bytes for op in grads), sum(op.estimated_bytes for op in acts), len(ops))
-    print(f"{(d, m)!s:<10}{len(ops):>12}{len(grads):>8} all-reduce {format_bytes(traffic[(d, m)][0]):>11}"
-          f"{len(acts):>10} all-reduce {format_bytes(traffic[(d, m)][1]):>13}")
+def schedule(compiled):
+    """The entry computation's instructions, in the order the compiled program runs them."""
+    text = compiled.as_text()
+    entry = text[text.index("\nENTRY"):]
+    return entry[:entry.index("\n}")].splitlines()[1:]
+
+
+lines = schedule(compiled["data"])
+at = [i for i, line in enumerate(lines) if re.search(r" all-reduce(-start)?\(", line)]
+matmuls = [i for i, line in enumerate(lines) if '/dot_general"' in line and "get-tuple-element" not in line]
+print(f"{len(lines)} instructions: {len(matmuls)} matmuls, the last at {max(matmuls)}; the all-reduce at {at}")
+if CPU:
+    assert len(at) == 1 and max(matmuls) < at[0]  # it starts after the backward pass has computed everything
 
 # %% [markdown]
-# Both columns follow simple arithmetic, which the cell below checks against the compiled programs:
-# - gradients: one all-reduce of the state's parameter part, `4 x (n_split/m + n_embed_only)` bytes
-#   (plus the loss), over groups of `d`: under the ring model each device sends `2 (d-1)/d` times that;
-# - activations: proportional to the rows per device `64/d` and to `2 (m-1)/m`, with the same
-#   constant for every shape (the same layers, the same arrays, only their sizes change).
-
-# %%
-for d, m in SHAPES:
-    grad_bytes = 4 * (n_split // m + n_embed_only) + 4  # gradients + the loss
-    assert np.isclose(traffic[(d, m)][0], 2 * (d - 1) / d * grad_bytes)
-per_row = {(d, m): traffic[(d, m)][1] / ((BATCH // d) * 2 * (m - 1) / m) for d, m in SHAPES if m > 1}
-print({shape: format_bytes(v) for shape, v in per_row.items()}, "per batch row, per 2(m-1)/m")
-assert np.allclose([per_row[s] for s in SHAPES[1:4]], per_row[(32, 2)])  # one constant for all of them
-assert per_row[(1, 64)] > per_row[(32, 2)]  # ... except (1, 64): section 6
-total = {shape: g + a for shape, (g, a, _) in traffic.items()}
-best_traffic = min(total, key=total.get)
-print("fewest bytes per step:", best_traffic, format_bytes(total[best_traffic]))
-
-# %% [markdown]
-# `(1, 64)` does not fit the constant: it moves a little more than the arithmetic says. Section 6
-# finds out why. Here are both tables as pictures:
-
-# %%
-x = np.arange(len(SHAPES))
-labels = [str(s) for s in SHAPES]
-fig, (ax_mem, ax_net) = plt.subplots(1, 2, figsize=(11, 3.8))
-ax_mem.bar(x, state_b / MiB, label="state (params + Adam)", color="tab:blue")
-ax_mem.bar(x, temp_b / MiB, bottom=state_b / MiB, label="temporaries (grads + activations)", color="tab:orange")
-ax_mem.set(xticks=x, xticklabels=labels, xlabel="mesh (data, model)", ylabel="MiB per device",
-           title="memory per device")
-grad_t = np.array([traffic[s][0] for s in SHAPES]) / MiB
-act_t = np.array([traffic[s][1] for s in SHAPES]) / MiB
-ax_net.bar(x, grad_t, label="gradients, over data", color="tab:green")
-ax_net.bar(x, act_t, bottom=grad_t, label="activations, over model", color="tab:red")
-ax_net.set(xticks=x, xticklabels=labels, xlabel="mesh (data, model)", ylabel="MiB sent per device per step",
-           title="communication per training step")
-for ax in (ax_mem, ax_net):
-    ax.legend(fontsize=8)
-fig.tight_layout()
-plt.close(fig)
-fig
-
-# %% [markdown]
-# ## 5. The seed's rule, checked
+# So this data-parallel step cannot overlap its gradient sum with the backward pass: the gradients
+# computed last (the embeddings') are in the same all-reduce as all the others.
 #
-# > `(64, 1), # Pure data parallel - fastest for small models`
-# >
-# > `(1, 64), # Pure model parallel - for huge layers`
-# >
-# > `More data parallelism → better batch throughput; more model parallelism → larger models fit`
+# %% [markdown]
+# ## 5. The same step, compiled for a TPU v5e with 64 chips
 #
-# What the numbers support:
-# - **"More model parallelism → larger models fit" holds for the state**, strictly at every step from
-#   `(64, 1)` to `(1, 64)`, and for the gradients. It **fails for activations**: the footprint is
-#   smallest in the middle, and pure model parallel needs more memory than `(16, 4)`, because every
-#   device then works on the whole batch. A model fits when state, gradients *and* activations fit.
-# - **Pure data parallel is not the cheapest in bytes**, even for this small model: it sums every
-#   gradient across all 64 devices, while `(16, 4)` sums a quarter of them over 16. What data
-#   parallel does have is **one** collective per step (XLA combined all the gradients into a single
-#   all-reduce), which on accelerators can run while the backward pass computes; every shape with a
-#   `model` axis adds 12 more all-reduces per step here, each one between two matrix multiplications
-#   that wait for it. Throughput depends on those and on how fast each axis's links are, which CPU
-#   simulation cannot measure.
-# - **Pure model parallel is the worst corner here**: the most bytes moved (all of them activations,
-#   in proportion to the batch) and more memory than the balanced shapes.
+# Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU
+# (notebook 15). Here is the FSDP x TP step for a `v5e:8x8` slice beside the CPU's; compiling the other
+# rows too would not fit this notebook's time budget. On TPU, `memory_per_device` counts each chip's
+# HBM, and `footprint` uses the compiler's `peak`, which includes buffers that `temp` leaves out.
 
 # %%
-counts = {shape: n for shape, (_, _, n) in traffic.items()}
-print("collectives per step:", counts)
-assert counts[(64, 1)] == 1 and all(counts[s] == 13 for s in SHAPES[1:4])
-assert total[(64, 1)] > total[(16, 4)] and total[(64, 1)] > total[(8, 8)]  # data parallel moves more bytes
-assert total[(1, 64)] == max(total.values())  # pure model parallel moves the most
-assert best_memory in SHAPES[1:4] and best_traffic in SHAPES[1:4]  # both optima are mixed shapes
+def matrix_gathers(c):
+    """(dtype, shape) of every all-gather whose result is a matrix: the weights FSDP rebuilds."""
+    return {(op.result_type.split("[")[0], op.shapes[0]) for op in c.ops
+            if op.kind == "all-gather" and len(op.shapes[0]) == 2}
 
+
+ok, why = tpu_compiler_available()
+if not ok:
+    print("TPU view skipped:", why)
+else:
+    with quiet():  # libtpu's start-up lines
+        topo = topologies.get_topology_desc(topology_name="v5e:8x8", platform="tpu")
+        tpu, _ = compile_for(*LAYOUTS["FSDP x TP"], devices=topo.devices)
+    sides = {"CPU": compiled["FSDP x TP"], "TPU v5e:8x8": tpu}
+    mem = {side: memory_per_device(c) for side, c in sides.items()}
+    col = {side: collectives(c) for side, c in sides.items()}
+    gathered = {side: matrix_gathers(col[side]) for side in sides}
+    kinds = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+    print(f"{'FSDP x TP (8, 8)':<17}{'arguments':>11}{'footprint':>11}" + "".join(f"{k:>19}" for k in kinds)
+          + "   matrices gathered as")
+    for side in sides:
+        print(f"{side:<17}{format_bytes(mem[side].argument):>11}{format_bytes(mem[side].footprint):>11}"
+              + "".join(f"{col[side].count(k):>19}" for k in kinds)
+              + f"   {sorted({dtype for dtype, _ in gathered[side]})}")
+    for side in sides:  # where they agree: the residual stream, summed over `model`
+        residual = [op for op in col[side].ops if op.kind == "all-reduce" and (8, SEQ, D_MODEL) in op.shapes]
+        assert residual and {op.group_size for op in residual} == {8}
+    # where they differ
+    if CPU:
+        assert col["CPU"].count("reduce-scatter") == 0  # the CPU compiler keeps all-reduce + slice
+    assert {d for d, _ in gathered["CPU"]} == {"f32"} and {d for d, _ in gathered["TPU v5e:8x8"]} == {"bf16"}
+    assert {s for _, s in gathered["TPU v5e:8x8"]} <= {s for _, s in gathered["CPU"]}  # the same weights
+    assert mem["TPU v5e:8x8"].argument > mem["CPU"].argument  # TPU tiles pad small shards
+    assert mem["TPU v5e:8x8"].footprint < mem["CPU"].footprint
 
 # %% [markdown]
-# Where the byte-optimal shape sits depends on the model and the batch, and the two formulas checked in
-# section 4 say how: gradient traffic grows with the parameters (here through `d_ff`) and not with the
-# batch; activation traffic grows with the batch and not with `d_ff` (the all-reduced arrays are all
-# residual-stream sized, `[rows, 32, 512]`). Predict the five totals for other batches and widths
-# (for `(1, 64)` without its extra score traffic, so a lower bound):
+# Both programs sum the residual stream over groups of 8 (the `model` axis) and gather the weight
+# matrices over `data`. They differ in how they write it:
+# - **bf16 gathers.** TPU multiplies float32 matrices with bf16 operands by default, so its compiler
+#   converts each weight to bf16 *before* gathering it: half the bytes of the CPU's f32 gathers.
+# - **Tile padding.** TPU stores an array in tiles of 8 x 128 over its last two dimensions, so a shard
+#   64 wide, such as each chip's `(64, 64)` block of the attention matrices, takes the memory of 128
+#   columns: more argument bytes than on CPU for the same layout.
+# - **Reduce-scatter.** Each device needs only its slice of the summed gradients. The CPU compiler
+#   writes that as a full all-reduce and a slice (notebook 10); the TPU compiler can fuse such a pair
+#   into one reduce-scatter, and how many it fuses depends on its version (its column above).
+# - **Buffer assignment.** Each compiler decides its own temporaries, and here the TPU program needs
+#   less at its peak. Plan a TPU job's memory from the TPU program, not from the CPU's.
+#
+# ## 6. A rule of thumb, from the table
+#
+# > **You will see this online:** "More data parallelism → better batch throughput; more model
+# > parallelism → larger models fit."
+#
+# Half of that is a memory claim, and the tables above measure memory:
 
 # %%
-def predicted_traffic(d, m, batch=BATCH, d_ff=D_FF):
-    split = NUM_LAYERS * (4 * D_MODEL**2 + 2 * D_MODEL * d_ff) + 2 * VOCAB * D_MODEL
-    gradients = 2 * (d - 1) / d * (4 * (split // m + n_embed_only) + 4)
-    activations = (batch // d) * 2 * (m - 1) / m * per_row[(32, 2)]
-    return gradients + activations
-
-
-best = {}
-print(f"{'batch':>6}{'d_ff':>6}   " + "".join(f"{s!s:>10}" for s in SHAPES) + "   fewest bytes")
-for batch, d_ff in [(64, 2048), (256, 2048), (1024, 2048), (64, 512), (64, 8192)]:
-    predicted = {s: predicted_traffic(*s, batch=batch, d_ff=d_ff) for s in SHAPES}
-    best[(batch, d_ff)] = min(predicted, key=predicted.get)
-    print(f"{batch:>6}{d_ff:>6}   " + "".join(f"{predicted[s] / MiB:>10.1f}" for s in SHAPES)
-          + f"   {best[(batch, d_ff)]}")
-assert best[(64, 2048)] == best_traffic  # the formulas pick what the compiler's programs showed
-assert best[(1024, 2048)] == (64, 1)  # many tokens per step, few parameters: pure data parallel
-assert best[(64, 8192)] == (8, 8)  # more parameters, same tokens: more model parallelism
+print(f"2-D table, model axis 1 -> 8 -> 64: footprint {format_bytes(footprint['data'])} -> "
+      f"{format_bytes(footprint['2-D'])} -> {format_bytes(footprint['tensor'])}")
+print(f"FSDP, data axis 64: state {format_bytes(held['FSDP'])} per device, "
+      f"1/{round(held['data'] / held['FSDP'])} of data parallelism's {format_bytes(held['data'])}")
+if CPU:
+    assert footprint["tensor"] > footprint["2-D"]  # more model parallelism, more memory
+assert 60 * held["FSDP"] < held["data"]  # more data parallelism, less memory, once parameters are sharded over it
 
 # %% [markdown]
-# One prediction checked by compiling it: `(32, 2)` with a batch of 1024.
-
-# %%
-big_batch, _ = compile_for((32, 2), batch=1024)
-measured = collectives(big_batch).estimated_bytes
-print(f"(32, 2), batch 1024: predicted {predicted_traffic(32, 2, batch=1024) / MiB:.1f} MiB, "
-      f"compiled {measured / MiB:.1f} MiB")
-assert np.isclose(measured, predicted_traffic(32, 2, batch=1024))
-
-# %% [markdown]
-# So the seed's "(64, 1) fastest for small models" is right in this sense: *small compared with the
-# tokens per step*. The rule of thumb these numbers give: **use the `data` axis as far as memory
-# allows; add `model` parallelism until state + gradients + activations fit, and push it further only
-# while summing gradients (which grows with the parameters) costs more than summing activations (which
-# grows with batch x sequence x width)**; the prediction table shows where that tips.
+# Past the middle, more model parallelism needed *more* memory, not less (every device computes on the
+# whole batch); and a data axis that also shards the parameters divides the state by 64. Throughput
+# cannot be measured on simulated devices. What the tables support instead:
 #
-# ## 6. When an axis is wider than what it splits
+# 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every
+#    device and keeps the batch split; it pays with weight gathers on top of the gradient sum.
+# 2. **Add a `model` axis when FSDP alone stops helping**: when its temporaries (whole gathered
+#    weights, whole gradients) dominate, or when the batch per device reaches its floor. Pure FSDP on 64
+#    devices has one sequence per device and cannot run a smaller global batch at all (section 7). FSDP x
+#    TP on `(8, 8)` has 8 sequences per device and the smallest footprint here.
+# 3. **Keep `model` small**, at most the number of heads: its all-reduces carry activations several
+#    times per layer, between matmuls that wait for them. Pure tensor parallelism moved the most bytes.
+# 4. **Among layouts that fit, prefer fewer collectives and fewer bytes.** Pure data parallelism has one
+#    collective per step, but only fits when the whole state and a gradient fit on one device.
 #
-# **The batch.** `(64, 1)` needs at least 64 sequences per step, one per device. With a batch of 32 the
-# compiler refuses to lower the step: 32 rows cannot be cut into 64 equal blocks.
+# ## 7. When an axis is wider than what it splits
+#
+# **The batch.** A `(64, 1)` mesh needs at least 64 sequences per step, one per device. With a batch
+# of 32 the step does not even lower: 32 rows cannot be cut into 64 equal blocks.
 
 # %%
 raised = []
 try:
-    compile_for((64, 1), batch=32)
+    with quiet():  # jax 0.12 prints a stray source line before raising
+        compile_for(*LAYOUTS["FSDP"], batch=32)
 except ValueError as err:  # jax's IndivisibleError is a ValueError
     raised.append(type(err).__name__)
     print(type(err).__name__ + ":", re.search(r"implies that array axis 0 is partitioned 64 times, but the "
@@ -426,58 +442,59 @@ except ValueError as err:  # jax's IndivisibleError is a ValueError
 assert raised == ["IndivisibleError"]
 
 # %% [markdown]
-# The fix is a global batch divisible by the `data` axis (here 64, 128, ...), or a smaller `data` axis.
-#
-# **The heads.** The model has 8 heads, and `model = 64` splits the 512 query/key/value columns 64
-# ways: 8 columns per device, so each head is spread over 8 devices. Nothing fails, because 512 is
-# divisible by 64. But attention scores need a sum over a head's 64 dimensions, and now each device
-# holds 8 of them: the compiler adds all-reduces of partial scores `[64, 1, 32, 32]` (64 sequences, 1
-# head, 32 x 32 positions) over groups of 8. That is the extra traffic of `(1, 64)` in section 4; with
-# `model <= 8` every device holds whole heads and none of it appears.
+# **The heads.** With 8 heads, `model = 64` splits the 512 query/key/value columns 64 ways: each head
+# is spread over 8 devices. Nothing fails (512 is divisible by 64), but attention scores sum over a
+# head's 64 dimensions, so the compiler adds all-reduces of partial scores `[64, 1, 32, 32]` (64
+# sequences, 1 head, 32 x 32 positions) over groups of 8. With `model <= 8` every device holds whole
+# heads and none appear.
 
 # %%
-for d, m in SHAPES:
-    ops = collectives(compiled[(d, m)]).ops
-    scores = [op for op in ops if op.shapes[0] == (BATCH // d, max(NUM_HEADS // m, 1), SEQ, SEQ)]
-    print(f"{(d, m)!s:<9} heads per device: {NUM_HEADS / m:<6g} score all-reduces: {len(scores)}"
-          + (f" over groups of {scores[0].group_size}, {format_bytes(sum(op.estimated_bytes for op in scores))}"
-             if scores else ""))
+for name in ("2-D", "tensor"):
+    d, m = LAYOUTS[name][0]
+    scores = [op for op in comm[name].ops if op.shapes[0] == (BATCH // d, max(NUM_HEADS // m, 1), SEQ, SEQ)]
+    print(f"{name:<7} {(d, m)!s:<8} heads per device: {NUM_HEADS / m:<6g} score all-reduces: {len(scores)}"
+          + (f" over groups of {scores[0].group_size}" if scores else ""))
     assert bool(scores) == (m > NUM_HEADS)
     if scores:
         assert {op.group_size for op in scores} == {m // NUM_HEADS}
 
 # %% [markdown]
-# So a second rule: keep the `model` axis at or below the number of heads (and dividing it), or pay
-# for it in extra collectives that no annotation asked for.
-#
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
 # `ex.<name>.reveal()` for the reference answer.
 #
-# **Exercise 1 (predict the state).** On a `(4, 16)` mesh with the same rules, how many bytes of state
-# (parameters and Adam's moments, plus the 8 bytes of step counters) does each device hold? Use
-# `n_split` and `n_embed_only` from section 1.
+# **Exercise 1 (predict the state).** On a `(4, 16)` mesh, how many bytes of state (parameters and
+# Adam's moments, plus the 8 bytes of step counters) does each device hold under the 2-D table, and
+# under the FSDP x TP table? Use `n_split` and `n_embed_only` from section 1; answer a pair.
 
 # %%
 from exercises import ex14_mesh_shape as ex
 
-answer_1 = NOT_ANSWERED  # a whole number of bytes
+answer_1 = NOT_ANSWERED  # (bytes under 2-D, bytes under FSDP x TP)
 ex.state_bytes.check(answer_1);
 
 # %% [markdown]
-# **Exercise 2 (pick a shape).** Each device can give the step 24 MiB (arguments + temporaries, the
-# `footprint` column of section 3). Which of the five shapes fit, and among those, which sends the
-# fewest bytes per step (section 4)? Answer with that one shape, a tuple such as `(64, 1)`.
+# **Exercise 2 (pick a layout).** Write the choice of section 6 as a function: `choose(table, budget)`
+# gets a dict `{layout name: (footprint in bytes, collectives per step)}` and a budget in bytes per
+# device, and returns the name of the layout that fits the budget (footprint at most `budget`) with the
+# fewest collectives, the smaller footprint breaking a tie; `None` when nothing fits. The checker tries
+# it on tables of its own; then try it on this notebook's, e.g.
+# `choose({n: (footprint[n], comm[n].count()) for n in LAYOUTS}, 16 * MiB)`.
 
 # %%
-answer_2 = NOT_ANSWERED  # a mesh shape (data, model)
-ex.pick_shape.check(answer_2);
+def choose(table, budget):
+    ...  # your rule
+
+
+answer_2 = NOT_ANSWERED  # set it to choose once you have written it
+ex.choose_layout.check(answer_2);
 
 # %% [markdown]
 # **Exercise 3 (divisibility).** You change the model to 16 heads and the global batch to 96. Which of
-# the five shapes still lower without an error, and which of those keep whole heads on every device?
-# Answer with two lists of shapes: `(lowers, whole_heads)`.
+# the 2-D mesh shapes `(64, 1)`, `(32, 2)`, `(16, 4)`, `(8, 8)`, `(1, 64)` still lower without an
+# error, and which of those keep whole heads on every device? Answer with two lists of shapes:
+# `(lowers, whole_heads)`.
 
 # %%
 answer_3 = NOT_ANSWERED  # ([shapes that lower], [shapes with whole heads per device])
@@ -488,14 +505,15 @@ ex.divisibility.check(answer_3);
 # - Compile for many devices without allocating: `nnx.eval_shape` for the state,
 #   `jax.ShapeDtypeStruct(..., sharding=...)` for the inputs, `lower(...).compile()`, then read
 #   `memory_per_device` and `collectives`.
-# - The `model` axis divides the state and the gradients; the `data` axis divides the activations.
-#   The smallest footprint here is a mixed shape; both corners cost more.
-# - Gradient traffic (over `data`) scales with parameters; activation traffic (over `model`) with
-#   batch x sequence x width, several times per layer. Data parallel alone has one collective per step.
-# - Rule of thumb: as much `data` as memory allows, as much `model` as needed to fit, and a `model`
-#   axis no wider than the number of heads.
-# - An axis wider than a dimension it splits fails loudly for arguments (the batch:
-#   `IndivisibleError`) and silently costs extra collectives inside the model (heads split across
-#   devices).
+# - Without FSDP only the `model` axis divides the state; with FSDP the `data` axis divides it by every
+#   device. Activations shrink with `data` and grow back when `model` takes over the whole batch.
+# - Shard the state over `data` first, add `model` when gathered weights or the batch per device
+#   become the limit, and keep `model` at most the number of heads.
+# - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
+#   all-reduce after the last matmul, and tensor-parallel all-reduces always sit between matmuls.
+# - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
+#   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
+# - An axis wider than what it splits fails loudly for the batch (`IndivisibleError`) and silently
+#   costs extra collectives for attention heads.
 #
-# **Next:** [16 · pmap vs SPMD](16_pmap_vs_spmd.ipynb)
+# **Next:** [15 · Compiling for TPU pods you don't have](15_tpu_pods.ipynb)
