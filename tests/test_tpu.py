@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from jax.experimental import topologies
@@ -29,6 +30,21 @@ def test_available_where_libtpu_is_installed():
     ok, why = tpu_compiler_available()
     assert ok and why.startswith("libtpu 0.0.") and "\n" not in why
     assert os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"  # set before libtpu loaded: no lock taken
+    assert os.environ["TPU_LOG_DIR"] == "disabled"  # and no log files in /tmp/tpu_logs
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed here")
+def test_a_process_that_asks_first_leaves_no_libtpu_log_files(tmp_path):
+    # libtpu names its log files in /tmp/tpu_logs (a fixed folder) after the process: ...log.INFO.<date>.<pid>
+    code = ("import os; from utils.tpu import tpu_compiler_available; print(os.getpid()); "
+            "print(tpu_compiler_available()[0]); print(os.environ['TPU_LOG_DIR'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_LOG_DIR", "ALLOW_MULTIPLE_LIBTPU_LOAD")}
+    env["PYTHONPATH"] = str(Path(utils.tpu.__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    pid, ok, log_dir = out.stdout.split()
+    assert (ok, log_dir) == ("True", "disabled"), out.stderr[-2000:]
+    assert not list(Path("/tmp/tpu_logs").glob(f"tpu_driver.*.{pid}"))
 
 
 def test_reason_when_libtpu_is_missing(fresh_answer, monkeypatch):

@@ -20,6 +20,11 @@ tests compiled for a topology). :func:`tpu_compiler_available` therefore sets
 ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` (unless already set) before libtpu loads: a
 process that sets it neither takes nor checks the lock. Call it before the
 first ``get_topology_desc``.
+
+libtpu also writes log files (``tpu_driver.INFO`` and others, about 15 KB a
+load) into ``/tmp/tpu_logs`` every time it loads, which adds up over a course
+run; :func:`tpu_compiler_available` sets ``TPU_LOG_DIR=disabled`` (unless set)
+so that it writes none.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ def tpu_compiler_available() -> tuple[bool, str]:
     backend, so calling this before or after ``setup_devices`` is harmless.
     Sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` in this process's environment unless
     it is set already, so that other processes can compile for TPU
-    topologies too (see the module docstring).
+    topologies too, and ``TPU_LOG_DIR=disabled``, so that libtpu writes no
+    log files (see the module docstring).
 
     Example::
 
@@ -77,6 +83,7 @@ def tpu_compiler_available() -> tuple[bool, str]:
         )
     version = _libtpu_version()
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # read when libtpu loads: do not take its lock
+    os.environ.setdefault("TPU_LOG_DIR", "disabled")  # read when libtpu loads: no log files in /tmp/tpu_logs
     try:
         from jax.experimental import topologies
 
