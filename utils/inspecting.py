@@ -383,20 +383,33 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], list[str]]:
 _KIND = {**{k: k for k in COLLECTIVES}, **{f"{k}-start": k for k in COLLECTIVES}}
 
 
-def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, _Instr] | None:
-    """(all-reduce, dynamic-slice) when a fused computation is an all-reduce whose result is sliced."""
+def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, str] | None:
+    """(all-reduce, result type) when a fused computation is an all-reduce whose every result is sliced.
+
+    The TPU compiler writes the partitioner's reduce-scatter as a fusion calling ``%all-reduce-scatter``:
+    an all-reduce followed by a ``dynamic-slice`` of its result, or, where it combined several gradients
+    into one all-reduce of a tuple, a ``get-tuple-element`` and a ``dynamic-slice`` of each element. The
+    result type is the slice's (``'f32[64,2048]'``) or the tuple of the slices' types.
+    """
     reduces = [i for i in body if i.opcode in ("all-reduce", "all-reduce-start")]
     if len(reduces) != 1:
         return None
-    names = {reduces[0].name}
+    (reduce,) = reduces
+    names = {reduce.name}
+    slices: list[_Instr] = []
     for instr in body:  # text order is a topological order
         if not instr.operands or instr.operands[0] not in names:
             continue
         if instr.opcode == "dynamic-slice":
-            return reduces[0], instr
-        if instr.opcode in ("all-reduce-done", "bitcast", "copy", "reshape"):
+            slices.append(instr)
+        elif instr.opcode in ("all-reduce-done", "bitcast", "copy", "reshape", "get-tuple-element"):
             names.add(instr.name)
-    return None
+    outputs = len(_tuple_elements(_strip_type(reduce.type)))
+    if not slices or len(slices) != outputs:
+        return None  # some result is used whole: an all-reduce (fused with other work), not a reduce-scatter
+    if len(slices) == 1:
+        return reduce, slices[0].type
+    return reduce, "(" + ", ".join(_strip_type(piece.type) for piece in slices) + ")"
 
 
 def collectives(compiled: Any) -> Collectives:
@@ -419,7 +432,10 @@ def collectives(compiled: Any) -> Collectives:
     - a fusion whose computation is an all-reduce followed by a
       dynamic-slice of it (how the TPU compiler writes a reduce-scatter) as
       one reduce-scatter, with the slice's type and the all-reduce's groups;
-      the all-reduce inside it is not counted again.
+      the all-reduce inside it is not counted again. Where the compiler
+      combined several arrays into one all-reduce and slices each of them,
+      that is one reduce-scatter of several arrays (``'f32[64,2048] +
+      f32[256,512]'``), like a combined all-reduce.
 
     An unfused all-reduce + dynamic-slice (the CPU's spelling of the
     partitioner's reduce-scatter) is reported as the all-reduce it is. Each
@@ -469,13 +485,13 @@ def collectives(compiled: Any) -> Collectives:
                 if instr.opcode == "fusion" and callee in comps and callee not in visited:
                     pair = _fused_reduce_scatter(comps[callee])
                     if pair is not None:
-                        reduce, piece = pair
+                        reduce, piece_type = pair
                         channel = ("reduce-scatter", reduce.channel) if reduce.channel else None
                         visited.add(callee)
                         if channel is None or channel not in seen_channels:
                             if channel is not None:
                                 seen_channels.add(channel)
-                            add("reduce-scatter", instr, piece.type, "fused", in_loop, reduce.line)
+                            add("reduce-scatter", instr, piece_type, "fused", in_loop, reduce.line)
                         continue
                 if key_ == "to_apply" and instr.opcode != "call":
                     continue  # a reduction's scalar computation
