@@ -168,6 +168,7 @@ CASES = {
     "P('data',None) @ P(None,'model')": (P("data", None), P(None, "model")),
     "P(None,'data') @ P('data',None)": (P(None, "data"), P("data", None)),
 }
+# "CPU": this machine's 8 devices (simulated CPUs, unless it has 8 accelerators); "TPU": the v5e-8, ahead of time
 meshes = {"CPU": jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)}
 if ok:
     meshes["TPU"] = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2,
@@ -193,12 +194,12 @@ for case, (x_spec, w_spec) in CASES.items():
 if not ok:
     print(why)
 else:
-    for case, found in matmuls.items():
-        kinds = {b: [(op.kind, op.group_size) for op in f.ops] for b, f in found.items()}
-        assert kinds["TPU"] == kinds["CPU"], case  # the same collectives, over the same axes
     gather = {b: f.ops[0] for b, f in matmuls["P('data','model') @ P(None,'model')"].items()}
     assert gather["TPU"].result_type == "bf16[128,1024]" and gather["TPU"].result_bytes == 128 * 1024 * 2
     if CPU:
+        for case, found in matmuls.items():
+            kinds = {b: [(op.kind, op.group_size) for op in f.ops] for b, f in found.items()}
+            assert kinds["TPU"] == kinds["CPU"], case  # the same collectives, over the same axes
         assert gather["CPU"].result_type == "f32[128,1024]" and gather["CPU"].result_bytes == 128 * 1024 * 4
 
 # %% [markdown]
@@ -260,9 +261,6 @@ for (name, backend), compiled in steps.items():
 if not ok:
     print(why)
 else:
-    for name in ("DP", "TP", "2-D"):
-        kinds = {b: [(op.kind, op.group_size) for op in collectives(steps[name, b]).ops] for b in devices}
-        assert kinds["TPU"] == kinds["CPU"], name
     tpu_fsdp = collectives(steps["FSDP", "TPU"])
     (scatter,) = [op for op in tpu_fsdp.ops if op.kind == "reduce-scatter"]
     print("TPU, FSDP:", scatter.kind, scatter.result_type, f"({scatter.form})",
@@ -272,6 +270,9 @@ else:
     assert {op.result_type[:4] for op in tpu_fsdp.ops if op.kind == "all-gather"} == {"bf16"}
     assert "async" in {op.form for op in tpu_fsdp.ops}
     if CPU:
+        for name in ("DP", "TP", "2-D"):
+            kinds = {b: [(op.kind, op.group_size) for op in collectives(steps[name, b]).ops] for b in devices}
+            assert kinds["TPU"] == kinds["CPU"], name
         cpu_fsdp = collectives(steps["FSDP", "CPU"])
         (summed,) = [op for op in cpu_fsdp.ops if op.kind == "all-reduce"]
         assert cpu_fsdp.count("reduce-scatter") == 0 and "f32[512,2048]" in summed.result_type  # whole gradients
@@ -298,8 +299,9 @@ for name in STRATEGIES:
     print(f"{name:<6}{format_bytes(mems['CPU'].argument):>14}{format_bytes(tpu.argument) if tpu else '-':>15}"
           f"{format_bytes(mems['CPU'].footprint):>15}{format_bytes(tpu.footprint) if tpu else '-':>15}")
     if tpu:
-        assert tpu.argument == mems["CPU"].argument  # the same shards: all shapes here are multiples of 8 x 128
         assert tpu.footprint == tpu.peak
+    if tpu and CPU:
+        assert tpu.argument == mems["CPU"].argument  # the same shards: all shapes here are multiples of 8 x 128
 
 if not ok:
     print(why)
