@@ -392,7 +392,7 @@ def build(remat=True):
         return model, nnx.Optimizer(model, optax.adam(1e-4), wrt=nnx.Param)
 
 
-graphdef, abstract = nnx.split(nnx.eval_shape(build))  # shapes and dtypes only
+_, abstract = nnx.split(nnx.eval_shape(build))  # shapes and dtypes only
 n_params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract[0], nnx.Param)))
 state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
 print(f"{n_params:,} parameters; parameters and Adam state: {format_bytes(state_bytes)}, "
@@ -460,9 +460,12 @@ def will_it_fit(strategy, shape, remat):
         with quiet():
             return memory_per_device(lowered.compile()), None
     except jax.errors.JaxRuntimeError as err:
-        needed, available = OUT_OF_MEMORY.search(str(err)).groups()
-        assert "RESOURCE_EXHAUSTED" in str(err) and float(available) == 15.75  # the v5e's HBM for programs
-        return None, float(needed)
+        out_of_memory = OUT_OF_MEMORY.search(str(err))
+        if out_of_memory is None:
+            raise  # some other failure: show it
+        needed, available = map(float, out_of_memory.groups())
+        assert "RESOURCE_EXHAUSTED" in str(err) and available == 15.75  # what a v5e chip allows one program
+        return None, needed
 
 
 if not ok:
