@@ -28,3 +28,18 @@ def tpu_devices():
         pytest.skip(why)
     with quiet():
         return topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices
+
+
+@pytest.fixture(scope="session")
+def tpu_pod():
+    """The 64 chips of a TPU v5e:8x8 slice (no TPU needed); skips with the reason where libtpu is missing."""
+    from jax.experimental import topologies
+
+    from utils.capture import quiet
+    from utils.tpu import tpu_compiler_available
+
+    ok, why = tpu_compiler_available()
+    if not ok:
+        pytest.skip(why)
+    with quiet():
+        return topologies.get_topology_desc(topology_name="v5e:8x8", platform="tpu").devices

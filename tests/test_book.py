@@ -33,7 +33,8 @@ def sphinx_build(srcdir: Path, out: Path, *options: str, env: dict | None = None
 
 
 def visible_text(page: str) -> str:
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page)))
+    """The page's text, with Sphinx's typographic apostrophes (don’t) written back as typed (don't)."""
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page))).replace("\u2019", "'")
 
 
 @pytest.fixture(scope="module")

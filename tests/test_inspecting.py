@@ -459,3 +459,87 @@ def test_tpu_memory_counts_tile_padding_and_temp_leaves_out_on_chip_buffers(mesh
     mem = memory_per_device(grad)
     assert mem.temp == 0 and mem.peak > mem.argument + mem.output  # the gathered weight lives in S(1) memory
     assert "S(1)}" in grad.as_text() and mem.footprint == mem.peak
+
+
+def _mlp_step(params, x):
+    """An SGD step of a two-layer MLP: two weight gradients, which the compilers may combine into one collective."""
+    def loss(params):
+        return jnp.mean((jax.nn.relu(x @ params["w1"]) @ params["w2"] - x) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+
+def test_tpu_combined_reduce_scatter_of_two_gradients_counts_once(tpu_devices):
+    """FSDP on a 1-D mesh: the TPU sums both gradients in one all-reduce of a tuple and slices each element."""
+    found = {}
+    for backend, devices in (("tpu", tpu_devices), ("cpu", jax.devices())):
+        mesh = Mesh(np.array(devices), ("data",), axis_types=(AxisType.Auto,))
+        params = {"w1": _struct(mesh, (512, 2048), P("data", None)), "w2": _struct(mesh, (2048, 512), P("data", None))}
+        step = jax.jit(_mlp_step, out_shardings=({k: v.sharding for k, v in params.items()}, NamedSharding(mesh, P())))
+        compiled = step.lower(params, _struct(mesh, (256, 512), P("data", None))).compile()
+        found[backend] = (collectives(compiled), compiled.as_text())
+    (tpu, text), (cpu, _) = found["tpu"], found["cpu"]
+    (scatter,) = [op for op in tpu.ops if op.kind == "reduce-scatter"]
+    assert (scatter.result_type, scatter.form, scatter.group_size) == ("f32[64,2048] + f32[256,512]", "fused", 8)
+    assert scatter.shapes == ((64, 2048), (256, 512)) and scatter.result_bytes == (64 * 2048 + 256 * 512) * 4
+    assert [op.result_type for op in tpu.ops if op.kind == "all-reduce"] == ["f32[]"]  # only the loss is summed whole
+    # what the program says: one all-reduce of a tuple, a get-tuple-element and a dynamic-slice per gradient
+    inside = text.split("%all-reduce-scatter", 1)[1].split("\n}", 1)[0]
+    assert re.search(r"= \(f32\[512,2048\]\S*, f32\[2048,512\]\S*\) all-reduce\(", inside)
+    assert inside.count(" get-tuple-element(") == 2 and inside.count(" dynamic-slice(") == 2
+    # the CPU keeps the partitioner's combined all-reduce of the whole gradients, then slices
+    (summed,) = [op for op in cpu.ops if op.kind == "all-reduce"]
+    assert cpu.count("reduce-scatter") == 0 and {(512, 2048), (2048, 512)} <= set(summed.shapes)
+
+
+def test_a_fused_all_reduce_used_whole_is_not_a_reduce_scatter():
+    """Parser rule: only a fusion that slices every result of its all-reduce is a reduce-scatter."""
+    def module(root: str) -> str:
+        return "\n".join([
+            "HloModule m, num_partitions=8",
+            "%fused (a: f32[64], b: f32[16]) -> (f32[8], f32[16]) {",
+            "  %a = f32[64]{0} parameter(0)",
+            "  %b = f32[16]{0} parameter(1)",
+            "  %ar = (f32[64]{0}, f32[16]{0}) all-reduce(%a, %b), channel_id=1, replica_groups=[1,8]<=[8], "
+            "to_apply=%add",
+            "  %g0 = f32[64]{0} get-tuple-element(%ar), index=0",
+            "  %g1 = f32[16]{0} get-tuple-element(%ar), index=1",
+            "  %s0 = f32[8]{0} dynamic-slice(%g0, %i), dynamic_slice_sizes={8}",
+            "  %s1 = f32[2]{0} dynamic-slice(%g1, %i), dynamic_slice_sizes={2}",
+            f"  ROOT %t = {root}",
+            "}",
+            "ENTRY %main (x: f32[64], y: f32[16]) -> f32[8] {",
+            "  %x = f32[64]{0} parameter(0)",
+            "  %y = f32[16]{0} parameter(1)",
+            "  ROOT %f = (f32[8]{0}, f32[16]{0}) fusion(%x, %y), kind=kCustom, calls=%fused",
+            "}",
+        ])
+
+    (op,) = collectives(module("(f32[8]{0}, f32[2]{0}) tuple(%s0, %s1)")).ops
+    assert (op.kind, op.result_type, op.form) == ("reduce-scatter", "f32[8] + f32[2]", "fused")
+    # the second result is used whole: an all-reduce fused with other work, reported as the all-reduce it is
+    text = module("(f32[8]{0}, f32[16]{0}) tuple(%s0, %g1)").replace("  %s1 = f32[2]{0} dynamic-slice(%g1, %i), "
+                                                                      "dynamic_slice_sizes={2}\n", "")
+    (op,) = collectives(text).ops
+    assert (op.kind, op.result_type, op.form) == ("all-reduce", "f32[64] + f32[16]", "fused")
+
+
+def test_a_64_chip_program(tpu_pod):
+    """A v5e:8x8 slice: groups of 8 along each axis of an (8, 8) mesh, of 64 over both; the order of the chips in
+    the mesh changes which chip runs which part, not the per-chip program."""
+    mesh = jax.make_mesh((8, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=tpu_pod)
+    reshaped = Mesh(np.array(tpu_pod).reshape(8, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    texts = []
+    for m in (mesh, reshaped):
+        compiled = _compile(m, lambda a, b: a @ b, ((512, 1024), P("data", "model")), ((1024, 1024), P("model", None)))
+        (op,) = collectives(compiled).ops
+        assert (op.kind, op.result_type, op.group_size) == ("all-reduce", "f32[64,1024]", 8)
+        texts.append(compiled.as_text())
+    assert texts[0] == texts[1]
+    grad = _compile(mesh, jax.grad(_loss, argnums=1), ((512, 1024), P(("data", "model"), None)),
+                    ((1024, 1024), P()), out_shardings=P())
+    (op,) = collectives(grad).ops  # data parallelism over all 64 chips: one all-reduce of the whole gradient
+    assert (op.kind, op.result_type, op.group_size) == ("all-reduce", "f32[1024,1024]", 64)
+    mem = memory_per_device(grad)
+    assert mem.argument == 8 * 1024 * 4 + 1024 * 1024 * 4 and mem.platform == "tpu"  # an 8-row shard of x, all of w

@@ -384,10 +384,13 @@ _KIND = {**{k: k for k in COLLECTIVES}, **{f"{k}-start": k for k in COLLECTIVES}
 
 
 def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, str] | None:
-    """(all-reduce, result type) when a fused computation is an all-reduce whose result is sliced.
+    """(all-reduce, result type) when a fused computation is an all-reduce whose every result is sliced.
 
-    The result type is the slice's type, or, for a combined all-reduce of several arrays (a tuple,
-    whose elements are taken apart with ``get-tuple-element`` and each sliced), the tuple of the slices.
+    The TPU compiler writes the partitioner's reduce-scatter as a fusion calling ``%all-reduce-scatter``:
+    an all-reduce followed by a ``dynamic-slice`` of its result, or, where it combined several gradients
+    into one all-reduce of a tuple, a ``get-tuple-element`` and a ``dynamic-slice`` of each element. The
+    result type is the slice's (``'f32[64,2048]'``) or the tuple of the slices' types; an element used
+    whole makes it an all-reduce fused with other work, not a reduce-scatter (None).
     """
     reduces = [i for i in body if i.opcode in ("all-reduce", "all-reduce-start")]
     if len(reduces) != 1:

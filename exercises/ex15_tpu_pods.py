@@ -1,0 +1,102 @@
+"""Exercises of notebook 15: compiling for TPU pods you don't have."""
+
+from __future__ import annotations
+
+from utils.exercises import Exercise
+
+_BLOCK = 128 * 1024  # elements of one device's (128, 1024) block of x
+_GATHER = (_BLOCK * 4, _BLOCK * 2)  # (CPU float32, TPU bf16)
+
+
+def _check_gather_bytes(answer: object) -> None:
+    assert isinstance(answer, tuple) and len(answer) == 2, f"give a pair (CPU bytes, TPU bytes); got {answer!r}"
+    cpu, tpu = answer
+    assert all(isinstance(n, int) and not isinstance(n, bool) for n in answer), (
+        f"give two whole numbers of bytes; got {answer!r}"
+    )
+    assert (cpu, tpu) != (_GATHER[1], _GATHER[0]), "swapped: the CPU gathers float32, the TPU bf16"
+    assert cpu == _GATHER[0], (
+        f"CPU: {cpu} is not it. The result is the (128, 1024) block in float32, 4 bytes per element"
+    )
+    assert tpu != _GATHER[0], (
+        "the TPU compiler does not gather float32 here: it converts the matmul operand to bf16 first"
+    )
+    assert tpu == _GATHER[1], f"TPU: {tpu} is not it. The same (128, 1024) elements in bf16, 2 bytes each"
+
+
+gather_bytes = Exercise(
+    title="Exercise 1: what an all-gather moves on each compiler",
+    checker=_check_gather_bytes,
+    solution=_GATHER,
+    wrong=((_GATHER[1], _GATHER[0]), (_GATHER[0], _GATHER[0]), (_BLOCK * 4 * 2, _BLOCK * 2 * 2), (_BLOCK, _BLOCK)),
+    hint="result_bytes is the gathered block: 128 x 1024 elements, 4 bytes each in float32, 2 in bf16",
+    explanation=(
+        "524,288 bytes on CPU against 262,144 on TPU: the TPU multiplies float32 in bf16 by default, so it "
+        "gathers bf16 and moves half the bytes."
+    ),
+)
+
+
+_MATRICES = 2_684_354_560  # 32 x (4 x 2560^2 + 2 x 2560 x 10240) + 2 x 32768 x 2560
+_SCALES = 166_400  # 2 x 32 x 2560 + 2560
+_STATE = 3 * 2 * (_MATRICES // 64 + _SCALES // 16)  # parameter, mu and nu: bf16 each
+
+
+def _check_state_per_chip(n: object) -> None:
+    assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
+    assert n != 3 * 2 * (_MATRICES + _SCALES), "that is the whole state: data parallelism puts it on every chip"
+    assert n != 3 * 2 * (_MATRICES + _SCALES) // 64, (
+        "not everything is split 64 ways: the norm scales have only an 'embed' dimension, split 16 ways over 'data'"
+    )
+    assert n != 2 * (_MATRICES // 64 + _SCALES // 16), "that is the parameters alone; Adam adds mu and nu"
+    assert n != 3 * 4 * (_MATRICES // 64 + _SCALES // 16), "the state is bf16 here: 2 bytes per number, not 4"
+    assert n != _STATE + 8, "leave out the two step counters"
+    assert n == _STATE, (
+        f"{n} bytes is not it: parameters, mu and nu are three arrays of each shape, 2 bytes per element; "
+        "matrices split 64 ways, norm scales 16 ways"
+    )
+
+
+state_per_chip = Exercise(
+    title="Exercise 2: the state one chip stores",
+    checker=_check_state_per_chip,
+    solution=_STATE,
+    wrong=(
+        3 * 2 * (_MATRICES + _SCALES),
+        3 * 2 * (_MATRICES + _SCALES) // 64,
+        2 * (_MATRICES // 64 + _SCALES // 16),
+        3 * 4 * (_MATRICES // 64 + _SCALES // 16),
+        _STATE + 8,
+    ),
+    hint="3 arrays (parameter, mu, nu) x 2 bytes x (2,684,354,560 / 64 + 166,400 / 16)",
+    explanation=(
+        "251,720,640 bytes (240 MiB), the 'arguments' of the fitting row less the tokens and counters: 1/64 of "
+        "the 15 GiB the data-parallel row would put on every chip."
+    ),
+)
+
+
+_HBM_GIB = {"v5e": 16, "v6e": 32, "v5p": 95}  # HBM per chip, from Google Cloud's TPU pages (notebook 15)
+
+
+def _check_which_generations(answer: object) -> None:
+    assert isinstance(answer, (set, frozenset)), f"give a set of names such as {{'v5e'}}; got {answer!r}"
+    unknown = set(answer) - set(_HBM_GIB)
+    assert not unknown, f"{sorted(unknown)} is not one of {sorted(_HBM_GIB)}"
+    expected = {name for name, gib in _HBM_GIB.items() if gib > 40}
+    assert "v5e" not in answer, "a v5e chip has 16 GB: 40 GiB is two and a half of them"
+    assert "v6e" not in answer, "a v6e chip has 32 GB: more than a v5e, still less than 40 GiB"
+    assert answer == expected, "the v5p's 95 GiB per chip holds it"
+
+
+which_generations = Exercise(
+    title="Exercise 3: which chips could hold it",
+    checker=_check_which_generations,
+    solution={"v5p"},
+    wrong=({"v6e", "v5p"}, {"v5e", "v6e", "v5p"}, set(), "v5p", {"v5p", "v4"}),
+    hint="compare 40 GiB with each generation's HBM per chip in section 1's table",
+    explanation=(
+        "Only a v5p chip (95 GiB) holds 40 GiB. On v5e or v6e, split the state instead (FSDP, TP), as section 6 "
+        "does; and compile for the v5p topology to confirm, since its program is not the v5e's."
+    ),
+)
