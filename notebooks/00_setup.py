@@ -125,7 +125,7 @@ assert all(s.data.shape == (32, 256) for s in x.addressable_shards)
 #
 # **The type.** The course writes a sharded array's type as `f32[128@data,512@model]`: each dimension's
 # size and, after `@`, the mesh axis that splits it. On a mesh whose axes are *Explicit* (as here),
-# `jax.typeof` prints the same, because the sharding is part of the type (notebook 01 explains Explicit
+# `jax.typeof` prints the same, because the sharding is part of the type (notebooks 01 and 05 explain Explicit
 # and Auto axes). `type_string` from the course's `utils` writes it for an array on any mesh.
 
 # %%

@@ -62,7 +62,7 @@ RTOL = 1e-5 if CPU else 1e-2
 # ## 1. A `model` axis: every device holds a slice of every kernel
 #
 # Tensor parallelism needs one mesh axis. Put all 8 devices on it and call it `model`. The axis is
-# *Auto*: you place the weights, the compiler works out the rest (notebook 01 compares Auto with
+# *Auto*: you place the weights, the compiler works out the rest (notebook 05 compares Auto with
 # Explicit axes). Take the query projection of an attention layer of width 512, a `(512, 512)` kernel
 # (1 MiB of float32), and split its output columns with `P(None, 'model')`:
 

@@ -68,7 +68,7 @@ RTOL = 1e-5 if CPU else 1e-2
 # ## 1. A `(4, 2)` mesh, the batch on `data`, the weights on `model`
 #
 # `jax.make_mesh` arranges the 8 devices as 4 rows of 2. Pass the axis types deliberately, Auto, so the
-# compiler propagates shardings (notebook 01 explains the choice).
+# compiler propagates shardings (notebook 05 explains the choice).
 
 # %%
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
