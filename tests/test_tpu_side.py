@@ -12,6 +12,7 @@ covers the others. Skipped, with the reason, where libtpu is not installed.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from functools import partial
@@ -62,6 +63,11 @@ def compile_tpu(f, *args, **jit_kwargs):
 
 def summary(compiled):
     return [(op.kind, op.shapes, op.group_size) for op in collectives(compiled).ops]
+
+
+def typed(compiled):
+    """(kind, per-device type, group size) of each collective."""
+    return [(op.kind, op.result_type, op.group_size) for op in collectives(compiled).ops]
 
 
 def equivalent(sharding, mesh, spec, ndim=2):
@@ -302,6 +308,75 @@ def test_05_explicit_axes_programs(chips):
     assert collectives(layer_sum).kinds == {"all-reduce"} and collectives(layer_sum).ops[0].group_size == 4
     assert [(kind, group) for kind, _, group in summary(by_rows)] == [("all-reduce", 2)]
     assert collectives(silent).count() > 0  # the mismatched operand, moved without a word
+
+
+# --- 06 shard_map ----------------------------------------------------------------------------------------
+
+
+def test_06_each_collective_written_is_one_op(chips):
+    mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
+    x, x_rows = struct((16, 8), mesh, P("data", "model")), struct((16, 8), mesh, P("data", None))
+
+    def program(f, in_specs, out_specs, *args):
+        return compile_tpu(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs), *args)
+
+    def positions(b):
+        return 2 * b, jnp.full((1, 1), jax.lax.axis_index("data") * 2 + jax.lax.axis_index("model"))
+
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+    blocks = program(positions, P("data", "model"), (P("data", "model"),) * 2, x)
+    sums = program(lambda b: jax.lax.psum(b.sum(axis=0), "data"), P("data", None), P(), x_rows)
+    a2a = program(lambda b: jax.lax.all_to_all(b, "data", split_axis=1, concat_axis=0, tiled=True),
+                  P("data", None), P(None, "data"), x_rows)
+    shift = program(lambda b: jax.lax.ppermute(b, "data", ring), P("data", "model"), P("data", "model"),
+                    struct((4, 2), mesh, P("data", "model")))
+    assert collectives(blocks).count() == 0
+    assert typed(sums) == [("all-reduce", "f32[8]", 4)]
+    assert [(kind, group) for kind, _, group in summary(a2a)] == [("all-to-all", 4)]
+    assert collectives(a2a).ops[0].result_bytes == 4 * 8 * 4 and a2a.output_shardings.shard_shape((16, 8)) == (16, 2)
+    assert typed(shift) == [("collective-permute", "f32[1,1]", 4)]
+
+
+def test_06_all_gather_and_psum_scatter(chips):
+    mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
+
+    def scatter(shape):
+        return jax.jit(jax.shard_map(lambda b: jax.lax.psum_scatter(b, "data", scatter_dimension=0, tiled=True),
+                                     mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", "model"))).lower(
+            struct(shape, mesh, P("data", "model")))
+
+    gather = compile_tpu(jax.shard_map(lambda b: jax.lax.all_gather(b, "data", tiled=True, to="invarying"), mesh=mesh,
+                                       in_specs=P("data", "model"), out_specs=P(None, "model")),
+                         struct((16, 8), mesh, P("data", "model")))
+    small = scatter((16, 8))
+    with quiet():
+        small_c, large_c = small.compile(), scatter((512, 256)).compile()
+    (ag,), (rs,) = collectives(gather).ops, collectives(small_c).ops
+    # What notebook 06 asserts on every backend: one all-gather of whole columns, one collective of 4 devices,
+    # handed to the compiler as a reduce-scatter ...
+    assert (ag.kind, ag.group_size, np.prod(ag.shapes[0])) == ("all-gather", 4, 16 * 4)
+    assert rs.group_size == 4 and "stablehlo.reduce_scatter" in small.as_text()
+    # ... which the TPU compiler lays out as f32[4,4,4] (the CPU's: f32[16,4]), and, this small, writes as an
+    # all-reduce and a slice (the CPU's: reduce-scatter f32[1,4]); a large one stays a reduce-scatter
+    assert ag.result_type == "f32[4,4,4]" and (rs.kind, rs.result_type) == ("all-reduce", "f32[4,4]")
+    assert re.search(r"f32\[1,4\]\S* dynamic-slice\(", small_c.as_text())
+    assert typed(large_c) == [("reduce-scatter", "f32[32,128]", 4)]
+
+
+def test_06_partly_manual_and_in_specs_on_an_auto_mesh(chips):
+    mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
+    x_rows, w = struct((16, 8), mesh, P("data", None)), struct((8, 16), mesh, P(None, "model"))
+
+    def sums_of_product(xb, wb):
+        return jax.lax.psum((xb @ wb).sum(axis=0), "data")
+
+    full = compile_tpu(jax.shard_map(sums_of_product, mesh=mesh, in_specs=(P("data", None), P()), out_specs=P()),
+                       x_rows, w)
+    on_auto = compile_tpu(jax.shard_map(lambda b: 2 * b, mesh=mesh, in_specs=P(), out_specs=P()), x_rows)
+    assert "all-gather" in collectives(full).kinds  # the whole w, gathered for in_specs=P()
+    (op,) = collectives(on_auto).ops
+    assert op.kind == "all-gather" and np.prod(op.shapes[0]) == 16 * 8  # the whole array ...
+    assert op.result_type == "f32[4,4,8]"  # ... in the TPU compiler's layout (the CPU's: f32[16,8])
 
 
 # --- 07 data parallelism ---------------------------------------------------------------------------------
