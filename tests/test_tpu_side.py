@@ -5,12 +5,14 @@ A notebook asserts a compiler fact either for every backend (no guard) or for th
 compiles the notebooks' programs, at the notebooks' shapes and layouts, ahead of time for a TPU v5e-8
 (``v5e:2x4``, no TPU needed) and checks each unguarded fact on the TPU program; where a notebook states
 a fact for the CPU backend only because the TPU program differs, the test shows the TPU's form. Notebooks
-that show a TPU program beside the CPU one (04, 10, 14, 15, 16) assert their TPU side themselves; this
-covers the others. Skipped, with the reason, where libtpu is not installed.
+12 and 13 show some TPU programs themselves; this covers the rest of their facts. Notebooks that show a
+TPU program beside every CPU one (04, 10, 14 to 17) assert their TPU side themselves. Skipped, with the
+reason, where libtpu is not installed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -32,6 +34,7 @@ if TPU_OK:
     import jax.numpy as jnp
     import optax
     from flax import nnx
+    from flax.linen import logical_to_mesh_axes, with_logical_constraint
     from jax.experimental import topologies
     from jax.sharding import AxisType, Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -74,6 +77,12 @@ def equivalent(sharding, mesh, spec, ndim=2):
     return sharding.is_equivalent_to(NamedSharding(mesh, spec), ndim)
 
 
+def working(compiled):
+    """What a step allocates beyond its arguments (notebook 12's "working memory")."""
+    memory = memory_per_device(compiled)
+    return memory.footprint - memory.argument
+
+
 # --- the course MLP (notebooks 07 to 10) and its train step, on abstract state ----------------------------
 
 
@@ -82,8 +91,8 @@ class MLP(nnx.Module if TPU_OK else object):
         self.linear1 = nnx.Linear(64, 256, rngs=rngs)
         self.linear2 = nnx.Linear(256, 10, rngs=rngs)
 
-    def __call__(self, x):
-        return self.linear2(jax.nn.relu(self.linear1(x)))
+    def __call__(self, x, out_sharding=None):  # out_sharding: for an Explicit mesh (notebook 13)
+        return self.linear2(jax.nn.relu(self.linear1(x)), out_sharding=out_sharding)
 
 
 class MLP2D(MLP):  # notebook 09: the hidden activation pinned to P('data', 'model')
@@ -98,9 +107,13 @@ def path_name(path):
     return "/".join(str(k.key) for k in path if hasattr(k, "key"))
 
 
-def abstract_train_step(mesh, model_cls, layout, x_spec, y_spec):
+def integer_labels_loss(model, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+def abstract_train_step(mesh, model_cls, layout, x_spec, y_spec, loss=integer_labels_loss):
     """The course's donated train step, compiled for ``mesh`` with each parameter (and its Adam moments) laid
-    out as ``layout`` says (name -> spec; the step counters replicated)."""
+    out as ``layout`` says (name -> spec; the step counters replicated); ``loss(model, x, y)``."""
 
     def create():
         model = model_cls(nnx.Rngs(0))
@@ -117,12 +130,9 @@ def abstract_train_step(mesh, model_cls, layout, x_spec, y_spec):
     def step(state, x, y):
         model, optimizer = nnx.merge(graphdef, state)
 
-        def loss_fn(model):
-            return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        loss_value, grads = nnx.value_and_grad(lambda model: loss(model, x, y))(model)
         optimizer.update(model, grads)
-        return loss, nnx.state((model, optimizer))
+        return loss_value, nnx.state((model, optimizer))
 
     with jax.set_mesh(mesh):
         return compile_tpu(step, abstract, struct((64, 64), mesh, x_spec), struct((64,), mesh, y_spec, jnp.int32),
@@ -492,3 +502,438 @@ def test_09_two_d_train_step_talks_along_rows_and_columns(chips):
     assert [(op.kind, op.shapes) for op in along_model] == [("all-reduce", ((16, 10),))]
     assert {op.kind for op in along_data} == {"all-reduce"}
     assert sum(op.result_bytes for op in along_data) == (half_params + 1) * 4
+
+
+# --- 11 the transformer: four strategies from rule tables --------------------------------------------------
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+D_MODEL, D_FF, HEADS, VOCAB, SEQ, BATCH = 64, 256, 8, 32, 16, 32  # one block, as in notebook 11
+RESIDUAL = ("batch", None, None)
+STRATEGY_MESHES = {"data": ((8,), ("data",)), "tensor": ((8,), ("model",)), "2-D": ((4, 2), ("data", "model")),
+                   "FSDP": ((8,), ("fsdp",))}
+RULES = {
+    "data": (("batch", "data"), ("vocab", None), ("embed", None), ("heads", None), ("mlp", None)),
+    "tensor": (("batch", None), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model")),
+    "2-D": (("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model")),
+    "FSDP": (("batch", "fsdp"), ("vocab", None), ("embed", "fsdp"), ("heads", None), ("mlp", None)),
+}
+N_SPLIT = 4 * D_MODEL**2 + 2 * D_MODEL * D_FF + 2 * VOCAB * D_MODEL  # in matrices with 'heads', 'mlp' or 'vocab'
+N_EMBED_ONLY = 3 * 2 * D_MODEL + SEQ * D_MODEL  # layer norms and the position table
+
+
+def dense(names):
+    return nnx.with_partitioning(nnx.initializers.lecun_normal(), names)
+
+
+def layer_norm(rngs):
+    return nnx.LayerNorm(D_MODEL, scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("embed",)),
+                         bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("embed",)), rngs=rngs)
+
+
+class Attention(nnx.Module if TPU_OK else object):
+    def __init__(self, rngs):
+        qkv = dict(kernel_init=dense(("embed", "heads")), use_bias=False, rngs=rngs)
+        self.query = nnx.Linear(D_MODEL, D_MODEL, **qkv)
+        self.key = nnx.Linear(D_MODEL, D_MODEL, **qkv)
+        self.value = nnx.Linear(D_MODEL, D_MODEL, **qkv)
+        self.out = nnx.Linear(D_MODEL, D_MODEL, kernel_init=dense(("heads", "embed")), use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        b, s, d = x.shape
+        q, k, v = (f(x).reshape(b, s, HEADS, d // HEADS) for f in (self.query, self.key, self.value))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(d // HEADS))
+        scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -1e9)
+        y = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+        return self.out(y.reshape(b, s, d))
+
+
+class FeedForward(nnx.Module if TPU_OK else object):
+    def __init__(self, rngs):
+        self.up = nnx.Linear(D_MODEL, D_FF, kernel_init=dense(("embed", "mlp")), use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(D_FF, D_MODEL, kernel_init=dense(("mlp", "embed")), use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+class TransformerBlock(nnx.Module if TPU_OK else object):
+    def __init__(self, rngs):
+        self.norm1, self.attn = layer_norm(rngs), Attention(rngs)
+        self.norm2, self.mlp = layer_norm(rngs), FeedForward(rngs)
+
+    def __call__(self, x):
+        x = with_logical_constraint(x + self.attn(self.norm1(x)), RESIDUAL)
+        return with_logical_constraint(x + self.mlp(self.norm2(x)), RESIDUAL)
+
+
+class Transformer(nnx.Module if TPU_OK else object):
+    def __init__(self, rngs):
+        embed = nnx.initializers.normal(0.02)
+        self.tokens = nnx.Embed(VOCAB, D_MODEL, embedding_init=nnx.with_partitioning(embed, ("vocab", "embed")),
+                                rngs=rngs)
+        self.positions = nnx.Embed(SEQ, D_MODEL, embedding_init=nnx.with_partitioning(embed, (None, "embed")),
+                                   rngs=rngs)
+        self.blocks = nnx.List([TransformerBlock(rngs)])
+        self.norm = layer_norm(rngs)
+        self.head = nnx.Linear(D_MODEL, VOCAB, kernel_init=dense(("embed", "vocab")), use_bias=False, rngs=rngs)
+
+    def __call__(self, tokens):
+        x = with_logical_constraint(self.tokens(tokens) + self.positions(jnp.arange(tokens.shape[1])), RESIDUAL)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def build_transformer():
+    with nnx.use_eager_sharding(False):
+        model = Transformer(nnx.Rngs(0))
+        return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+
+def with_rules(rules, fn):
+    @functools.wraps(fn)
+    def traced(*args):
+        with nnx.logical_axis_rules(rules):
+            return fn(*args)
+    return traced
+
+
+def is_activation(shape, rows):
+    return shape[:2] == (rows, SEQ)
+
+
+@pytest.fixture(scope="module")
+def transformer(chips):
+    """Notebook 11's abstract state, each strategy's mesh, state and batch layout, and its compiled train step."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(build_transformer))
+
+    def train_step(state, tokens):
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(model):
+            logits = model(tokens[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), logits
+
+        (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss, jnp.mean(logits.argmax(-1)[:, 1:] == tokens[:, 2:])
+
+    setups, steps = {}, {}
+    for name, (shape, axes) in STRATEGY_MESHES.items():
+        mesh, rules = tpu_mesh(chips, shape, axes), RULES[name]
+        with nnx.logical_axis_rules(rules):
+            shardings = nnx.get_named_sharding(abstract, mesh)
+            tokens = struct((BATCH, SEQ + 1), mesh, logical_to_mesh_axes(("batch", None)), jnp.int32)
+        state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+        replicated = NamedSharding(mesh, P())
+        with jax.set_mesh(mesh):
+            steps[name] = compile_tpu(with_rules(rules, train_step), state, tokens, donate_argnums=0,
+                                      out_shardings=(shardings, replicated, replicated),
+                                      compiler_options=FAST_COMPILE)
+        setups[name] = (mesh, state, tokens)
+    return graphdef, abstract, setups, steps
+
+
+def test_11_building_on_one_device_needs_the_whole_state_there(chips, transformer):
+    _, abstract, _, _ = transformer
+    one = memory_per_device(compile_tpu(lambda: nnx.state(build_transformer()), compiler_options=FAST_COMPILE,
+                                        out_shardings=jax.sharding.SingleDeviceSharding(chips[0])))
+    whole = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
+    assert one.argument == 0 and one.footprint >= whole
+
+
+def test_11_data_parallel_all_reduces_the_gradients_once(transformer):
+    c = collectives(transformer[3]["data"])
+    param_bytes = 4 * (N_SPLIT + N_EMBED_ONLY)
+    assert c.kinds == {"all-reduce"} and param_bytes <= c.result_bytes <= param_bytes + 16
+
+
+def test_11_tensor_parallel_sums_activations(transformer):
+    c = collectives(transformer[3]["tensor"])
+    assert c.kinds <= {"all-reduce", "all-gather"}
+    assert sum(s == (BATCH, SEQ, D_MODEL) for op in c.ops for s in op.shapes) >= 2
+
+
+def test_11_two_d_activations_over_model_gradients_over_data(transformer):
+    c = collectives(transformer[3]["2-D"])
+    over_model = [op for op in c.ops if op.group_size == 2]
+    over_data = [op for op in c.ops if op.group_size == 4]
+    grad_bytes = 4 * (N_SPLIT // 2 + N_EMBED_ONLY)
+    assert len(over_model) + len(over_data) == len(c.ops)
+    assert all(is_activation(s, BATCH // 4) for op in over_model for s in op.shapes)
+    assert {op.kind for op in over_data} == {"all-reduce"}
+    assert grad_bytes <= sum(op.result_bytes for op in over_data) <= grad_bytes + 16
+
+
+def test_11_fsdp_gathers_weights_and_needs_the_activation_constraint(transformer):
+    graphdef, _, setups, steps = transformer
+    assert "all-gather" in collectives(steps["FSDP"]).kinds
+
+    def loss_only(state, tokens):
+        model, _ = nnx.merge(graphdef, state)
+        return optax.softmax_cross_entropy_with_integer_labels(model(tokens[:, :-1]), tokens[:, 1:]).mean()
+
+    mesh, state, tokens = setups["FSDP"]
+    with jax.set_mesh(mesh):
+        loose = collectives(compile_tpu(loss_only, state, tokens, compiler_options=FAST_COMPILE))
+        pinned = collectives(compile_tpu(with_rules(RULES["FSDP"], loss_only), state, tokens,
+                                         compiler_options=FAST_COMPILE))
+    assert any(is_activation(s, BATCH) for op in loose.ops for s in op.shapes)
+    assert not any(is_activation(s, BATCH) for op in pinned.ops for s in op.shapes)
+
+
+def test_11_rules_are_read_while_tracing(chips):
+    mesh, rules = tpu_mesh(chips, (8,), ("data",)), RULES["data"]
+    x = struct((8, 4), mesh, P())
+
+    def double(x):
+        return with_logical_constraint(2 * x, ("batch", None))
+
+    def constrained(lowered):
+        return "sharding_constraint" in lowered.as_text()
+
+    with nnx.logical_axis_rules(rules):
+        no_mesh = constrained(jax.jit(double).lower(x))
+    with jax.set_mesh(mesh):
+        first = constrained(jax.jit(double).lower(x))
+        with nnx.logical_axis_rules(rules):
+            again = constrained(jax.jit(double).lower(x))
+        fixed = constrained(jax.jit(with_rules(rules, double)).lower(x))
+    assert [no_mesh, first, again, fixed] == [False, False, False, True]
+
+
+# --- 12 training memory: donation, scan and remat, ZeRO --------------------------------------------------
+
+WIDTH, HIDDEN = 128, 512  # notebook 12's D, H
+LAYER_BYTES = 2 * WIDTH * HIDDEN * 4  # one block's two kernels, whole, float32
+ZERO = {"ZeRO-1": (False, False, True), "ZeRO-2": (False, True, True), "ZeRO-3": (True, True, True)}
+
+
+class ResidualBlock(nnx.Module if TPU_OK else object):
+    def __init__(self, rngs):
+        self.up = nnx.Linear(WIDTH, HIDDEN, use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(HIDDEN, WIDTH, use_bias=False, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.down(jax.nn.relu(self.up(x)))
+
+
+class Stack(nnx.Module if TPU_OK else object):
+    def __init__(self, layers, *, scan=True, policy="nothing_saveable", rngs):  # policy: a checkpoint policy's name
+        @nnx.split_rngs(splits=layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make(rngs):
+            return ResidualBlock(rngs)
+
+        self.blocks = make(rngs)
+        self.scan, self.policy = scan, policy
+
+    def __call__(self, x):
+        def body(x, block):
+            return block(x)
+
+        if self.policy is not None:
+            body = nnx.remat(body, policy=getattr(jax.checkpoint_policies, self.policy))
+        loop = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, unroll=1 if self.scan else True)
+        return loop(x, self.blocks)
+
+
+def create_stack(layers=2, **options):
+    model = Stack(layers, rngs=nnx.Rngs(0), **options)
+    return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+
+def zero_layout(split, mesh, tree):
+    return jax.tree.map(lambda leaf: NamedSharding(mesh, P(None, "data") if split and leaf.ndim == 3 else P()), tree)
+
+
+def pin(obj, split, mesh):
+    state = nnx.state(obj)
+    nnx.update(obj, jax.lax.with_sharding_constraint(state, zero_layout(split, mesh, state)))
+
+
+def zero_step(stage, mesh, donate=True):
+    split_params, split_grads, split_opt = ZERO[stage]
+
+    def step(model, optimizer, x, y):
+        def loss_fn(model):
+            return jnp.mean((model(x).astype(jnp.float32) - y) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        grads = jax.lax.with_sharding_constraint(grads, zero_layout(split_grads, mesh, grads))
+        optimizer.update(model, grads)
+        pin(model, split_params, mesh)
+        pin(optimizer, split_opt, mesh)
+        return loss
+
+    return nnx.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+def abstract_stack(stage, mesh, **options):
+    split_params, _, split_opt = ZERO[stage]
+    model, optimizer = nnx.eval_shape(lambda: create_stack(**options))
+    for obj, split in ((model, split_params), (optimizer, split_opt)):
+        state = nnx.state(obj)
+        nnx.update(obj, jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                                     state, zero_layout(split, mesh, state)))
+    return model, optimizer
+
+
+@pytest.fixture(scope="module")
+def zero_mesh(chips):
+    return tpu_mesh(chips, (8,), ("data",))
+
+
+def compile_zero(stage, mesh, donate=True, **options):
+    x = struct((512, WIDTH), mesh, P("data"))
+    with quiet():
+        return zero_step(stage, mesh, donate).lower(*abstract_stack(stage, mesh, **options), x, x).compile()
+
+
+N_STACK = 2 * 2 * WIDTH * HIDDEN  # parameters of the 2-layer stack
+STACK_STATE_BYTES = 3 * 4 * N_STACK // 8 + 8  # ZeRO-3: parameters and Adam's moments split 8 ways; 2 counters
+
+
+def test_12_the_sharded_constructor_never_holds_the_whole_state(zero_mesh):
+    @nnx.jit
+    def build():
+        model, optimizer = create_stack()
+        pin(model, True, zero_mesh)
+        pin(optimizer, True, zero_mesh)
+        return model, optimizer
+
+    with quiet():
+        init = memory_per_device(build.lower().compile())
+    assert init.argument == 0 and init.output + init.temp < 3 * 4 * N_STACK / 4
+
+
+def test_12_without_donation_the_step_holds_two_copies_of_the_state(zero_mesh):
+    plain = memory_per_device(compile_zero("ZeRO-3", zero_mesh, donate=False))
+    assert plain.alias == 0 and plain.argument + plain.output >= 2 * STACK_STATE_BYTES
+
+
+@pytest.fixture(scope="module")
+def fsdp_depths(zero_mesh):
+    """The ZeRO-3 step at 2 and 4 layers: unrolled, scanned, scanned with remat (notebook 12, section 3)."""
+    variants = {"unrolled": dict(scan=False, policy=None), "scan": dict(policy=None), "scan + remat": {}}
+    return {(name, layers): compile_zero("ZeRO-3", zero_mesh, layers=layers, **options)
+            for name, options in variants.items() for layers in (2, 4)}
+
+
+def test_12_scan_and_remat_bound_what_each_layer_adds(fsdp_depths):
+    growth = {name: (working(fsdp_depths[name, 4]) - working(fsdp_depths[name, 2])) / 2
+              for name in ("unrolled", "scan", "scan + remat")}
+    assert growth["unrolled"] >= LAYER_BYTES  # each layer adds at least its whole weights
+    assert growth["scan + remat"] < growth["scan"] < growth["unrolled"]
+    assert growth["scan + remat"] < LAYER_BYTES / 2
+
+
+def test_12_the_scan_gathers_each_layer_in_the_loop(fsdp_depths):
+    scanned, unrolled = collectives(fsdp_depths["scan + remat", 2]), collectives(fsdp_depths["unrolled", 2])
+    gathers = [op for op in scanned.ops if op.kind == "all-gather"]
+    sums = [op for op in scanned.ops if op.kind in ("all-reduce", "reduce-scatter") and op.result_bytes > 4]
+    assert len(gathers) == 4 and all(op.in_loop for op in gathers)
+    assert len(sums) == 1 and sums[0].in_loop
+    assert not any(op.in_loop for op in unrolled.ops) and unrolled.count("all-gather") >= 4
+
+
+def test_12_zero_stages(zero_mesh):
+    steps = {stage: compile_zero(stage, zero_mesh) for stage in ZERO}
+    work = {stage: working(c) for stage, c in steps.items()}
+    comms = {stage: collectives(c) for stage, c in steps.items()}
+    assert work["ZeRO-1"] > work["ZeRO-2"] > work["ZeRO-3"]
+    for stage in ("ZeRO-1", "ZeRO-2"):  # the updated parameters, gathered whole once per step, after the loop
+        gathers = [op for op in comms[stage].ops if op.kind == "all-gather"]
+        assert sorted(op.shapes for op in gathers) == [((2, 128, 512),), ((2, 512, 128),)]
+        assert not any(op.in_loop for op in gathers)
+    assert all(op.in_loop for op in comms["ZeRO-3"].ops if op.kind == "all-gather")
+
+
+# --- 13 sequence parallelism, gradient accumulation, an Explicit mesh, what comes next -------------------
+
+
+def test_13_tensor_parallel_block_all_reduces_the_residual_stream(chips):
+    mesh = tpu_mesh(chips, (8,), ("model",))
+    b, s, d, f = 4, 128, 64, 256
+
+    def block(params, x):  # notebook 13's block with the activations between the regions replicated
+        def pin(a, spec):
+            return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
+
+        x = pin(x, P())
+        normed = pin(jax.nn.standardize(x, axis=-1) * params["scale"], P())
+        hidden = pin(jax.nn.gelu(normed @ params["up"]), P(None, None, "model"))
+        return pin(x + hidden @ params["down"], P()), normed
+
+    params = {"scale": struct((d,), mesh, P()), "up": struct((d, f), mesh, P(None, "model")),
+              "down": struct((f, d), mesh, P("model", None))}
+    compiled = compile_tpu(block, params, struct((b, s, d), mesh, P()))
+    # notebook 13 shows the TPU's kinds, and the sequence-parallel block's shapes; these are the TP shapes
+    assert [(kind, shapes) for kind, shapes, _ in summary(compiled)] == [("all-reduce", ((b, s, d),))]
+
+
+def test_13_strided_micro_batches_need_less_than_the_whole_batch(chips):
+    mesh = tpu_mesh(chips, (8,), ("data",))
+    n, micro = 8192, 8
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: MLP(nnx.Rngs(0))))
+    tx = optax.sgd(0.1)
+
+    def loss_fn(params, x, y):
+        return optax.softmax_cross_entropy(nnx.merge(graphdef, params)(x), jax.nn.one_hot(y, 10)).mean()
+
+    def big_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def strided_step(params, opt_state, x, y):
+        def one(total, batch):
+            loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+            return jax.tree.map(jnp.add, total, grads), loss
+
+        def split(a):
+            return a.reshape(-1, micro, *a.shape[1:]).swapaxes(0, 1)
+
+        total, losses = jax.lax.scan(one, jax.tree.map(jnp.zeros_like, params), (split(x), split(y)))
+        updates, opt_state = tx.update(jax.tree.map(lambda g: g / micro, total), opt_state)
+        return optax.apply_updates(params, updates), opt_state, losses.mean()
+
+    state = jax.tree.map(lambda a: struct(a.shape, mesh, P(), a.dtype), (params, jax.eval_shape(tx.init, params)))
+    batch = (struct((n, 64), mesh, P("data")), struct((n,), mesh, P("data"), jnp.int32))
+    whole, strided = (memory_per_device(compile_tpu(f, *state, *batch)).footprint for f in (big_step, strided_step))
+    assert strided < whole
+
+
+def test_13_explicit_mesh_train_step_talks_along_rows_and_columns(chips):
+    mesh = tpu_mesh(chips, (4, 2), ("data", "model"), axis_type=AxisType.Explicit)
+    rows = NamedSharding(mesh, P("data", None))
+
+    def one_hot_loss(model, x, y):  # the row-parallel layer told where its result goes
+        return optax.softmax_cross_entropy(model(x, out_sharding=rows), jax.nn.one_hot(y, 10)).mean()
+
+    ops = collectives(abstract_train_step(mesh, MLP, MEGATRON, P("data", None), P("data"), loss=one_hot_loss)).ops
+    assert [(op.kind, op.shapes) for op in ops if op.group_size == 2] == [("all-reduce", ((16, 10),))]
+    assert {op.kind for op in ops if op.group_size == 4} == {"all-reduce"}  # the gradients, over data
+
+
+def test_13_expert_context_and_pipeline_collectives(chips):
+    def program(f, axis, shape, dtype=jnp.float32):
+        mesh = tpu_mesh(chips, (8,), (axis,))
+        return collectives(compile_tpu(jax.shard_map(f, mesh=mesh, in_specs=P(axis), out_specs=P(axis)),
+                                       struct(shape, mesh, P(), dtype)))
+
+    def ring_pass(kv):
+        def step(_, carry):
+            kv, seen = carry
+            kv = jax.lax.ppermute(kv, "context", perm=[(i, (i + 1) % 8) for i in range(8)])
+            return kv, seen + kv
+
+        return jax.lax.fori_loop(0, 7, step, (kv, kv))[1]
+
+    dispatch = program(lambda b: jax.lax.all_to_all(b, "expert", split_axis=1, concat_axis=1, tiled=True),
+                       "expert", (8, 8, 8, 4), jnp.int32)
+    ring = program(ring_pass, "context", (8, 16))
+    stages = program(lambda a: jax.lax.ppermute(a, "stage", perm=[(s, s + 1) for s in range(7)]), "stage", (8, 16))
+    assert [(op.kind, op.group_size) for op in dispatch.ops] == [("all-to-all", 8)]
+    assert [(op.kind, op.in_loop) for op in ring.ops] == [("collective-permute", True)]
+    assert [op.kind for op in stages.ops] == ["collective-permute"]
