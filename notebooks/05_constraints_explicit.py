@@ -243,16 +243,19 @@ np.testing.assert_allclose(pinned(x, w1, w2), chosen(x, w1, w2), rtol=RTOL, atol
 
 # %% [markdown]
 # The compiler moves a weight: its all-to-all carries a device's whole slice of `w1` (1 MiB on the CPU
-# backend). Pinned, `h` is built from partial products that an all-reduce over `model` adds up: activations
-# only, under half the bytes by the ring-formula estimate, and on the CPU backend about an eighth of the
-# temporary memory. A constraint is a request, not a speed-up: measure before you keep one.
+# backend). Pinned, `h` is built from partial products summed over `model` (by all-reduces on the CPU
+# backend): activations only, under half the bytes by the ring-formula estimate, and on the CPU backend
+# about an eighth of the temporary memory. A constraint is a request, not a speed-up: measure before you
+# keep one.
 #
 # **A reshard with no good route.** From `P('data', None)` to `P(None, 'model')` the cut moves to the other
 # dimension *and* the other axis. The partitioner falls back to gathering the **whole array** on every
-# device, and says so on stderr, from C++ (not a Python warning): `[SPMD] Involuntary full
-# rematerialization`. In a real program that line means a full copy of a tensor on every device. A
-# **waypoint** fixes it: first `P('data', 'model')`, a local slice, then `P(None, 'model')`, which
-# gathers only the columns each device keeps. `compile_with_log` catches what the compiler prints.
+# device, and on the CPU backend says so on stderr, from C++ (not a Python warning): `[SPMD] Involuntary
+# full rematerialization` (libtpu logs it too, but keeps its warnings off stderr unless
+# `TPU_STDERR_LOG_LEVEL=1` is set before it loads). In a real program that line means a full copy of a
+# tensor on every device. A **waypoint** fixes it: first `P('data', 'model')`, a local slice, then
+# `P(None, 'model')`, which gathers only the columns each device keeps. `compile_with_log` catches what the
+# compiler prints.
 
 # %%
 target = NamedSharding(mesh, P(None, "model"))
@@ -271,7 +274,9 @@ def waypoint(v):
 print("direct:\n", collectives(direct_c), "\n\nwaypoint:\n", collectives(waypoint_c), sep="")
 print("\nfull rematerialization reported: direct", "Involuntary full rematerialization" in direct_log,
       "| waypoint", "Involuntary full rematerialization" in waypoint_log)
-assert "Involuntary full rematerialization" in direct_log and "Involuntary" not in waypoint_log
+assert "Involuntary" not in waypoint_log
+if CPU:  # the CPU compiler's warning (libtpu's stays off stderr)
+    assert "Involuntary full rematerialization" in direct_log
 assert [op.result_type for op in collectives(direct_c).ops] == ["f32[128,512]"]  # all of x, on every device
 assert [op.result_type for op in collectives(waypoint_c).ops] == ["f32[128,256]"]  # only the kept columns
 out = waypoint_c(x)
