@@ -131,6 +131,10 @@ reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded ru
 # others), applies ReLU to them, and multiplies them by the 32 rows of `linear2/kernel` that belong to
 # the same hidden units. That gives a `(64, 10)` *partial* result: the sum over its 32 hidden units
 # only. One **all-reduce** adds up the 8 partial results.
+#
+# `create` builds a model already in its layout: the constructor runs inside `nnx.jit`, and
+# `with_sharding_constraint` pins each new parameter where the layout says, so each device computes only
+# its own blocks and none ever holds the whole model (notebook 10 measures what that saves).
 
 # %%
 def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
@@ -145,15 +149,21 @@ megatron = {
 }
 
 
-def place(module, layout, mesh=mesh):
-    """Put each parameter of `module` where `layout` (name -> spec) says."""
-    state = nnx.state(module)
-    specs = jax.tree_util.tree_map_with_path(lambda path, _: NamedSharding(mesh, layout[param_name(path)]), state)
-    nnx.update(module, jax.device_put(state, specs))
-    return module
+def create(make, layout, mesh=mesh):
+    """The module `make()` builds, created with each parameter where `layout` (name -> spec) says."""
+
+    @nnx.jit
+    def build():
+        module = make()
+        state = nnx.state(module)
+        specs = jax.tree_util.tree_map_with_path(lambda path, _: NamedSharding(mesh, layout[param_name(path)]), state)
+        nnx.update(module, jax.lax.with_sharding_constraint(state, specs))
+        return module
+
+    return build()
 
 
-model_tp = place(MLP(nnx.Rngs(0)), megatron)
+model_tp = create(lambda: MLP(nnx.Rngs(0)), megatron)
 for name, leaf in nnx.to_flat_state(nnx.state(model_tp)):
     print(f"{'/'.join(name):<16}{type_string(leaf[...]):<22}{leaf[...].sharding.shard_shape(leaf.shape)}")
 draw_shardings(nnx.state(model_tp), ncols=4)
@@ -230,7 +240,7 @@ class FeedForward(nnx.Module):
 ff_online = FeedForward(nnx.Rngs(0))
 state = nnx.state(ff_online)
 nnx.update(ff_online, jax.device_put(state, jax.tree_util.tree_map_with_path(online_rule, state)))
-ff_tp = place(FeedForward(nnx.Rngs(0)), megatron)
+ff_tp = create(lambda: FeedForward(nnx.Rngs(0)), megatron)
 
 forward_repl = jax.jit(lambda model, x: model(x), out_shardings=NamedSharding(mesh, P()))
 ff_ops_online = collectives(forward_repl.lower(ff_online, x_repl).compile())
@@ -286,7 +296,7 @@ class Attention(nnx.Module):
 heads_layout = {"query/kernel": P(None, "model"), "key/kernel": P(None, "model"),
                 "value/kernel": P(None, "model"), "out/kernel": P("model", None)}
 attn_ref = Attention(64, 8, rngs=nnx.Rngs(1))
-attn_tp = place(Attention(64, 8, rngs=nnx.Rngs(1)), heads_layout)
+attn_tp = create(lambda: Attention(64, 8, rngs=nnx.Rngs(1)), heads_layout)
 
 tokens = x.reshape(4, 16, 64)  # the course batch read as (batch, sequence, width): 4 sequences of 16 tokens
 tokens_repl = jax.device_put(tokens, NamedSharding(mesh, P()))
