@@ -277,9 +277,10 @@ assert shard_table(jax.jit(strided)(x_dp)).shard_shapes == {(MICRO, N // MICRO /
 # the two splits) and compare what each device holds and sends:
 
 # %%
-programs = {"whole batch": jax.jit(big_step),
-            "consecutive": jax.jit(partial(accumulating_step, split=consecutive)),
-            "strided": jax.jit(partial(accumulating_step, split=strided))}
+donated = {"donate_argnums": (0, 1)}  # every step updates its parameters and Adam state in place
+programs = {"whole batch": jax.jit(big_step, **donated),
+            "consecutive": jax.jit(partial(accumulating_step, split=consecutive), **donated),
+            "strided": jax.jit(partial(accumulating_step, split=strided), **donated)}
 compiled_steps = {name: step.lower(*state0, x_dp, y_dp).compile() for name, step in programs.items()}
 print(f"{'':<13}{'footprint':>10}   collectives")
 for name, compiled in compiled_steps.items():
@@ -304,8 +305,8 @@ if CPU:  # what the CPU compiler does with consecutive micro-batches (the TPU's,
 # Does it give the whole batch's update? Run both from the same state:
 
 # %%
-whole_params, _, whole_loss = programs["whole batch"](*state0, x_dp, y_dp)
-acc_params, _, acc_loss = programs["strided"](*state0, x_dp, y_dp)
+whole_params, _, whole_loss = programs["whole batch"](*jax.tree.map(jnp.copy, state0), x_dp, y_dp)  # donated:
+acc_params, _, acc_loss = programs["strided"](*jax.tree.map(jnp.copy, state0), x_dp, y_dp)  # each a fresh copy
 print(f"loss: whole batch {float(whole_loss):.6f}, accumulated {float(acc_loss):.6f}")
 np.testing.assert_allclose(acc_loss, whole_loss, rtol=RTOL)
 for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params), strict=True):
