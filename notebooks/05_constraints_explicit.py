@@ -52,7 +52,6 @@ from utils import (
     draw_mesh,
     draw_shardings,
     memory_per_device,
-    tile_labels,
     type_string,
 )
 
@@ -125,9 +124,7 @@ assert "sharding_constraint" in lowered.as_text()  # this time the program carri
 assert fixed.sharding.is_equivalent_to(NamedSharding(mesh, P("model", None)), 2)
 assert collectives(compiled).count() > 0  # and data moves
 np.testing.assert_array_equal(fixed, 2 * X)
-fig = draw_shardings({"1: x": x, "2: process_fixed(x)": fixed})
-assert "dev 0,2,4,6\n(64, 512)\n128.0 KiB\n4 copies" in tile_labels(fig)
-fig
+draw_shardings({"1: x": x, "2: process_fixed(x)": fixed})
 
 # %% [markdown]
 # **A constraint also reaches backwards.** A batch that arrives as a NumPy array has no sharding, and
@@ -285,9 +282,7 @@ np.testing.assert_array_equal(out, X)
 
 # %%
 waypoint_layout = jax.ShapeDtypeStruct(X.shape, X.dtype, sharding=NamedSharding(mesh, P("data", "model")))
-fig = draw_shardings({"1: x": x, "2: waypoint": waypoint_layout, "3: target": out})
-assert "dev 0,2,4,6\n(128, 256)\n128.0 KiB\n4 copies" in tile_labels(fig)
-fig
+draw_shardings({"1: x": x, "2: waypoint": waypoint_layout, "3: target": out})
 
 # %% [markdown]
 # ## 5. Explicit axes: the sharding is in the type

@@ -53,7 +53,6 @@ from utils import (
     draw_permute,
     draw_sharding,
     draw_shardings,
-    tile_labels,
     type_string,
 )
 
@@ -114,9 +113,7 @@ assert collectives(compiled).count() == 0  # no device talked to another
 # `(1, 1)` block holds the position it computed:
 
 # %%
-fig = draw_sharding(positions, show_bytes=False, contents=lambda b: f"position {b[0, 0]}")
-assert "dev 3\n(1, 1)\nposition 3" in tile_labels(fig)
-fig
+draw_sharding(positions, show_bytes=False, contents=lambda b: f"position {b[0, 0]}")
 
 # %% [markdown]
 # ## 2. `psum`: add up across devices
@@ -174,10 +171,7 @@ if CPU:  # the CPU compiler's types (the TPU's: all-gather f32[4,4,4]; this smal
 np.testing.assert_array_equal(gathered, X)  # the same values, whole columns on every device
 np.testing.assert_allclose(scattered, X.reshape(4, 4, 8).sum(axis=0), rtol=RTOL)
 
-fig = draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered})
-labels = tile_labels(fig)
-assert "dev 0,2,4,6\n(16, 4)\n256 B\n4 copies" in labels and "dev 0\n(1, 4)\n16 B" in labels
-fig
+draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered})
 
 # %% [markdown]
 # `psum_scatter` hands every backend's compiler a reduce-scatter (`lower(x).as_text()` shows it). The CPU
@@ -215,9 +209,7 @@ assert [(op.kind, op.group_size) for op in a2a.ops] == [("all-to-all", 4)]
 assert a2a.ops[0].result_bytes == 4 * 8 * 4  # each device's whole (4, 8) block, in 4 pieces of (4, 2)
 assert by_columns.sharding.shard_shape(X.shape) == (16, 2)
 np.testing.assert_array_equal(by_columns, X)  # the same array, cut the other way
-fig = draw_shardings({"1: before": x_rows, "2: after all_to_all": by_columns}, ncols=2)
-assert "dev 0,1\n(16, 2)\n128 B\n2 copies" in tile_labels(fig)  # each model pair: a quarter of the columns
-fig
+draw_shardings({"1: before": x_rows, "2: after all_to_all": by_columns}, ncols=2)
 
 # %% [markdown]
 # ## 5. `ppermute`: send blocks to other devices
@@ -247,10 +239,8 @@ print(cp)
 assert [(op.kind, op.result_type, op.group_size) for op in cp.ops] == [("collective-permute", "f32[1,1]", 4)]
 np.testing.assert_array_equal(shifted, np.roll(mesh.device_ids, 1, axis=0))  # NumPy: a roll by one row
 
-fig = draw_shardings({"1: before": ids, "2: after ppermute": shifted}, ncols=2, show_bytes=False,
-                     contents=lambda b: f"data of dev {b[0, 0]:.0f}")
-assert "dev 2\n(1, 1)\ndata of dev 2" in tile_labels(fig)[:8] and "dev 2\n(1, 1)\ndata of dev 0" in tile_labels(fig)[8:]
-fig
+draw_shardings({"1: before": ids, "2: after ppermute": shifted}, ncols=2, show_bytes=False,
+               contents=lambda b: f"data of dev {b[0, 0]:.0f}")
 
 # %% [markdown]
 # Device 2 now holds device 0's data, and device 0 holds device 6's: the ring wraps around. One

@@ -53,7 +53,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_mesh, draw_sharding, tile_labels, type_string
+from utils import NOT_ANSWERED, collectives, draw_mesh, draw_sharding, type_string
 
 if importlib.util.find_spec("torch_xla") is None:
     raise ModuleNotFoundError(
@@ -314,11 +314,7 @@ assert one_d == "sharding {devices=[8]0,1,2,3,4,5,6,7} is not organized as expec
 # Each block is labelled with its devices and shape:
 
 # %%
-fig = draw_sharding(jax_arrays["t1"])
-labels = tile_labels(fig)
-assert len(labels) == 8 and all("(8, 2, 8)" in label for label in labels)
-assert {label.split("\n")[0] for label in labels} == {f"dev {d}" for d in range(8)}
-fig
+draw_sharding(jax_arrays["t1"])
 
 
 # %% [markdown]
