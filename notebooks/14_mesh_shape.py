@@ -421,7 +421,7 @@ assert 60 * held["FSDP"] < held["data"]  # more data parallelism, less memory, o
 #    devices has one sequence per device and cannot run a smaller global batch at all (section 7). FSDP x
 #    TP on `(8, 8)` has 8 sequences per device and the smallest footprint here.
 # 3. **Keep `model` small**, at most the number of heads: its all-reduces carry activations several
-#    times per layer, between matmuls that wait for them. Pure tensor parallelism moved the most bytes.
+#    times per layer, between matmuls that wait for them. Pure tensor parallelism has the largest ring estimate.
 # 4. **Among layouts that fit, prefer fewer collectives and fewer bytes.** Pure data parallelism has one
 #    collective per step, but only fits when the whole state and a gradient fit on one device.
 #
