@@ -352,7 +352,7 @@ def matrix_gathers(c):
 
 ok, why = tpu_compiler_available()
 if not ok:
-    print("TPU view skipped:", why)
+    print(why)
 else:
     with quiet():  # libtpu's start-up lines
         topo = topologies.get_topology_desc(topology_name="v5e:8x8", platform="tpu")

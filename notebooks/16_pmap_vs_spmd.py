@@ -566,7 +566,7 @@ print(f"\npmap by hand, {jax.default_backend()}:", pmap_fsdp_comm, sep="\n")
 
 ok, why = tpu_compiler_available()
 if not ok:
-    print("\nTPU view skipped:", why)
+    print(f"\n{why}")
 else:
     with quiet():
         topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
