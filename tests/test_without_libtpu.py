@@ -19,21 +19,19 @@ from utils.course import notebooks
 HIDE = Path(__file__).parent / "no_libtpu"
 REASON = "no TPU compiler here: libtpu is not installed"
 WITH_TPU_CELLS = [p for p in notebooks() if "tpu_compiler_available()" in p.read_text()]
+SET_BY_UTILS_TPU = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_LOG_DIR")  # unset, as a fresh process starts
 
 
-def _hidden_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HIDE), *filter(None, [env.get("PYTHONPATH")])])
-    for name in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_LOG_DIR"):  # as a fresh process would start
-        env.pop(name, None)
-    return env
+def _hiding_pythonpath() -> str:
+    return os.pathsep.join([str(HIDE), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def test_the_hiding_works_and_the_reason_is_one_line():
     code = ("import importlib.util, jax; from utils.tpu import tpu_compiler_available; "
             "print(importlib.util.find_spec('libtpu')); print(tpu_compiler_available()[1]); "
             "print(jax.default_backend())")
-    out = subprocess.run([sys.executable, "-c", code], env=_hidden_env(), capture_output=True, text=True,
+    env = {k: v for k, v in os.environ.items() if k not in SET_BY_UTILS_TPU} | {"PYTHONPATH": _hiding_pythonpath()}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     spec, reason, backend = out.stdout.splitlines()
@@ -50,9 +48,8 @@ def test_some_notebooks_have_tpu_cells():
 def test_notebook_passes_without_libtpu(path, monkeypatch):
     from nbclient import NotebookClient
 
-    env = _hidden_env()  # the kernel inherits this process's environment
-    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
-    for name in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_LOG_DIR"):
+    monkeypatch.setenv("PYTHONPATH", _hiding_pythonpath())  # the kernel inherits this process's environment
+    for name in SET_BY_UTILS_TPU:
         monkeypatch.delenv(name, raising=False)
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
