@@ -121,12 +121,6 @@ def _test_tree() -> dict:
     }
 
 
-def _expected(path: tuple, leaf: jax.Array) -> PartitionSpec:
-    if getattr(path[-1], "key", None) == "kernel" and leaf.ndim == 2:
-        return PartitionSpec(None, "model")
-    return PartitionSpec()
-
-
 def _check_kernel_rule(rule: object) -> None:
     assert callable(rule), f"give a function rule(path, leaf) that returns a PartitionSpec; got {rule!r}"
     mesh = _mesh_4x2()
@@ -145,7 +139,7 @@ def _check_kernel_rule(rule: object) -> None:
             f"{name} {tuple(leaf.shape)} has {leaf.ndim} dimension(s), but your rule gives it {spec} with "
             f"{len(spec)} entries: give at most one entry per dimension"
         )
-        want = NamedSharding(mesh, _expected(path, leaf))
+        want = NamedSharding(mesh, _solution_rule(path, leaf))
         with answer_errors(f"{name}: NamedSharding(mesh, {spec}) on the mesh ('data', 'model')"):
             have = NamedSharding(mesh, spec)  # raises if the spec names an axis the mesh lacks, or one twice
         assert have.is_equivalent_to(want, leaf.ndim), (
@@ -170,7 +164,7 @@ def _wrong_first_dim(path, leaf):  # splits the input dimension instead of the l
     return PartitionSpec("model", None) if leaf.ndim == 2 and path[-1].key == "kernel" else PartitionSpec()
 
 
-def _wrong_seed_threshold(path, leaf):  # the guide's test: only 'large' kernels by shape[0]
+def _wrong_shape0_threshold(path, leaf):  # notebook 03's online snippet: tests shape[0], splits shape[1]
     path_str = "/".join(str(p) for p in path)
     return PartitionSpec(None, "model") if "kernel" in path_str and leaf.shape[0] > 256 else PartitionSpec()
 
@@ -183,7 +177,7 @@ kernel_rule = Exercise(
     title="Exercise 3: a sharding rule for tree_map_with_path",
     checker=_check_kernel_rule,
     solution=_solution_rule,
-    wrong=(_wrong_by_rank, _wrong_first_dim, _wrong_seed_threshold, _wrong_always),
+    wrong=(_wrong_by_rank, _wrong_first_dim, _wrong_shape0_threshold, _wrong_always),
     hint="the leaf's name is path[-1].key; test it and leaf.ndim, and return P(None, 'model') or P()",
     explanation=(
         "Kernels of shape (in, out) are split along 'out' over 'model'; the embedding table is 2-D but not "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, answer_errors
 
 
 def _data_mesh() -> jax.sharding.Mesh:
@@ -15,10 +15,8 @@ def _data_mesh() -> jax.sharding.Mesh:
 def _shard_shape(mesh: jax.sharding.Mesh, spec: PartitionSpec, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
     """The block of `shape` each device holds under `spec`; an AssertionError that says why if it cannot."""
     assert len(spec) <= len(shape), f"{spec} has {len(spec)} entries, but {what} has only {len(shape)} dimensions"
-    try:
-        return NamedSharding(mesh, spec).shard_shape(shape)
-    except Exception as err:  # unknown axis, an axis used twice, a size that does not divide
-        raise AssertionError(f"{spec} cannot lay out {what} {shape} on the mesh {dict(mesh.shape)}: {err}") from None
+    with answer_errors(f"{spec}, laying out {what} {shape} on the mesh {dict(mesh.shape)},"):
+        return NamedSharding(mesh, spec).shard_shape(shape)  # unknown axis, an axis used twice, uneven sizes
 
 
 def _check_dp_specs(answer: object) -> None:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, answer_errors
 from utils.inspecting import COLLECTIVES, collectives
 
 
@@ -18,11 +18,9 @@ def _check_row_parallel_spec(spec: object) -> None:
     assert isinstance(spec, PartitionSpec), f"expected a PartitionSpec such as P(...); got {type(spec).__name__}"
     mesh = _model_mesh()
     assert len(spec) <= 2, f"{spec} has {len(spec)} entries, but the kernel has only 2 dimensions"
-    try:
+    with answer_errors(f"{spec}, laying out a (256, 10) kernel on this mesh,"):
         given = NamedSharding(mesh, spec)
-        shard = given.shard_shape((256, 10))
-    except Exception as err:  # unknown axis, an axis used twice, a size that does not divide
-        raise AssertionError(f"{spec} cannot lay out a (256, 10) kernel on this mesh: {err}") from None
+        shard = given.shard_shape((256, 10))  # unknown axis, an axis used twice, uneven sizes
     row_parallel = NamedSharding(mesh, PartitionSpec("model", None))
     assert given.is_equivalent_to(row_parallel, 2), (
         f"{spec} gives each device a {shard} block of the (256, 10) kernel; row-parallel means each device "

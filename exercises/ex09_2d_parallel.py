@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, answer_errors
 from utils.inspecting import COLLECTIVES, collectives
 
 
@@ -41,11 +41,9 @@ def _check_activation_spec(spec: object) -> None:
     assert isinstance(spec, PartitionSpec), f"expected a PartitionSpec such as P(...); got {type(spec).__name__}"
     mesh = _mesh_4x2()
     assert len(spec) <= 2, f"{spec} has {len(spec)} entries, but the activation has only 2 dimensions"
-    try:
+    with answer_errors(f"{spec}, laying out a (64, 256) activation on this mesh,"):
         given = NamedSharding(mesh, spec)
-        shard = given.shard_shape((64, 256))
-    except Exception as err:  # unknown axis, an axis used twice, a size that does not divide
-        raise AssertionError(f"{spec} cannot lay out a (64, 256) activation on this mesh: {err}") from None
+        shard = given.shard_shape((64, 256))  # unknown axis, an axis used twice, uneven sizes
     want = NamedSharding(mesh, PartitionSpec("data", "model"))
     assert given.is_equivalent_to(want, 2), (
         f"{spec} gives each device a {shard} block of the (64, 256) activation; the examples (rows) should "

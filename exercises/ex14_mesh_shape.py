@@ -128,8 +128,8 @@ choose_layout = Exercise(
          "smaller footprint; None if none is left",
     explanation=(
         "Memory decides first: a layout that does not fit cannot run. Among those that fit, fewer collectives "
-        "(and then less memory) is the better bet. With the CPU table of section 3 and 16 MiB that is '2-D'; "
-        "with 10 MiB, 'FSDP x TP'."
+        "(and then less memory) is the better bet. Run it on section 3's table with a few "
+        "budgets to see the answer change."
     ),
 )
 

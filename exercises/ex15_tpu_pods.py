@@ -25,7 +25,7 @@ def _check_gather_bytes(answer: object) -> None:
 
 
 gather_bytes = Exercise(
-    title="Exercise 1: what an all-gather moves on each compiler",
+    title="Exercise 1: the all-gather's result on each compiler",
     checker=_check_gather_bytes,
     solution=_GATHER,
     wrong=((_GATHER[1], _GATHER[0]), (_GATHER[0], _GATHER[0]), (_BLOCK * 4 * 2, _BLOCK * 2 * 2), (_BLOCK, _BLOCK)),
@@ -84,8 +84,8 @@ def _check_which_generations(answer: object) -> None:
     unknown = set(answer) - set(_HBM_GIB)
     assert not unknown, f"{sorted(unknown)} is not one of {sorted(_HBM_GIB)}"
     expected = {name for name, gib in _HBM_GIB.items() if gib > 40}
-    assert "v5e" not in answer, "a v5e chip has 16 GB: 40 GiB is two and a half of them"
-    assert "v6e" not in answer, "a v6e chip has 32 GB: more than a v5e, still less than 40 GiB"
+    assert "v5e" not in answer, "a v5e chip has 16 GiB: 40 GiB is two and a half of them"
+    assert "v6e" not in answer, "a v6e chip has 32 GiB: more than a v5e, still less than 40 GiB"
     assert answer == expected, "the v5p's 95 GiB per chip holds it"
 
 

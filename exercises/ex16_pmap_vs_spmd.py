@@ -146,7 +146,7 @@ migrate_to_jit = Exercise(
 
 def _measured_factor() -> float:
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-    w, x, y = _regression_data()
+    _, x, y = _regression_data()
     w = np.linspace(-1, 1, 16, dtype=np.float32)
 
     def loss(w, x, y):

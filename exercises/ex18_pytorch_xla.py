@@ -1,7 +1,8 @@
 """Exercises of notebook 18: translating between PyTorch/XLA and JAX, and reading torch_xla's spec strings.
 
 The checkers need neither torch nor torch_xla, so they run in every environment of the course.
-Notebook 18 checks their reference answers against torch_xla itself.
+tests/test_exercises.py checks their reference answers against torch_xla where it is installed
+(`make test-xla`).
 """
 
 from __future__ import annotations

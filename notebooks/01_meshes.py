@@ -177,7 +177,7 @@ assert (str(jax.typeof(xa)), str(jax.typeof(xe))) == ("float32[16,8]", "float32[
 # %% [markdown]
 # This course uses both, on purpose. Notebooks 00 to 03 place and read layouts on **Explicit** meshes,
 # where the type shows them. From notebook 04 on, the compute notebooks mostly use **Auto** meshes,
-# because they are about what the compiler decides; notebooks 05 and 13 use Explicit ones too. Every mesh
+# because they are about what the compiler decides; notebooks 05, 06 and 13 use Explicit ones too. Every mesh
 # passes `axis_types`.
 #
 # ## 3. Device order: which device sits where
@@ -305,8 +305,8 @@ assert global_y.sharding.is_equivalent_to(in_block.sharding, 2)
 # > with jax.sharding.use_mesh(mesh):   # code from early 2025
 # >     ...
 # > ```
-# > `jax.sharding.use_mesh` is gone. `with mesh:` still runs, but warns, and no longer sets the
-# > current mesh that a bare `P` looks for:
+# > `jax.sharding.use_mesh` is gone. `with mesh:` still runs, but warns, and does not set the
+# > current mesh that `jax.device_put` looks for when you give it a bare `P`:
 
 # %%
 outcomes = []

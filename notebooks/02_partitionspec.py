@@ -308,11 +308,11 @@ def doubled(a):
 if jax.__version_info__ >= (0, 12):
     try:
         jax.jit(doubled)(v)
-        outcome = "returned"
+        outcome, message = "returned", ""
     except ValueError as err:
-        outcome = type(err).__name__
+        outcome, message = type(err).__name__, str(err)
         print(f"JAX {jax.__version__}: {outcome}: {err}")
-    assert outcome == "IndivisibleError"
+    assert outcome == "IndivisibleError" and "shape=[2, 4]" in message  # the device grid, not your 10 elements
 else:
     out = jax.jit(doubled)(v)
     gathers = collectives(jax.jit(doubled).lower(v).compile()).count("all-gather")
@@ -369,6 +369,7 @@ print(failed)
 print("P('data', None) == P('data'):", P("data", None) == P("data"),
       "| P('data', None) == ('data', None):", P("data", None) == ("data", None))
 assert len(failed) == 2
+assert (y_auto.sharding.spec, y_explicit.sharding.spec) == (P("data"), P("data", None))  # the same layouts, respelled
 assert P("data", None) != P("data") and P("data", None) != ("data", None)  # never equal to a tuple since 0.10
 
 # %% [markdown]

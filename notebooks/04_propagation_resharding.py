@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import topologies
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from utils import (
@@ -251,6 +251,8 @@ a, b, c, col = run_case("2 or 3?", P("data", None), P("model", None))
 del cases["2 or 3?"]
 assert found(col) == [("all-reduce", (32, 512), 2)]
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)
+if CPU:  # f32 on the CPU; a TPU may all-reduce in another precision
+    assert col.estimated_bytes == 64 * 1024
 
 # %% [markdown]
 # ## 3. Reading the compiled program
@@ -294,11 +296,10 @@ def iota_groups(text):
 positions = np.arange(8).reshape(mesh.devices.shape)  # the program's device numbers, laid out as the mesh
 groups = re.search(r"replica_groups=(.+?), (?:use_global_device_ids|to_apply|dimensions)", line).group(1)
 print("replica_groups:", groups, "| mesh positions:", positions.tolist())
-assert iota_groups("[4,2]<=[8]") == positions.tolist()  # the rows: groups over 'model'
-assert iota_groups("[2,4]<=[4,2]T(1,0)") == positions.T.tolist()  # the columns: groups over 'data'
+assert iota_groups("[2,4]<=[4,2]T(1,0)") == positions.T.tolist()  # the other spelling: the columns, over 'data'
 assert op.group_size == 2
-if CPU:  # how the CPU compiler writes this program's groups
-    assert groups == "[4,2]<=[8]"
+if CPU:  # how the CPU compiler writes this program's groups: the mesh's rows, groups over 'model'
+    assert groups == "[4,2]<=[8]" and iota_groups(groups) == positions.tolist()
 
 # %% [markdown]
 # The compiled program also knows each device's memory. `compiled.memory_analysis()` returns the
@@ -332,7 +333,7 @@ tpu = {}  # case -> the TPU program
 if ok:
     with quiet():  # libtpu writes start-up warnings to stderr
         topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
-    tpu_mesh = Mesh(np.array(topo.devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    tpu_mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=topo.devices)
     for name, (a, b, c, _) in cases.items():
         args = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(tpu_mesh, v.sharding.spec))
                 for v in (a, b)]
@@ -373,6 +374,8 @@ if ok:
         print(f"{name:<6}" + "".join(f"{', '.join(f'{op.kind} {op.result_type}' for op in c.ops) or 'none':<32}"
                                       for c in (here, there)))
         assert found(there) == tpu_expected[name]
+        if name in ("2", "4"):  # the gathered operand, converted before it moves
+            assert all(op.result_type.startswith("bf16[") for op in there.ops)
         if CPU and name != "3'":
             assert found(here) == found(there)  # the same kinds, shapes and groups on both
 
@@ -413,6 +416,7 @@ assert results["P('model', None)"][1].sharding.is_fully_replicated
 if CPU:  # the routes the partitioner took, as the CPU compiler writes them
     assert found(results["P(None, 'data')"][2]) == [("all-to-all", (1, 32, 128), 4)]
     assert found(results["P('model', None)"][2]) == [("all-gather", (128, 512), 4), ("all-gather", (128, 512), 2)]
+    assert max(results, key=lambda spec: results[spec][2].estimated_bytes) == "P('model', None)"
 
 # %% [markdown]
 # - `P('data', 'model')`, `P()`, `P(None, 'model')`: every device already holds its block of `y`, or more,
@@ -422,7 +426,7 @@ if CPU:  # the routes the partitioner took, as the CPU compiler writes them
 #   devices of each `data` group gives each device its row block of `y`; each device sends 3 of its 4 pieces.
 # - `P('model', None)`: both cut rows, over different axes, and no device holds matching blocks. The compiler
 #   gathers both to full copies and adds replicated arrays: the whole result on every device, the most
-#   expensive of the five.
+#   expensive of the five by the ring estimate.
 
 # %%
 y, s, _ = results["P(None, 'model')"]

@@ -248,8 +248,7 @@ np.testing.assert_allclose(pinned(x, w1, w2), chosen(x, w1, w2), rtol=RTOL, atol
 # **A reshard with no good route.** From `P('data', None)` to `P(None, 'model')` the cut moves to the other
 # dimension *and* the other axis. The partitioner falls back to gathering the **whole array** on every
 # device, and on the CPU backend says so on stderr, from C++ (not a Python warning): `[SPMD] Involuntary
-# full rematerialization` (libtpu logs it too, but keeps its warnings off stderr unless
-# `TPU_STDERR_LOG_LEVEL=1` is set before it loads). In a real program that line means a full copy of a
+# full rematerialization`. In a real program that line means a full copy of a
 # tensor on every device. A **waypoint** fixes it: first `P('data', 'model')`, a local slice, then
 # `P(None, 'model')`, which gathers only the columns each device keeps. `compile_with_log` catches what the
 # compiler prints.
@@ -513,9 +512,9 @@ ex.rows_matmul.check(answer_2);
 # ## Takeaways
 # - Inside `jit` on Auto axes, `jax.device_put` does not reshard. `jax.lax.with_sharding_constraint` pins a
 #   value, and `jax.jit(..., out_shardings=...)` delivers the result in the layout you ask for.
-# - A constraint changes where things are computed, never what: one constraint cut the bytes of a matmul
-#   chain by more than half, and a waypoint turned a full copy on every device into half of one. Measure
-#   each in the compiled program.
+# - A constraint changes where things are computed, never what: one constraint cut the ring-estimated bytes of a
+#   matmul chain by more than half, and a waypoint turned a full copy on every device into half of one.
+#   Check each in the compiled program.
 # - On Explicit axes the sharding is in the type (`float32[128@data,512]`), ambiguous and mismatched
 #   operations are errors while tracing, `out_sharding=` and `jax.reshard` resolve them, and
 #   `with_sharding_constraint` is only an assert.

@@ -174,9 +174,8 @@ np.testing.assert_allclose(scattered, X.reshape(4, 4, 8).sum(axis=0), rtol=RTOL)
 draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered})
 
 # %% [markdown]
-# `psum_scatter` hands every backend's compiler a reduce-scatter (`lower(x).as_text()` shows it). The CPU
-# compiler keeps it; the TPU compiler writes one this small as an all-reduce and a slice, and keeps it for
-# large arrays. Ask the compiler for the same sum instead, `a.sum(0)` with `out_shardings=P('data',
+# `psum_scatter` hands every backend's compiler a reduce-scatter (`lower(x).as_text()` shows it), and the
+# CPU compiler keeps it. Ask the compiler for the same sum instead, `a.sum(0)` with `out_shardings=P('data',
 # 'model')`, and on the CPU backend it writes an all-reduce of the whole `(4, 4)` sum, of which each
 # device then keeps one row (a `dynamic-slice`). In `shard_map` you choose the collective:
 
@@ -196,7 +195,7 @@ if CPU:
 #
 # `all_to_all` cuts each block into pieces along one dimension, sends piece `j` to device `j` of the axis,
 # and concatenates what arrives along another. From rows split over `data` to columns split over `data`:
-# the collective the compiler used in notebook 05 to move a mismatched operand.
+# the collective the compiler used in notebook 04 to move a mismatched operand.
 
 # %%
 transpose_split = jax.shard_map(lambda b: jax.lax.all_to_all(b, "data", split_axis=1, concat_axis=0, tiled=True),
@@ -398,7 +397,7 @@ np.testing.assert_array_equal(old, sums)
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
 # `ex.<name>.reveal()` for the reference answer.
 #
-# **Exercise 1.** Write `column_sums(x)` with `jax.shard_map` on this notebook's `mesh`: `x` is a `(32, 8)`
+# **Exercise 1.** Write `my_column_sums(x)` with `jax.shard_map` on this notebook's `mesh`: `x` is a `(32, 8)`
 # array at `P('data', None)`, and the result is `jnp.sum(x, axis=0)`, shape `(8,)`. The checker compares
 # with `jnp.sum` and reads the compiled program.
 
@@ -436,7 +435,7 @@ ex.all_to_all_out_specs.check(answer_3);
 #   axes are Manual and `{V:data}` marks values that differ across `data`.
 # - Each collective is one line and one op in the compiled program: `psum` → all-reduce, `all_gather` →
 #   all-gather, `psum_scatter` → reduce-scatter (kept by the CPU compiler, whose own reduce-scatter is
-#   an all-reduce and a slice; a TPU writes a small one that way), `all_to_all` → all-to-all, `ppermute` →
+#   an all-reduce and a slice), `all_to_all` → all-to-all, `ppermute` →
 #   collective-permute; `axis_index` needs none.
 # - `axis_names={'data'}` goes manual over `data` only and leaves `model` to the compiler.
 # - On an Auto mesh `in_specs` reshards the input; on an Explicit mesh it must match the input's type.

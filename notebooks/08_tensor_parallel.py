@@ -7,7 +7,7 @@
 # `model`, and the whole batch: the opposite of data parallelism (notebook 07). That divides parameter
 # memory by the number of devices, but the devices now have to talk in the middle of the forward and
 # the backward pass. This notebook places the course's MLP on an 8-device `model` axis, reads from the
-# compiled programs what the devices send, and estimates the batch size above which that costs more
+# compiled programs which collectives the devices run and how large they are, and estimates the batch size above which that costs more
 # than data parallelism.
 #
 # **You will learn**
@@ -252,6 +252,7 @@ assert "all-reduce" not in ff_ops_online.kinds and "all-gather" in ff_ops_online
 assert [(op.kind, op.shapes) for op in ff_ops_tp.ops] == [("all-reduce", ((64, 64),))]
 if CPU:  # what the CPU compiler gathers
     assert [op.shapes for op in ff_ops_online.ops] == [((64, 256),), ((64, 64),)]
+    assert (ff_ops_online.estimated_bytes, ff_ops_tp.estimated_bytes) == (70 * 1024, 28 * 1024)  # ring estimates
 np.testing.assert_allclose(forward_repl(ff_online, x_repl), forward_repl(ff_tp, x_repl), rtol=RTOL, atol=1e-5)
 
 
@@ -261,7 +262,7 @@ np.testing.assert_allclose(forward_repl(ff_online, x_repl), forward_repl(ff_tp, 
 # **all-gathers the whole `(64, 256)` hidden activation** on every device (on the CPU backend it then
 # gathers the output columns too). The pairing all-reduces only the `(64, 64)` output. The ring
 # estimates in the last column (each device sends (N-1)/N of an all-gather's result and 2(N-1)/N of an
-# all-reduce's) are 70 KiB against 28 KiB, and the gap grows with the width of the hidden layer. The
+# all-reduce's) are, on the CPU backend, 70 KiB against 28 KiB, and the gap grows with the width of the hidden layer. The
 # fix is the layout of section 2: column-parallel, then row-parallel.
 #
 # ## 4. Attention heads on the `model` axis
@@ -383,7 +384,7 @@ fig
 # %% [markdown]
 # For a feed-forward block of width *d* (8*d*² weights) the crossover is about **4*d* tokens per step**;
 # for a whole transformer layer (attention adds 4*d*² weights and two more `(tokens, d)` all-reduces)
-# about 3*d*. Two caveats make this a rough estimate, not a rule:
+# the same arithmetic gives about 3*d*. Two caveats make this a rough estimate, not a rule:
 #
 # - These are byte **estimates** from the ring formula, applied to the compiled programs' result sizes;
 #   real links, topologies and algorithms differ.

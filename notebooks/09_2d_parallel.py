@@ -334,6 +334,7 @@ assert [(op.kind, op.shapes) for op in tp_ops.ops] == [("all-reduce", ((64, 10),
 assert {op.kind for op in along_data} == {"all-reduce"}
 assert sum(op.result_bytes for op in along_data) == (half_params + 1) * 4
 assert dp_ops.result_bytes == (n_params + 1) * 4  # every gradient, in 1-D data parallelism
+assert tp_ops.result_bytes < step_ops.result_bytes < dp_ops.result_bytes  # the total: between the two
 
 # %% [markdown]
 # - **Along `model` (groups of 2):** the all-reduce of notebook 08's pairing, but only for this device's
@@ -341,8 +342,8 @@ assert dp_ops.result_bytes == (n_params + 1) * 4  # every gradient, in 1-D data 
 # - **Along `data` (groups of 4):** data parallelism's gradient all-reduce, but only for the half of
 #   the parameters this device holds, among 4 devices instead of 8.
 #
-# Each axis carries less than the 1-D strategy it comes from; in this small example the total lands
-# between the two. The real gain is on big machines: the chatty `model` axis stays inside a node, on the
+# Each axis carries less than the 1-D strategy it comes from; in this small example the total of their
+# results lands between the two. The real gain is on big machines: the chatty `model` axis stays inside a node, on the
 # fastest links, while only the once-per-step gradient traffic crosses nodes.
 #
 # Per device, the step's arguments are the parameters, Adam's two moments (laid out like the

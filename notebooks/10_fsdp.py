@@ -47,7 +47,7 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import topologies
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, collectives, draw_shardings, format_bytes, memory_per_device, quiet, shard_table,
@@ -257,6 +257,8 @@ for name, m, o in (("data parallel", dp_model, dp_optimizer), ("FSDP", model, op
 small_bytes = (256 + 10) * 4  # the two biases, replicated under both layouts
 assert bytes_on_device_0(nnx.state(dp_model)) == param_bytes
 assert (bytes_on_device_0(nnx.state(model)) - small_bytes) * 8 == param_bytes - small_bytes  # 1/8 of the rest
+for m, o in ((dp_model, dp_optimizer), (model, optimizer)):  # mu and nu laid out like the parameters, 2 counters
+    assert bytes_on_device_0(nnx.state(o)) == 2 * bytes_on_device_0(nnx.state(m)) + 8
 
 # %% [markdown]
 # FSDP stores 1/8 of each kernel (9.25 KiB) plus the whole biases (1.0 KiB) per device, where data
@@ -279,17 +281,19 @@ x_fsdp, y_fsdp = jax.device_put(x, NamedSharding(mesh, P("fsdp"))), jax.device_p
 compiled_fsdp = rows[8]
 compiled_dp = train_step.lower(dp_model, dp_optimizer, x_fsdp, y_fsdp).compile()
 
+mems = {n: memory_per_device(c) for n, c in rows.items()}
+dp_mem = memory_per_device(compiled_dp)
 print(f"{'':<19}{'arguments':>11}{'temporaries':>13}{'aliased':>10}{'allocated':>11}")
-for name, compiled in [(f"FSDP, {n} devices", c) for n, c in rows.items()] + [("data parallel, 8", compiled_dp)]:
-    mem = memory_per_device(compiled)
+for name, mem in [(f"FSDP, {n} devices", m) for n, m in mems.items()] + [("data parallel, 8", dp_mem)]:
     print(f"{name:<19}{format_bytes(mem.argument):>11}{format_bytes(mem.temp):>13}{format_bytes(mem.alias):>10}"
           f"{format_bytes(mem.total):>11}")
 
-mems = {n: memory_per_device(c) for n, c in rows.items()}
 assert mems[2].argument > mems[4].argument > mems[8].argument  # the stored state shrinks with n
 if CPU:  # the CPU compiler's temporaries
     assert min(mems[n].temp for n in mems) > param_bytes  # the step's working memory: more than the whole model ...
     assert max(mems[n].temp for n in mems) < 1.05 * min(mems[n].temp for n in mems)  # ... whatever n is
+    assert 1.9 * param_bytes < mems[8].temp < 2.1 * param_bytes  # about twice the model
+    assert abs(mems[8].temp - dp_mem.temp) < 0.05 * dp_mem.temp  # as large as data parallelism's
 
 # %% [markdown]
 # The arguments, what a device stores between steps (its share of the model and Adam state, donated and
@@ -349,7 +353,7 @@ if not ok:
 else:
     with quiet():  # libtpu's start-up warnings
         topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
-    tpu_mesh = Mesh(np.array(topo.devices), ("fsdp",), axis_types=(AxisType.Auto,))
+    tpu_mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(AxisType.Auto,), devices=topo.devices)
     graphdef, abstract_state = nnx.split(nnx.eval_shape(create))
     tpu_plan = jax.tree_util.tree_map_with_path(partial(fsdp_rule, mesh=tpu_mesh), abstract_state)
     tpu_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, tpu_plan)
@@ -423,8 +427,8 @@ np.testing.assert_allclose(jax.jit(by_reduce_scatter)(partial_grads), partial_gr
 # followed by an all-gather. Data parallelism does both halves on the gradients; FSDP does a
 # reduce-scatter of the gradients and an all-gather of the weights: the same volume at best, and about
 # 1.5 times as much when a large model gathers its weights a second time in the backward pass. On the
-# CPU backend, where the reduce-scatter stays a full all-reduce, the totals of the two tables above
-# are ring estimates of 205.3 KiB for FSDP against 131.3 KiB for data parallelism:
+# CPU backend, where the reduce-scatter stays a full all-reduce, the ring estimates of the two
+# programs put FSDP above data parallelism:
 
 # %%
 print(f"FSDP {format_bytes(comm.estimated_bytes)}, data parallel {format_bytes(dp_comm.estimated_bytes)}"
@@ -434,8 +438,8 @@ if CPU:
 
 # %% [markdown]
 # **FSDP saves memory, not communication.** It pays for the memory with the same traffic or more,
-# counted in values. In bytes it can be less on TPU, whose gathers carry bf16: the TPU step above is
-# estimated at 115.8 KiB, under data parallelism's 131.3 KiB.
+# counted in values. In bytes it can be less on TPU, whose gathers carry bf16: by the ring estimate, the TPU
+# step above sends less than data parallelism's CPU program (its last assert).
 #
 # ## 6. FSDP trains like data parallelism
 #
@@ -461,6 +465,7 @@ planned = by_name(shardings)["0/linear1/kernel"]
 trained = model.linear1.kernel[...].sharding
 print("planned:", planned.spec, "  after training:", trained.spec)
 assert trained.is_equivalent_to(planned, 2)
+assert trained.spec != planned.spec  # the same layout, written two ways
 assert shard_table(model.linear1.kernel[...]).shard_shapes == {(8, 256)}
 
 # %% [markdown]

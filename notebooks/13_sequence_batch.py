@@ -153,7 +153,7 @@ if TPU_OK:
 
 def on_tpu(f, axis, args, specs):
     """Compile f(mesh) for the 8 TPU chips on one mesh axis, for inputs shaped like args and laid out by specs."""
-    tpu_mesh = jax.sharding.Mesh(np.array(topology.devices), (axis,), axis_types=(AxisType.Auto,))
+    tpu_mesh = jax.make_mesh((len(topology.devices),), (axis,), axis_types=(AxisType.Auto,), devices=topology.devices)
     structs = jax.tree.map(lambda s, a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(tpu_mesh, s)),
                            specs, args, is_leaf=lambda s: isinstance(s, P))
     with quiet():
@@ -173,7 +173,7 @@ if TPU_OK:
     assert [(op.kind, op.shapes) for op in tpu["sequence parallel"].ops] == [
         ("all-gather", ((B, S, D),)), ("reduce-scatter", ((B, S // 8, D),))]
     assert tpu["sequence parallel"].ops[0].result_type.startswith("bf16")  # gathered in bf16
-    assert tpu["sequence parallel"].estimated_bytes <= tpu["tensor parallel"].estimated_bytes
+    assert tpu["sequence parallel"].estimated_bytes < tpu["tensor parallel"].estimated_bytes
 
 # %% [markdown]
 # On the TPU the sequence-parallel block has an all-gather and a reduce-scatter whose result is each
@@ -295,8 +295,7 @@ if CPU:  # what the CPU compiler does with consecutive micro-batches (the TPU's,
     assert footprint["consecutive"] > footprint["whole batch"]
 
 # %% [markdown]
-# With consecutive rows the compiler gathers the examples onto every device (on the CPU backend the whole
-# batch at once), every device then computes every micro-batch, and there is no gradient all-reduce
+# With consecutive rows the compiler gathers the examples onto every device, every device then computes every micro-batch, and there is no gradient all-reduce
 # left to do: data parallelism is gone, and the step needs more memory than the whole batch at once.
 # The fix is the strided split: micro-batch *m* takes rows *m*, *m* + 8, ..., so each device's 1,024
 # rows give 128 to each micro-batch, the types read `f32[8,1024@data,64]`, and nothing moves. Its
@@ -320,8 +319,10 @@ for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params)
 acc_ops = collectives(compiled_steps["strided"])
 print("CPU:", acc_ops, sep="\n")
 if CPU:  # the CPU compiler sums the gradients across devices inside the loop: once per micro-batch
-    assert [(op.kind, op.in_loop, op.result_bytes) for op in acc_ops.ops] == [
-        ("all-reduce", True, sum(p.nbytes for p in jax.tree.leaves(params0)) + 4)]
+    gradient_bytes = sum(p.nbytes for p in jax.tree.leaves(params0)) + 4  # and the loss
+    assert [(op.kind, op.in_loop, op.result_bytes) for op in acc_ops.ops] == [("all-reduce", True, gradient_bytes)]
+    assert [(op.kind, op.in_loop, op.result_bytes) for op in collectives(compiled_steps["whole batch"]).ops] == [
+        ("all-reduce", False, gradient_bytes)]  # the same sum, once per step
 if TPU_OK:
     state_specs = jax.tree.map(lambda _: P(), state0)
     tpu_acc, tpu_consecutive = (
@@ -330,6 +331,7 @@ if TPU_OK:
     print("\nTPU v5e:", tpu_acc, sep="\n")
     grads_ops = [op for op in tpu_acc.ops if op.result_bytes > 4]
     assert [(op.kind, op.in_loop) for op in grads_ops] == [("all-reduce", False)]  # once, after the loop
+    assert all(op.result_bytes <= 4 for op in tpu_acc.ops if op.in_loop)  # per micro-batch: the scalar loss only
     assert tpu_consecutive.kinds == {"all-gather"}  # consecutive micro-batches: gathered here too
 
 # %% [markdown]
@@ -444,6 +446,7 @@ reference = fresh_model()
 ref_optimizer = nnx.Optimizer(reference, optax.adam(1e-2), wrt=nnx.Param)
 with jax.set_mesh(emesh):
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+assert optimizer.step[...].sharding.mesh.axis_types == (AxisType.Explicit,) * 2  # the counter too
 row_out = NamedSharding(emesh, P("data", None))
 explicit_ops = collectives(train_step.lower(model, optimizer, x_e, y_e, out_sharding=row_out).compile())
 ref_losses = [float(train_step(reference, ref_optimizer, x, y)) for _ in range(5)]

@@ -7,7 +7,7 @@
 # says. It compiles notebook 11's transformer train step for 64 devices under five layouts, from pure
 # data parallel to pure tensor parallel, with and without FSDP, without running anything, and reads
 # what each device would hold and send per step, on the CPU compiler and on the TPU compiler for a
-# 64-chip TPU v5e. A rule of thumb follows from the measured table.
+# 64-chip TPU v5e. A rule of thumb follows from the compiled programs' tables.
 #
 # **You will learn**
 # - how to compile a train step for 64 devices without allocating anything, and read its memory per
@@ -277,8 +277,8 @@ if CPU:
 # - Under the 2-D table only `model` divides the state: `data` repeats it. With FSDP the `data` axis
 #   divides it too, so pure FSDP holds 1/64 of everything, the least of all.
 # - FSDP's temporaries still hold whole weights, gathered before use, and on the CPU backend the whole
-#   summed gradient: 26 MiB, more than its state. Adding `model` (FSDP x TP) divides those as well:
-#   the smallest footprint here.
+#   summed gradient: more than the whole parameters (the last assert), far more than its state. Adding
+#   `model` (FSDP x TP) divides those as well: the smallest footprint here.
 # - Pure tensor parallelism holds little state, but every device computes on all 64 sequences, and
 #   those activations cost more than the state it saved: more `model` past the middle means more
 #   memory.
@@ -305,9 +305,9 @@ if CPU:
 # - **Gradients**, summed over `data`: here one combined all-reduce per step, of every gradient the
 #   device holds.
 # - **Activations**, summed over `model` several times per layer, in proportion to the rows each device
-#   holds: pure tensor parallelism sums all 64 sequences, and moves the most.
-# - **Weights**, gathered over `data` under FSDP before each use: FSDP moves more than data
-#   parallelism, not less (notebook 10).
+#   holds: pure tensor parallelism sums all 64 sequences, and has the largest ring estimate.
+# - **Weights**, gathered over `data` under FSDP before each use: FSDP's ring estimate is larger than
+#   data parallelism's, not smaller (notebook 10).
 #
 # The bytes are ring-formula estimates from each collective's result size and group, not
 # measurements, and they leave out time. A gradient all-reduce needs only gradients already computed,

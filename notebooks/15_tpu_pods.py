@@ -92,14 +92,15 @@ if ok:
 #
 # | generation | `device_kind` | HBM per chip | source |
 # |---|---|---|---|
-# | v5e | `TPU v5 lite` | 16 GB | [cloud.google.com/tpu/docs/v5e](https://cloud.google.com/tpu/docs/v5e) |
-# | v6e (Trillium) | `TPU v6 lite` | 32 GB | [cloud.google.com/tpu/docs/v6e](https://cloud.google.com/tpu/docs/v6e) |
+# | v5e | `TPU v5 lite` | 16 GiB | [cloud.google.com/tpu/docs/v5e](https://cloud.google.com/tpu/docs/v5e) |
+# | v6e (Trillium) | `TPU v6 lite` | 32 GiB | [cloud.google.com/tpu/docs/v6e](https://cloud.google.com/tpu/docs/v6e) |
 # | v5p | `TPU v5` | 95 GiB | [cloud.google.com/tpu/docs/v5p](https://cloud.google.com/tpu/docs/v5p) |
 #
-# Section 6 finds how much of a v5e's 16 GB a program may use, from the compiler itself.
+# Google's pages write GB; the compiler counts GiB (2^30 bytes), the unit of this table. Section 6 finds
+# how much of a v5e's 16 GiB a program may use, from the compiler itself.
 
 # %%
-HBM = {"v5e": ("TPU v5 lite", "16 GB"), "v6e": ("TPU v6 lite", "32 GB"), "v5p": ("TPU v5", "95 GiB")}  # the table above
+HBM = {"v5e": ("TPU v5 lite", "16 GiB"), "v6e": ("TPU v6 lite", "32 GiB"), "v5p": ("TPU v5", "95 GiB")}  # the table above
 
 # %% [markdown]
 # ## 2. A mesh from the chips: order matters
@@ -120,13 +121,18 @@ if not ok:
     print(why)
 else:
     pod = topos["v5e:8x8"]
-    assert len({d.process_index for d in pod.devices}) == 16  # hosts
+    host_blocks: dict[int, set] = {}
+    for d in pod.devices:
+        host_blocks.setdefault(d.process_index, set()).add(tuple(d.coords[:2]))
+    assert len(host_blocks) == 16 and all(  # 16 hosts, each driving a 2 x 2 block of the board
+        len(b) == 4 and len({x for x, _ in b}) == len({y for _, y in b}) == 2 for b in host_blocks.values())
     naive = np.array(pod.devices).reshape(8, 8)
     physical = mesh_utils.create_device_mesh((8, 8), pod.devices)
     for name, grid in (("reshape", naive), ("create_device_mesh", physical)):
         print(f"{name:<19} row 0 at {[tuple(d.coords[:2]) for d in grid[0]]}")
         print(f"{'':<19} links {links(grid[0])}, down column 0: {links(grid[:, 0])}")
     assert max(links(naive[0])) > 1 and max(links(naive[:, 0])) > 1  # neighbours in the mesh, not on the board
+    assert {d.coords[1] for d in naive[0]} == {0, 1} and links(naive[:, 0])[0] == 4  # two board rows; 4 links down
     assert all(max(links(row)) == 1 for grid in (physical, physical.T) for row in grid)  # one link, every step
 
     pod_mesh = jax.make_mesh((8, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=pod.devices)
@@ -196,6 +202,8 @@ if not ok:
 else:
     gather = {b: f.ops[0] for b, f in matmuls["P('data','model') @ P(None,'model')"].items()}
     assert gather["TPU"].result_type == "bf16[128,1024]" and gather["TPU"].result_bytes == 128 * 1024 * 2
+    sums = [op for found in matmuls.values() for op in found["TPU"].ops if op.kind == "all-reduce"]
+    assert sums and all(op.result_type.startswith("f32[") for op in sums)  # the summed results stay float32
     if CPU:
         for case, found in matmuls.items():
             kinds = {b: [(op.kind, op.group_size) for op in f.ops] for b, f in found.items()}
@@ -204,7 +212,7 @@ else:
 
 # %% [markdown]
 # Where both compilers agree: which collective each case needs and over which mesh axis: the partitioner
-# that decides it is the same code. Where they differ: the all-gather of case 1 moves
+# that decides it is the same code. Where they differ: the all-gather of case 1 gathers
 # `bf16[128,1024]` on TPU against `f32[128,1024]` on CPU, half the bytes. A float32 matmul on a TPU
 # multiplies in bf16 by default (the reason notebooks use `RTOL = 1e-2` off the CPU), so the TPU compiler
 # converts the operand before gathering it. The all-reduces sum the matmuls' float32 results, and stay
@@ -261,6 +269,8 @@ for (name, backend), compiled in steps.items():
 if not ok:
     print(why)
 else:
+    for name, kinds in (("DP", ["all-reduce"]), ("TP", ["all-reduce"]), ("2-D", ["all-reduce"] * 2)):
+        assert [op.kind for op in collectives(steps[name, "TPU"]).ops] == kinds  # the same on both compilers
     tpu_fsdp = collectives(steps["FSDP", "TPU"])
     (scatter,) = [op for op in tpu_fsdp.ops if op.kind == "reduce-scatter"]
     print("TPU, FSDP:", scatter.kind, scatter.result_type, f"({scatter.form})",
@@ -282,7 +292,8 @@ else:
 
 # %% [markdown]
 # So on the TPU, FSDP's gradient traffic is a reduce-scatter and its gathers are half as large: by the
-# ring formula, less than 60% of the CPU program's bytes. Notebook 10's CPU figures were an upper bound.
+# ring formula, less than 60% of the CPU program's bytes. For this step, notebook 10's CPU estimates
+# overstate the TPU's.
 #
 # ## 5. Memory per chip
 #
@@ -404,7 +415,7 @@ assert state_bytes == 6 * n_params + 8  # 6 bytes per parameter, and two 4-byte 
 assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(abstract))  # nothing allocated
 
 # %% [markdown]
-# 15 GiB of state alone: data parallelism would put all of it on every chip, against 16 GB of HBM. Each
+# 15 GiB of state alone: data parallelism would put all of it on every chip, against 16 GiB of HBM. Each
 # strategy is a table of rules from logical names to mesh axes (notebook 11). FSDP splits the `embed`
 # dimension, which every weight has, over `data`; tensor parallelism splits `heads`, `mlp` and `vocab`
 # over `model`.
@@ -486,7 +497,7 @@ else:
 # The compiler's verdicts, asserted:
 #
 # - **DP** does not fit: every chip would hold the whole 15 GiB of state and the whole gradients. The
-#   compiler's limit for one program on a v5e chip is 15.75 GiB of its 16 GB.
+#   compiler's limit for one program on a v5e chip is 15.75 GiB of its 16 GiB.
 # - **FSDP x TP** on `(16, 4)` splits every weight matrix 16 ways over `data` and 4 over `model`, 64 in
 #   all, and fits with more than half the chip to spare (`footprint`, as the `Memory` class advises for
 #   TPU).
@@ -553,7 +564,7 @@ ex.which_generations.check(answer_3);
 # - The TPU and CPU compilers insert the same collectives over the same axes. On TPU, f32 matmul
 #   operands are gathered in bf16 (half the bytes), the partitioner's all-reduce + slice becomes a fused
 #   reduce-scatter, collectives may run asynchronously, and arrays are padded to 8 x 128 tiles.
-# - HBM per chip is a published fact (16 GB v5e, 32 GB v6e, 95 GiB v5p); whether a program fits is the
+# - HBM per chip is a published fact (16 GiB v5e, 32 GiB v6e, 95 GiB v5p); whether a program fits is the
 #   compiler's verdict, which it gives in a second when the answer is no.
 # - A 2.7B-parameter model does not fit 64 v5e chips under data parallelism; split over `(16, 4)` with
 #   FSDP and TP it fits, if the layers are rematerialised.

@@ -167,6 +167,7 @@ for i, r in results["topology"].items():
     print(f"process {i} of {r['process_count']}: {r['device_count']} global devices, local ids {r['local_device_ids']}")
 assert still_running([out.pid for out in outputs]) == []  # both workers have exited
 assert all(r["device_count"] == 8 and r["process_count"] == 2 for r in results["topology"].values())
+assert all(r["backend"] == "cpu" for r in results["topology"].values())  # JAX_PLATFORMS=cpu, whatever this kernel uses
 assert results["topology"][1]["local_device_ids"] == [2048, 2049, 2050, 2051]  # ids, not positions 4-7
 
 # %% [markdown]
@@ -216,7 +217,7 @@ layouts = {
     "model_across": NamedSharding(Mesh(stand_in.reshape(2, 4).T, ("data", "model"), axis_types=auto2), P("data")),
 }
 blocks = {name: tiles((64, 16), sharding) for name, sharding in layouts.items()}
-assert {len(t.devices) for t in blocks["model_within"]} == {4}  # a block: the 4 devices of one process
+assert all(len(t.devices) == 4 and len({d // 4 for d in t.devices}) == 1 for t in blocks["model_within"])  # one process
 assert all({d // 4 for d in t.devices} == {0, 1} for t in blocks["model_across"])  # a block: both processes
 draw_shardings({name: ((64, 16), sharding) for name, sharding in layouts.items()}, ncols=3)
 
@@ -253,9 +254,8 @@ else:
         topo = topologies.get_topology_desc(topology_name="v5e:4x4", platform="tpu")
     pod_1d = jax.make_mesh((16,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
     pod_2d = jax.make_mesh((4, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=topo.devices)
-    host_of = np.vectorize(lambda d: d.process_index)
-    print("1-D mesh, host of each position:", host_of(pod_1d.devices).tolist())
-    print("2-D mesh, host of each position:", host_of(pod_2d.devices).tolist())
+    print("1-D mesh, host of each position:", worker.process_grid(pod_1d))
+    print("2-D mesh, host of each position:", worker.process_grid(pod_2d))
     batch_1d = NamedSharding(pod_1d, P("data"))
     host_0 = sorted(index[0].indices(128)[:2] for index in batch_1d.addressable_devices_indices_map((128, 16)).values())
     print("host 0 loads rows", host_0)
@@ -265,7 +265,7 @@ else:
     assert host_0 == [(0, 8), (8, 16), (48, 56), (120, 128)]  # not a contiguous run
     assert rows_2d[0] == rows_2d[1] != rows_2d[2] == rows_2d[3]  # hosts 0 and 1 share the model axis
     fig = draw_sharding((128, 16), batch_1d, title="f32[128@data,16] on a v5e-16; host of each block, top down: "
-                        + " ".join(str(h) for h in host_of(pod_1d.devices)))
+                        + " ".join(str(h) for h in worker.process_grid(pod_1d)))
     display(fig)
 
 # %% [markdown]
@@ -333,7 +333,8 @@ assert list(files) == [0] and {"ocdbt.process_0", "ocdbt.process_1"} <= set(file
 
 # %%
 print(results["wait"])
-assert results["wait"][0]["waiting_after_1s"] and all(r["finished"] for r in results["wait"].values())
+assert results["wait"][0]["waiting_after_1s"]  # process 0 was still inside the all-gather after 1 s
+assert all(r["gathered_shape"] == [worker.ROWS, worker.D_IN] for r in results["wait"].values())  # then both got it all
 
 # %% [markdown]
 # Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it: process 0 waits in
@@ -343,8 +344,10 @@ assert results["wait"][0]["waiting_after_1s"] and all(r["finished"] for r in res
 
 # %%
 defaults = inspect.signature(jax.distributed.initialize).parameters
-print({name: defaults[name].default for name in ("initialization_timeout", "shutdown_timeout_seconds")})
+print({name: defaults[name].default
+       for name in ("initialization_timeout", "shutdown_timeout_seconds", "heartbeat_timeout_seconds")})
 assert defaults["initialization_timeout"].default == defaults["shutdown_timeout_seconds"].default == 300  # seconds
+assert defaults["heartbeat_timeout_seconds"].default == 100  # how long a silent (dead) process goes unnoticed
 
 # %% [markdown]
 # Collectives hide in `jit` calls on global arrays (the train step's all-reduce), in `process_allgather`,
@@ -389,8 +392,9 @@ if ok:
         print("jax.make_mesh:", err)
         refused = "does not support multi-slice" in str(err)
     hybrid = mesh_utils.create_hybrid_device_mesh((1, 4), (2, 1), devices=slices)  # ICI (1, 4) x DCN (2, 1)
-    print("slice of each position:", np.vectorize(lambda d: d.slice_index)(hybrid).tolist())
-    assert refused and np.vectorize(lambda d: d.slice_index)(hybrid).tolist() == [[0] * 4, [1] * 4]
+    slice_grid = np.vectorize(lambda d: d.slice_index)(hybrid).tolist()
+    print("slice of each position:", slice_grid)
+    assert refused and slice_grid == [[0] * 4, [1] * 4]
 
 # %% [markdown]
 # Each row is one slice: `model` stays on the fast interconnect, and only `data`, whose gradient all-reduce
@@ -398,8 +402,9 @@ if ok:
 #
 # ## 10. A launcher that fails loudly
 #
-# When a worker dies, the others do not fail: they wait for it, at `jax.distributed.initialize` or at
-# their next collective, for the minutes printed in section 7. `run_workers` therefore watches all workers
+# When a worker dies, the others do not fail at once: they wait for it, at `jax.distributed.initialize`
+# or at their next collective, until the runtime misses its heartbeats (`heartbeat_timeout_seconds`,
+# printed in section 7) or a timeout ends the wait. `run_workers` therefore watches all workers
 # together; at the first failure it kills the rest and raises with the last lines of every worker's
 # stderr. Each worker runs in a process group of its own, killed with SIGKILL (a JAX worker treats SIGTERM
 # as a preemption notice and keeps running); on Linux, the operating system kills the workers when this

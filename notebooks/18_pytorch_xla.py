@@ -632,7 +632,7 @@ for key, j in (("x", jx), ("y", jy)):
 #
 # **Hybrid meshes** put the slow links between TPU slices on one mesh axis: `xs.HybridMesh` in torch_xla,
 # `mesh_utils.create_hybrid_device_mesh` in JAX. Like `jax.make_mesh`, `HybridMesh` orders devices by the
-# chips' coordinates; it runs only on TPU (on CPU it fails an `assert`).
+# chips' coordinates; it runs only on TPU.
 #
 # **Checkpoints.** `torch.distributed.checkpoint` with torch_xla's `SPMDSavePlanner` and `SPMDLoadPlanner`
 # writes the blocks of a sharded `state_dict` and reads them into another layout, as Orbax does in JAX.

@@ -161,18 +161,18 @@ def collectives_wait(mesh: Mesh, flag: Path) -> None:
     """A demonstration: a collective started by one process waits until every process runs it."""
     x, _, _ = global_batch(mesh)
     if jax.process_index() == 0:
-        gather = threading.Thread(target=multihost_utils.process_allgather, args=(x,), kwargs={"tiled": True})
+        gathered = {}  # filled by the thread only if the all-gather returns
+        gather = threading.Thread(target=lambda: gathered.update(x=multihost_utils.process_allgather(x, tiled=True)))
         gather.start()
         gather.join(timeout=1.0)
         waiting = gather.is_alive()  # still inside the all-gather: the other process has not joined
         flag.touch()  # lets the other process run it now
         gather.join()
-        report("wait", waiting_after_1s=waiting, finished=not gather.is_alive())
+        report("wait", waiting_after_1s=waiting, gathered_shape=list(gathered["x"].shape))
     else:
         while not flag.exists():
             time.sleep(0.05)
-        multihost_utils.process_allgather(x, tiled=True)
-        report("wait", finished=True)
+        report("wait", gathered_shape=list(multihost_utils.process_allgather(x, tiled=True).shape))
 
 
 # --- porting multi-host pmap code: per-process arrays -> global arrays --------------------------------
@@ -230,8 +230,7 @@ def main() -> None:
     _, losses, ranges = train(model_within, PARAM_SPECS)
     report("model_within", rows=ranges, losses=losses, processes=process_grid(model_within))
     params, losses, ranges = train(model_across, PARAM_SPECS)
-    report("model_across", rows=ranges, losses=losses, processes=process_grid(model_across),
-           final_loss=float(jax.jit(loss_fn)(params, *global_batch(model_across)[:2])))
+    report("model_across", rows=ranges, losses=losses, processes=process_grid(model_across))
 
     results_back(mesh_1d)
     checkpoint(params, model_within, args.shared_dir / "checkpoint")
