@@ -276,8 +276,9 @@ if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
 
 # %% [markdown]
 # On the CPU backend donation aliases the whole 225.1 KiB of model and Adam state: the outputs land in
-# the arguments' buffers. The CPU compiler spends some of the saving on larger temporaries, so the
-# step's total allocation (last column) falls by less than the state it no longer copies. Without donation a device holds the old and the new
+# the arguments' buffers. The compiler spends some of the saving on larger temporaries (the TPU and GPU
+# compilers do too), so the step's total allocation (last column) falls by less than the state it no
+# longer copies. Without donation a device holds the old and the new
 # model and optimizer state side by side: for a large model, a second copy of everything it stores.
 
 # %% [markdown]

@@ -249,6 +249,8 @@ print("every kernel P(None, 'model'):", ff_ops_online, sep="\n")
 print("\ncolumn then row:", ff_ops_tp, sep="\n")
 
 assert "all-reduce" not in ff_ops_online.kinds and "all-gather" in ff_ops_online.kinds
+gathered = {s for op in ff_ops_online.ops if op.kind == "all-gather" for s in op.shapes}
+assert {(64, 256), (64, 64)} <= gathered  # the hidden activation, then the output columns out_shardings=P() asks for
 assert [(op.kind, op.shapes) for op in ff_ops_tp.ops] == [("all-reduce", ((64, 64),))]
 if CPU:  # what the CPU compiler gathers
     assert [op.shapes for op in ff_ops_online.ops] == [((64, 256),), ((64, 64),)]
@@ -259,8 +261,8 @@ np.testing.assert_allclose(forward_repl(ff_online, x_repl), forward_repl(ff_tp, 
 # %% [markdown]
 # The same numbers, two ways. With both kernels column-parallel, layer 2 gets a hidden activation
 # sharded on its contracting dimension and a kernel that is not (case 2 of the four): the compiler
-# **all-gathers the whole `(64, 256)` hidden activation** on every device (on the CPU backend it then
-# gathers the output columns too). The pairing all-reduces only the `(64, 64)` output. The ring
+# **all-gathers the whole `(64, 256)` hidden activation** on every device, and then the output columns
+# too, which `out_shardings=P()` asks for. The pairing all-reduces only the `(64, 64)` output. The ring
 # estimates in the last column (each device sends (N-1)/N of an all-gather's result and 2(N-1)/N of an
 # all-reduce's) are, on the CPU backend, 70 KiB against 28 KiB, and the gap grows with the width of the hidden layer. The
 # fix is the layout of section 2: column-parallel, then row-parallel.
@@ -390,8 +392,9 @@ fig
 #   real links, topologies and algorithms differ.
 # - Data parallelism's gradient all-reduce of one layer can run while the backward pass of the layers
 #   below is still computing, so much of it hides behind compute. Tensor parallelism's all-reduces sit
-#   between two matmuls that need their result, so the devices wait for them; that is why tensor
-#   parallelism is kept on the fastest links, inside one machine.
+#   between two matmuls that need their result: they are hidden only by splitting the matmul into
+#   pieces that overlap the transfer (collective matmul, which the TPU and GPU compilers can do), so
+#   tensor parallelism is kept on the fastest links, inside one machine.
 #
 # The course MLP's first layer reads `x`, which is data: no gradient flows into it, so its train step
 # below has only the forward all-reduce.
@@ -490,6 +493,7 @@ ex.tp_allreduce_bytes.check(answer_3);
 # - Per block, tensor parallelism all-reduces the output forward and the input's gradient backward, both
 #   growing with the tokens; data parallelism all-reduces the gradients once. Estimated crossover: about
 #   4*d* tokens for a feed-forward block, 3*d* for a transformer layer, before counting that data
-#   parallelism's all-reduce can overlap the backward pass and tensor parallelism's cannot.
+#   parallelism's all-reduce overlaps the backward pass easily, while tensor parallelism's needs
+#   collective matmul to hide.
 #
 # **Next:** [09 · 2-D parallelism](09_2d_parallel.ipynb)
