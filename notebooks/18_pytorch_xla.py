@@ -115,7 +115,8 @@ def torch_xla_programs():
 #
 # ## 2. SPMD mode: one logical device
 #
-# JAX has no mode. PyTorch/XLA starts with one process per device; `xr.use_spmd()` switches it to SPMD,
+# JAX has no mode. A plain PyTorch/XLA program drives one device (`xla:0`), and its multi-process mode
+# (`torchrun`, `xmp.spawn`) runs one process per device; `xr.use_spmd()` switches it to SPMD,
 # before any tensor reaches the device. `mark_sharding` before it raises `RuntimeError`; `use_spmd()` after a
 # tensor or a `torch_xla.device()` call warns "Replicating tensors already initialized", and the next program
 # kills the process with a segmentation fault (not shown here). Asking for the device count is safe.
@@ -154,7 +155,7 @@ if CPU:
     assert jax.make_mesh((8, 1), ("data", "model"), axis_types=AUTO).devices.tolist() == jmesh.devices.tolist()
 
 # %% [markdown]
-# `mesh.shape()` follows the device count: `('data', 4)` where `xr.global_runtime_device_count()` is 4. In
+# `mesh.shape()` is an ordered mapping from axis name to size, like JAX's `mesh.shape`. In
 # torch_xla a mesh is plain data passed to each `mark_sharding`; in JAX it lives in each `NamedSharding`.
 # Below, a `(4, 2)` mesh in both, where both axes split something:
 
