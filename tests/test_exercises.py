@@ -3,7 +3,9 @@
 This is what keeps a checker from rotting: if a library change makes the reference
 answer fail, or makes the checker accept anything, this test fails. A wrong answer
 must be rejected by an AssertionError (a verdict with a message for the learner),
-not by the checker crashing on it.
+not by the checker crashing on it. Right answers written another common way must be
+accepted too, and every checker must follow the mesh, not the device ids, where
+jax.make_mesh orders devices as a TPU host does.
 """
 
 import importlib

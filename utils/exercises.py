@@ -75,8 +75,8 @@ def plain(answer: object) -> object:
     - a list or tuple becomes a tuple, a set a frozenset, a dict a dict, each with its items made plain;
     - a ``jax.Device`` becomes its id.
 
-    Anything else (a string, a PartitionSpec, a function, NaN) comes back unchanged. Whether a tuple may
-    stand for a set stays the checker's decision.
+    Anything else (a string, a PartitionSpec, a function) comes back unchanged; NaN and infinities stay
+    floats. Whether a tuple may stand for a set stays the checker's decision.
     """
     if isinstance(answer, bool | np.bool_):
         return bool(answer)
