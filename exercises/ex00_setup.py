@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, plain
 
 
 def _mesh_8() -> jax.sharding.Mesh:
@@ -42,7 +40,8 @@ columns_spec = Exercise(
 
 
 def _check_bytes_per_device(n: object) -> None:
-    assert isinstance(n, Integral) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
+    n = plain(n)
+    assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
     assert n == 64 * 64 * 4, (
         f"{n} bytes is not it: f32[256@data,128@model] on a (4, 2) mesh gives blocks of "
         "(256/4, 128/2) elements of 4 bytes"
@@ -53,7 +52,7 @@ bytes_per_device = Exercise(
     title="Exercise 2: bytes per device",
     checker=_check_bytes_per_device,
     solution=64 * 64 * 4,
-    wrong=(256 * 128 * 4, 64 * 64, 64 * 128 * 4, 16384.0, True),
+    wrong=(256 * 128 * 4, 64 * 64, 64 * 128 * 4, 16384.5, True),
     hint="divide each dimension by the size of the mesh axis named after '@', then multiply by 4 bytes",
     explanation="(256/4) x (128/2) = 64 x 64 elements x 4 bytes = 16 KiB on every device.",
 )

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, plain
 
 
 def _mesh_42() -> jax.sharding.Mesh:
@@ -45,15 +43,14 @@ block_16x512 = Exercise(
 
 
 def _check_predict_shard_shape(shape: object) -> None:
-    assert isinstance(shape, tuple | list) and all(
-        isinstance(n, Integral) and not isinstance(n, bool) for n in shape
-    ), (
+    shape = plain(shape)
+    assert isinstance(shape, tuple) and all(isinstance(n, int) and not isinstance(n, bool) for n in shape), (
         f"give the shape as a tuple of whole numbers, such as (64, 96, 8); got {shape!r}"
     )
     assert len(shape) == 3, f"the array has 3 dimensions, so its blocks do too; got {len(shape)} numbers"
     truth = NamedSharding(_mesh_42(), PartitionSpec(None, ("data", "model"))).shard_shape((64, 96, 8))
-    assert tuple(shape) == truth, (
-        f"{tuple(shape)} is not it: dimension 0 is None (whole), dimension 1 is split over data and model "
+    assert shape == truth, (
+        f"{shape} is not it: dimension 0 is None (whole), dimension 1 is split over data and model "
         "together, and the omitted dimension 2 stays whole"
     )
 
@@ -62,7 +59,7 @@ predict_shard_shape = Exercise(
     title="Exercise 2: predict the shard shape",
     checker=_check_predict_shard_shape,
     solution=(64, 12, 8),
-    wrong=((64, 24, 8), (64, 48, 8), (16, 48, 8), (64, 12, 4), (64, 12), (64.0, 12.0, 8.0), "(64, 12, 8)"),
+    wrong=((64, 24, 8), (64, 48, 8), (16, 48, 8), (64, 12, 4), (64, 12), (64, 12.5, 8), "(64, 12, 8)"),
     hint="divide each dimension by the product of the sizes of the mesh axes in its entry; a missing entry is None",
     explanation="(64, 96 / (4 x 2), 8) = (64, 12, 8): 96 split 8 ways, the other dimensions whole.",
 )
@@ -80,8 +77,9 @@ def _devices_holding_rows(start: int, stop: int) -> set[int]:
 
 
 def _check_rows_32_64(devices: object) -> None:
-    assert isinstance(devices, set | frozenset | list | tuple) and all(
-        isinstance(d, Integral) and not isinstance(d, bool) for d in devices
+    devices = plain(devices)  # Device objects become their ids
+    assert isinstance(devices, frozenset | tuple) and all(
+        isinstance(d, int) and not isinstance(d, bool) for d in devices
     ), (
         f"give the device ids as a set of whole numbers, such as {{0, 1}}; got {devices!r}"
     )

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from utils.exercises import NOT_ANSWERED, Exercise, answer_errors
+from utils.exercises import NOT_ANSWERED, Exercise, answer_errors, plain
 
 
 def _mesh_4x2() -> jax.sharding.Mesh:
@@ -22,6 +22,7 @@ def _measured_mesh_bytes() -> int:
 
 
 def _check_mesh_bytes(n: object) -> None:
+    n = plain(n)
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
     array = 512 * 1024 * 2
     truth = _measured_mesh_bytes()
@@ -67,7 +68,8 @@ def _first_replicas_truth() -> set[int]:
 
 
 def _check_first_replicas(ids: object) -> None:
-    assert isinstance(ids, set | frozenset | list | tuple), f"give a set of device ids such as {{0, 5}}; got {ids!r}"
+    ids = plain(ids)  # Device objects become their ids
+    assert isinstance(ids, frozenset | tuple), f"give a set of device ids such as {{0, 5}}; got {ids!r}"
     assert all(isinstance(i, int) and not isinstance(i, bool) for i in ids), f"device ids are integers; got {ids!r}"
     ids = set(ids)
     truth = _first_replicas_truth()
@@ -112,8 +114,10 @@ def _test_tree() -> dict:
 
     return {
         "embed": {"embedding": z((1000, 64))},
+        "positions": {"embedding": z((64, 64))},  # 2-D with 64 rows like the kernels: only the name tells them apart
         "block": {
             "attn": {"kernel": z((64, 192)), "bias": z((192,))},
+            "heads": {"kernel": z((64, 4, 16))},  # a 3-D kernel (DenseGeneral): not 2-D, so replicated
             "mlp": {"kernel": z((64, 256)), "bias": z((256,))},
             "norm": {"scale": z((64,))},
         },
@@ -173,14 +177,23 @@ def _wrong_always(path, leaf):  # one spec for everything: breaks on 1-D leaves
     return PartitionSpec(None, "model")
 
 
+def _wrong_rows_64(path, leaf):  # a shape test instead of the name: 64 rows is not what makes a kernel
+    return PartitionSpec(None, "model") if leaf.ndim == 2 and leaf.shape[0] == 64 else PartitionSpec()
+
+
+def _wrong_any_rank(path, leaf):  # the name without the rank: splits the 3-D kernel too
+    return PartitionSpec(None, "model") if getattr(path[-1], "key", None) == "kernel" else PartitionSpec()
+
+
 kernel_rule = Exercise(
     title="Exercise 3: a sharding rule for tree_map_with_path",
     checker=_check_kernel_rule,
     solution=_solution_rule,
-    wrong=(_wrong_by_rank, _wrong_first_dim, _wrong_shape0_threshold, _wrong_always),
+    wrong=(_wrong_by_rank, _wrong_first_dim, _wrong_shape0_threshold, _wrong_always, _wrong_rows_64, _wrong_any_rank),
     hint="the leaf's name is path[-1].key; test it and leaf.ndim, and return P(None, 'model') or P()",
     explanation=(
-        "Kernels of shape (in, out) are split along 'out' over 'model'; the embedding table is 2-D but not "
-        "a kernel, so the name test keeps it replicated along with biases and norms."
+        "Kernels of shape (in, out) are split along 'out' over 'model'; the embedding tables are 2-D but not "
+        "kernels, so the name test keeps them replicated along with biases and norms, and the rank test keeps "
+        "the 3-D kernel whole."
     ),
 )

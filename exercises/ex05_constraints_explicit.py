@@ -87,6 +87,11 @@ to_columns = Exercise(
 # Exercise 2: an ambiguous matmul on Explicit axes ---------------------------------------------------------------
 
 
+def _moved_bytes(compiled: Any) -> int:
+    """What a compiled program's collectives produce on each device, all together."""
+    return sum(op.result_bytes for op in collectives(compiled).ops)
+
+
 def _check_rows_matmul(f: Any) -> None:
     assert callable(f), f"give a function f(a, b); got {type(f).__name__}"
     mesh = _mesh(AxisType.Explicit)
@@ -97,7 +102,9 @@ def _check_rows_matmul(f: Any) -> None:
         a = jax.device_put(a_values, P(None, "model"))
         b = jax.device_put(b_values, P("model", None))
         with answer_errors("jax.jit(your function) on a: f32[128,256@model], b: f32[256@model,64]"):
-            out = jax.jit(f)(a, b)
+            compiled, _ = compile_with_log(jax.jit(f).lower(a, b))  # keeps XLA's rematerialization warning quiet
+            out = compiled(a, b)
+        direct = _moved_bytes(jax.jit(_rows_matmul_solution).lower(a, b).compile())
     assert isinstance(out, jax.Array) and out.shape == (128, 64), (
         f"return the product a @ b, of shape (128, 64); got {getattr(out, 'shape', type(out).__name__)}"
     )
@@ -107,6 +114,13 @@ def _check_rows_matmul(f: Any) -> None:
         "jnp.matmul(a, b, out_sharding=P('data', None))"
     )
     assert np.allclose(np.asarray(out), a_values @ b_values, rtol=1e-4, atol=1e-3), "the values are not a @ b"
+    moved = _moved_bytes(compiled)
+    assert moved <= direct, (
+        f"the right layout, but the compiled program's collectives produce {moved:,} bytes on each device, "
+        f"against {direct:,} when the matmul itself is told where its product goes: a reshard before or after "
+        "the matmul copies whole operands or the whole product. Pass out_sharding=P('data', None) to "
+        "jnp.matmul itself"
+    )
 
 
 def _rows_matmul_solution(a, b):
@@ -123,6 +137,9 @@ rows_matmul = Exercise(
         lambda a, b: jnp.matmul(a, b, out_sharding=P("data", "model")),
         lambda a, b: jax.reshard(a @ b, P("data", None)),
         lambda a, b: jax.lax.with_sharding_constraint(a @ b, P("data", None)),
+        # layouts fixed around the matmul, not by it: b (then a) copied whole, or the whole product summed
+        lambda a, b: jax.reshard(a, P("data", None)) @ jax.reshard(b, P(None, None)),
+        lambda a, b: jax.reshard(jnp.matmul(a, b, out_sharding=P(None, None)), P("data", None)),
     ),
     hint="jnp.matmul takes out_sharding=; P('data', None) means rows over 'data', columns whole",
     explanation=(

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 from utils.inspecting import collectives
 
 P = PartitionSpec
@@ -27,14 +27,38 @@ def _column_input() -> jax.Array:
     return jax.device_put(values, NamedSharding(_auto_mesh(), P("data", None)))
 
 
+def _producer(jaxpr: Any, var: Any) -> Any:
+    """The equation whose output ``var`` is, looking inside jit; None for an input or a constant."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr on jax 0.10, a Jaxpr on 0.12
+    for eqn in jaxpr.eqns:
+        if any(out is var for out in eqn.outvars):
+            if eqn.primitive.name in ("jit", "pjit"):
+                inner = eqn.params["jaxpr"]
+                return _producer(inner, getattr(inner, "jaxpr", inner).outvars[eqn.outvars.index(var)])
+            return eqn
+    return None
+
+
 def _check_column_sums(f: Any) -> None:
     assert callable(f), f"give a function column_sums(x); got {type(f).__name__}"
     x = _column_input()
     with answer_errors("your function, traced on a (32, 8) array split by P('data', None),"):
-        jaxpr = str(jax.make_jaxpr(f)(x))
-    assert "shard_map" in jaxpr, (
+        closed = jax.make_jaxpr(f)(x)
+    assert "shard_map" in str(closed), (
         "the function must call jax.shard_map (this exercise is about writing the per-device program); "
         "jnp.sum alone lets the compiler do it"
+    )
+    outvars = closed.jaxpr.outvars
+    last = _producer(closed, outvars[0]) if len(outvars) == 1 else None
+    assert last is not None and last.primitive.name == "shard_map", (
+        "the result must come straight out of jax.shard_map: here "
+        + (f"{last.primitive.name} runs after it, so the compiler, not your per-device program, finishes the "
+           "sum" if last is not None else "it does not")
+        + ". Sum inside the body and add the partial sums with jax.lax.psum"
+    )
+    assert "psum" in str(last.params["jaxpr"]), (
+        "the per-device program never adds up the blocks' partial sums: without a jax.lax.psum over the "
+        "devices that hold different rows, each device has only its own rows' sums"
     )
     with answer_errors("your function"):
         y = f(x)
@@ -83,6 +107,20 @@ def _column_sums_whole_input(x):  # in_specs=P(): every device gets all rows, an
                          in_specs=P(), out_specs=P())(x)
 
 
+def _column_sums_identity(x):  # a shard_map that does nothing: jnp.sum after it is the compiler's all-reduce
+    return jax.shard_map(lambda b: b, mesh=_auto_mesh(), in_specs=P("data", None), out_specs=P("data", None))(x).sum(0)
+
+
+def _column_sums_outside(x):  # partial sums per device, added up outside the shard_map by the compiler
+    return jax.shard_map(lambda b: b.sum(axis=0, keepdims=True), mesh=_auto_mesh(), in_specs=P("data", None),
+                         out_specs=P("data", None))(x).sum(0)
+
+
+def _column_sums_psum_then_sum(x):  # a psum of whole blocks, then the column sum outside: 8x the bytes
+    return jax.shard_map(lambda b: jax.lax.psum(b, "data"), mesh=_auto_mesh(), in_specs=P("data", None),
+                         out_specs=P())(x).sum(0)
+
+
 column_sums = Exercise(
     title="Exercise 1: column sums by hand",
     checker=_check_column_sums,
@@ -93,6 +131,10 @@ column_sums = Exercise(
         _column_sums_gather_first,
         _column_sums_wrong_axis,
         _column_sums_whole_input,
+        _column_sums_identity,
+        _column_sums_outside,
+        _column_sums_psum_then_sum,
+        jax.jit(_column_sums_identity),
     ),
     hint="inside jax.shard_map each device sees an (8, 8) block; sum it over axis 0, then jax.lax.psum over 'data'",
     explanation=(
@@ -117,11 +159,13 @@ def _ring_source(device_id: int) -> int:
 
 
 def _check_ring_source(answer: Any) -> None:
+    answer = plain(answer)  # a Device becomes its id
     assert isinstance(answer, int) and not isinstance(answer, bool), f"give a device id (0 to 7); got {answer!r}"
     source = _ring_source(6)
+    (row,), (col,) = np.nonzero(_auto_mesh().device_ids == 6)  # where device 6 sits on this mesh
     assert answer == source, (
-        f"device {answer} is not it: device 6 sits at data index 3, model index 0; the pair (i, i - 1) sends "
-        "from data index i to i - 1 along the same model column, and index 0 sends to index 3"
+        f"device {answer} is not it: device 6 sits at data index {row}, model index {col}; the pair (i, i - 1) "
+        "sends from data index i to i - 1 along the same model column, and index 0 sends to index 3"
     )
 
 
@@ -132,8 +176,10 @@ ring_source = Exercise(
     wrong=(4, 1, 7, 6),
     hint="find device 6 on the mesh picture (row = data index, column = model index); which index sends to index 3?",
     explanation=(
-        "Device 6 is at (data=3, model=0). The pair (0, 3), i = 0 sending to (0 - 1) % 4 = 3, wraps around: "
-        "device 6 receives the block of data index 0 in the same model column, device 0."
+        "With the devices in id order, device 6 is at (data=3, model=0). The pair (0, 3), i = 0 sending to "
+        "(0 - 1) % 4 = 3, wraps around: device 6 receives the block of data index 0 in the same model column, "
+        "device 0. Where the mesh orders devices otherwise (a TPU host's follows the chips' wiring), the "
+        "picture's positions, not the ids, decide."
     ),
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 
 
 def _data_mesh() -> jax.sharding.Mesh:
@@ -20,6 +20,7 @@ def _shard_shape(mesh: jax.sharding.Mesh, spec: PartitionSpec, shape: tuple[int,
 
 
 def _check_dp_specs(answer: object) -> None:
+    answer = plain(answer)
     assert isinstance(answer, tuple) and len(answer) == 2, (
         f"give a pair (batch spec, parameter spec) such as (P(...), P(...)); got {answer!r}"
     )
@@ -63,6 +64,7 @@ _WIDER_GRAD_BYTES = (64 * 512 + 512 + 512 * 10 + 10) * 4  # 153,640
 
 
 def _check_wider_allreduce_bytes(n: object) -> None:
+    n = plain(n)
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
     assert n != _WIDER_GRAD_BYTES + 4, "that includes the 4-byte loss; the question asks for the gradient bytes only"
     assert n != _WIDER_GRAD_BYTES // 8, (
@@ -90,6 +92,7 @@ wider_allreduce_bytes = Exercise(
 
 
 def _check_sixteen_devices(answer: object) -> None:
+    answer = plain(answer)
     assert isinstance(answer, tuple) and len(answer) == 2, f"give a pair (global batch, bytes); got {answer!r}"
     global_batch, nbytes = answer
     assert all(isinstance(v, int) and not isinstance(v, bool) for v in answer), (

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 from utils.inspecting import COLLECTIVES, collectives
 
 
@@ -69,6 +69,7 @@ column_column_collective = Exercise(
 
 
 def _check_tp_allreduce_bytes(n: object) -> None:
+    n = plain(n)
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
     assert n == 1024 * 10 * 4, (
         f"{n} bytes is not it: the all-reduce adds up partial logits, one float32 per example and class, "

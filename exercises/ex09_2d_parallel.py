@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 from utils.inspecting import COLLECTIVES, collectives
 
 
@@ -15,6 +15,7 @@ def _mesh_4x2() -> jax.sharding.Mesh:
 
 
 def _check_gradient_group_size(n: object) -> None:
+    n = plain(n)
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of devices; got {n!r}"
     assert n != 8, "8 would be every device: but the 2 devices of a row hold different gradient halves"
     assert n != 2, "2 is the size of a row (the 'model' axis): that group adds up partial activations"

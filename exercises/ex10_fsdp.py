@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 
 _N = 8  # devices on the 'fsdp' axis
 
@@ -15,6 +15,8 @@ _STATE = {
     "embed": (1024, 64),  # large; both dimensions divide by 8
     "w_in": (10, 256),  # large; only dimension 1 divides by 8
     "w_odd": (10, 250),  # large; no dimension divides by 8 -> replicate
+    "w_out": (256, 10),  # large; only dimension 0 divides by 8 (the course's linear2/kernel)
+    "w_24": (24, 100),  # large; dimension 0 divides by 8 but not by 16
     "big_vec": (2048,),  # large 1-D
     "scale": (1024,),  # exactly 1,024 elements: not more than 1,024 -> replicate
     "bias": (256,),  # small
@@ -90,6 +92,12 @@ fsdp_rule = Exercise(
         lambda path, leaf: PartitionSpec("fsdp", "fsdp") if leaf.shape == (1024, 64) else _solution_fsdp_spec(
             path, leaf
         ),
+        # the last dimension only: replicates (256, 10), whose dimension 0 divides
+        lambda path, leaf: PartitionSpec(*[None] * (leaf.ndim - 1), "fsdp")
+        if leaf.size > 1024 and leaf.shape[-1] % 8 == 0 else PartitionSpec(),
+        # divisible by 16 instead of by the 8 devices: replicates (24, 100)
+        lambda path, leaf: next((PartitionSpec(*[None] * d, "fsdp") for d, n in enumerate(leaf.shape) if n % 16 == 0),
+                                PartitionSpec()) if leaf.size > 1024 else PartitionSpec(),
         # a function that fails: rejected with its error, not a crash
         lambda path, leaf: PartitionSpec("fsdp") if leaf.shape[0] % 8 == 0 else PartitionSpec(),
     ),
@@ -108,6 +116,7 @@ _ADAM_FSDP = 2 * (64 * 512 // 8 + 512 * 10 // 8 + 512 + 10) * 4  # 42,064
 
 
 def _check_adam_bytes(n: object) -> None:
+    n = plain(n)
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
     assert n != 2 * (64 * 512 + 512 + 512 * 10 + 10) * 4, "that is the replicated (data-parallel) size"
     assert n != 2 * (64 * 512 + 512 + 512 * 10 + 10) * 4 // 8, (
@@ -139,6 +148,7 @@ _AR = 2 * (_N - 1) * 64 * 256 * 4 // _N  # 114,688
 
 
 def _check_gradient_traffic(answer: object) -> None:
+    answer = plain(answer)
     assert isinstance(answer, tuple) and len(answer) == 2, f"give a pair (reduce-scatter, all-reduce); got {answer!r}"
     rs, ar = answer
     assert (rs, ar) != (_AR, _RS), "swapped: the reduce-scatter is the cheaper one"

@@ -6,7 +6,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 
 NAMES = ("batch", "vocab", "embed", "heads", "mlp")
 
@@ -45,13 +45,16 @@ def _canonical(spec: P) -> tuple:
 
 
 def _check_rules(rules: object) -> None:
-    assert isinstance(rules, tuple | list), (
+    rules = plain(rules)  # lists become tuples: a target of several axes may be written either way
+    assert isinstance(rules, tuple), (
         f"give a tuple of (logical name, mesh axis or None) pairs; got {type(rules).__name__}")
-    rules = tuple(tuple(pair) if isinstance(pair, tuple | list) else pair for pair in rules)
     assert all(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) for pair in rules), (
         "each rule is a pair such as ('embed', 'data') or ('embed', None)")
-    # A target may be an axis name, None, or several axes as a tuple or list (NNX accepts each; ('data',) is 'data').
-    rules = tuple((name, tuple(target) if isinstance(target, list) else target) for name, target in rules)
+    twice = sorted({name for name, _ in rules if [n for n, _ in rules].count(name) > 1})
+    assert not twice, (
+        f"{twice} has more than one rule. The two readers of the table disagree on which counts: "
+        "nnx.logical_axis_rules takes the last, flax.linen.logical_to_mesh_axes (used here for the batch) the "
+        "first. Give each name one rule")
     for name, target in rules:
         ok = target is None or isinstance(target, str) or (
             isinstance(target, tuple) and all(isinstance(a, str) for a in target))
@@ -80,12 +83,15 @@ fsdp_tensor_rules = Exercise(
         (("batch", "data"), ("embed", "data"), ("heads", "model"), ("mlp", "model")),  # forgot 'vocab'
         (("batch", ("data", "model")), ("vocab", "model"), ("embed", "data"), ("heads", "model"),
          ("mlp", "model")),  # the batch over both axes: it is split over 'data' only
+        (("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model"),
+         ("embed", "data")),  # the 2-D table with a second 'embed' rule appended: NNX and linen read it differently
     ),
     hint="start from the 2-D table and change one rule: which logical name does FSDP split?",
     explanation=(
-        "Only 'embed' changes from the 2-D table: every parameter has an 'embed' dimension, so every "
-        "parameter is now split 8 ways, over 'data' on one side and 'model' on the other (the vocabulary "
-        "and the heads/mlp dimension)."
+        "Only 'embed' changes from the 2-D table: every parameter has an 'embed' dimension, so every matrix "
+        "is now split 8 ways, over 'data' on one side and 'model' on the other (the vocabulary and the "
+        "heads/mlp dimension). The layer norms and the position table have no other named dimension: they "
+        "are split 4 ways, over 'data' only."
     ),
 )
 
@@ -97,7 +103,8 @@ def _fsdp_bytes(d_ff: int) -> int:
 
 
 def _check_fsdp_bytes(n: object) -> None:
-    assert isinstance(n, int | np.integer) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
+    n = plain(n)
+    assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
     want = _fsdp_bytes(512)
     n_params = (want - 8) * 8 // 12
     assert n != _fsdp_bytes(256), "that is the size with D_FF = 256, the notebook's; redo the count with 512"
@@ -124,7 +131,8 @@ fsdp_bytes = Exercise(
 
 
 def _check_residual(answer: object) -> None:
-    assert isinstance(answer, tuple | list) and len(answer) == 2, f"give a pair (group_size, bytes); got {answer!r}"
+    answer = plain(answer)
+    assert isinstance(answer, tuple) and len(answer) == 2, f"give a pair (group_size, bytes); got {answer!r}"
     group, nbytes = answer
     assert group == 4, (
         f"group size {group}: the residual stream is summed over the 'model' axis, which now has 4 devices")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 
 # Exercise 1: a residual-stream activation bf16[8, 2048, 4096] on a `model` axis of 8 devices.
 _ACT = 8 * 2048 * 4096 * 2  # bytes of the whole activation in bf16: 128 MiB
@@ -13,6 +13,7 @@ _TP, _SP = _ACT, _ACT // 8
 
 
 def _check_activation_bytes(answer: object) -> None:
+    answer = plain(answer)
     assert isinstance(answer, tuple) and len(answer) == 2, (
         f"give a pair (bytes per device under tensor parallelism, bytes per device under sequence parallelism); "
         f"got {answer!r}"
@@ -76,13 +77,20 @@ def _check_split(answer: object) -> None:
                 "none of it sit idle (consecutive rows of x put micro-batch m on one device only)"
             )
             for d in range(_DEVICES):
-                got = np.sort(rows[m][rows[m] // per_device == d])
-                first = d * per_device + m * share
+                at = np.nonzero(rows[m] // per_device == d)[0]  # where device d's rows sit in micro-batch m
+                slot = np.arange(d * share, (d + 1) * share)  # the positions P('data') gives device d
+                assert np.array_equal(at, slot), (
+                    f"for a batch of {batch} and n = {n}, micro-batch {m} puts device {d}'s rows at positions "
+                    f"{at.tolist()}; split by P('data'), positions {slot[0]} to {slot[-1]} of a micro-batch belong "
+                    f"to device {d}, so these rows would move between devices (an all-gather or a "
+                    "collective-permute): keep the devices in order, each device's rows together"
+                )
+                got, first = rows[m][slot], d * per_device + m * share
                 assert np.array_equal(got, np.arange(first, first + share)), (
                     f"for a batch of {batch} and n = {n}, micro-batch {m} takes rows {got.tolist()} of device {d} "
                     f"(which holds rows {d * per_device} to {(d + 1) * per_device - 1}); it must take the "
-                    f"contiguous run {first} to {first + share - 1}: micro-batch 0 gets each device's first "
-                    f"{share} rows, micro-batch 1 the next {share}, and so on"
+                    f"contiguous run {first} to {first + share - 1}, in order: micro-batch 0 gets each device's "
+                    f"first {share} rows, micro-batch 1 the next {share}, and so on"
                 )
 
 
@@ -103,6 +111,10 @@ micro_batches = Exercise(
         lambda x, n: x.reshape(8, n, -1, *x.shape[1:]).swapaxes(0, 1),  # the device axis left in the shape
         lambda x, n: np.stack([x[: x.shape[0] // n]] * n),  # the first micro-batch n times
         lambda x, n: _solution_split(x, n) + 1,  # changes the data
+        # device-minor order: row k of every device, then row k + 1 ... (under jit, an all-gather)
+        lambda x, n: x.reshape(8, n, -1, *x.shape[1:]).transpose(1, 2, 0, 3).reshape(n, -1, *x.shape[1:]),
+        # the devices in reverse order (under jit, a collective-permute)
+        lambda x, n: _solution_split(x[::-1].reshape(8, -1, *x.shape[1:])[:, ::-1].reshape(x.shape), n),
     ),
     hint="reshape x to (8, n, rows // (8 * n), ...): device, micro-batch, row within the share; swap the first "
     "two axes; then merge the device and row axes: reshape to (n, rows // n, ...)",

@@ -7,8 +7,11 @@ tests/test_exercises.py checks their reference answers against torch_xla where i
 
 from __future__ import annotations
 
+import re
+
 import jax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from utils.exercises import Exercise
 from utils.layout import tiles
@@ -18,7 +21,9 @@ MESH_AXES = {"data": 4, "model": 2}
 
 
 def _mesh_42() -> jax.sharding.Mesh:
-    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    """torch_xla's ``xs.Mesh(np.arange(8), (4, 2))``: devices in id order, whatever order jax.make_mesh picks."""
+    devices = sorted(jax.devices(), key=lambda d: d.id)[:8]
+    return Mesh(np.array(devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def spec_string(partition_spec: tuple, shape: tuple[int, ...]) -> str:
@@ -50,6 +55,9 @@ def _check_linear_weight_spec(spec: object) -> None:
     if isinstance(spec, tuple) and not isinstance(spec, PartitionSpec):
         raise AssertionError(f"{spec} is torch_xla's form; JAX wants a PartitionSpec: P(...)")
     assert isinstance(spec, PartitionSpec), f"expected a PartitionSpec such as P(...); got {type(spec).__name__}"
+    assert len(spec) <= 2, (
+        f"{spec} has {len(spec)} entries, but the kernel (64, 8) has 2 dimensions: JAX refuses a longer spec"
+    )
     if _trimmed(spec) == (None, "model"):
         raise AssertionError(
             f"{spec} copies torch's spec unchanged, but the JAX kernel is the transpose of the torch weight: "
@@ -65,7 +73,12 @@ linear_weight_spec = Exercise(
     title="Exercise 1: from mark_sharding to a PartitionSpec",
     checker=_check_linear_weight_spec,
     solution=PartitionSpec("model", None),
-    wrong=(PartitionSpec(None, "model"), ("model", None), PartitionSpec("data", None)),
+    wrong=(
+        PartitionSpec(None, "model"),
+        ("model", None),
+        PartitionSpec("data", None),
+        PartitionSpec("model", None, None),  # one entry too many: JAX refuses it for a 2-D kernel
+    ),
     hint="nn.Linear(64, 8).weight is (out, in) = (8, 64); the JAX kernel is (in, out) = (64, 8)",
     explanation=(
         "torch's (None, 'model') on the (8, 64) weight splits its 64 inputs; in the (64, 8) kernel the inputs "
@@ -86,6 +99,7 @@ def _check_spec_from_string(answer: object) -> None:
     )
     used: list[str] = []
     for entry in answer:
+        assert entry != (), f"{answer}: an empty tuple is not an entry; write None for a dimension kept whole"
         names = entry if isinstance(entry, tuple) else (entry,)
         assert all(n is None or (isinstance(n, str) and n in MESH_AXES) for n in names), (
             f"{entry!r} is not an axis of the mesh {MESH_AXES}: give an axis name, a tuple of them, or None"
@@ -101,7 +115,7 @@ spec_from_string = Exercise(
     title="Exercise 2: read a spec string",
     checker=_check_spec_from_string,
     solution=("model", None),
-    wrong=(("data", None), (None, "model"), ("model",), PartitionSpec("model", None)),
+    wrong=(("data", None), (None, "model"), ("model",), PartitionSpec("model", None), ("model", ())),
     hint="[2,1,4]: 2 blocks of rows, 1 block of columns, 4 copies of each block; which mesh axis has size 2?",
     explanation=(
         "Rows split in 2 over 'model', columns whole, and each block copied on the 4 devices of its 'model' "
@@ -116,7 +130,8 @@ def _check_string_from_spec(answer: object) -> None:
     assert isinstance(answer, str), (
         f"answer with the string torch_xla prints, such as '{{devices=[...]...}}'; got {answer!r}"
     )
-    given = " ".join(answer.replace(", ", ",").split())
+    # torch_xla prints no space around ',', '[', ']', '=' or braces; one space before the suffix
+    given = re.sub(r"\s*([,\[\]{}=])\s*", r"\1", " ".join(answer.split()))
     assert given.startswith("{devices=[") or given == "{replicated}", (
         f"{answer!r} does not look like a spec string: it starts with '{{devices=[' or is '{{replicated}}'"
     )

@@ -3,16 +3,23 @@
 This is what keeps a checker from rotting: if a library change makes the reference
 answer fail, or makes the checker accept anything, this test fails. A wrong answer
 must be rejected by an AssertionError (a verdict with a message for the learner),
-not by the checker crashing on it.
+not by the checker crashing on it. Right answers written another common way must be
+accepted too, and every checker must follow the mesh, not the device ids, where
+jax.make_mesh orders devices as a TPU host does.
 """
 
 import importlib
+import math
 import pkgutil
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import exercises
-from utils.exercises import NOT_ANSWERED, Exercise, Outcome, Verdict
+from utils.exercises import NOT_ANSWERED, Exercise, Outcome, Verdict, plain
 
 
 def _all_exercises() -> list[tuple[str, Exercise]]:
@@ -191,3 +198,120 @@ def test_ex18_pytorch_xla_spec_strings_are_what_torch_xla_prints():
         assert ex18.spec_string((None, "model"), (8, 16)) == ex18.string_from_spec.solution
     finally:
         jax.config.update("jax_use_shardy_partitioner", shardy)
+
+
+# --- plain: one spelling for every right answer ---------------------------------------------------------------------
+
+
+def test_plain_writes_numbers_the_python_way():
+    assert plain(np.int64(7)) == 7 and type(plain(np.int64(7))) is int
+    assert type(plain(16384.0)) is int and type(plain(np.float32(2.0))) is int  # whole floats are counts
+    assert plain(np.float32(0.5)) == 0.5 and type(plain(np.float32(0.5))) is float
+    assert plain(True) is True and plain(np.bool_(False)) is False  # a bool is never taken for 1 or 0
+    assert plain(jnp.int32(3)) == 3 and type(plain(jnp.int32(3))) is int  # a 0-d JAX array is its number
+    assert math.isnan(plain(float("nan"))) and plain(float("inf")) == float("inf")  # not whole: left as floats
+
+
+def test_plain_writes_collections_one_way():
+    assert plain([1, np.int64(2)]) == (1, 2)
+    assert plain(np.arange(4).reshape(2, 2)) == ((0, 1), (2, 3))
+    assert plain({np.int64(1), 2}) == frozenset({1, 2})
+    assert plain({"all-gather": np.int64(1)}) == {"all-gather": 1}
+    assert plain([{1, 2}, [3, 4.0]]) == (frozenset({1, 2}), (3, 4))
+    assert plain({d for d in jax.devices()[:2]}) == frozenset(d.id for d in jax.devices()[:2])  # Devices are ids
+
+
+def test_plain_leaves_everything_else_alone():
+    spec, fn = P("data", None), len
+    assert plain(spec) is spec and plain(fn) is fn and plain("4") == "4" and plain(None) is None
+    assert plain((spec, P())) == (spec, P())
+    assert plain(3 + 0j) == 3 + 0j  # not a real number: a checker rejects it
+
+
+# Right answers written another common way: each must be accepted (numpy numbers, whole floats from `/`, numpy
+# arrays, lists for tuples and sets, Device objects for ids). Where an answer names devices, it is the one for
+# the devices in id order, the order conftest.py sets up.
+_DEVICES = {d.id: d for d in jax.devices()}
+_ex = {name: importlib.import_module(f"exercises.{name}") for name in {q.split(".")[0] for q, _ in EXERCISES}}
+
+ALSO_RIGHT = {
+    "ex00_setup.bytes_per_device": [np.int64(16384), 16384.0, 256 / 4 * 128 / 2 * 4],
+    "ex02_partitionspec.predict_shard_shape": [np.array([64, 12, 8]), [64, 12, 8], (64.0, 96 / 8, 8)],
+    "ex02_partitionspec.rows_32_64": [[4, 6], np.array([6, 4]), {_DEVICES[4], _DEVICES[6]}],
+    "ex03_namedsharding.mesh_bytes": [np.int64(4194304), 4194304.0],
+    "ex03_namedsharding.first_replicas": [{np.int64(i) for i in (1, 3, 5, 7)}, [7, 5, 3, 1],
+                                          np.array([1, 3, 5, 7]), {_DEVICES[i] for i in (1, 3, 5, 7)}],
+    "ex04_propagation_resharding.predict_collective": [{"all-gather": np.int64(1), "all-reduce": 0}],
+    "ex04_propagation_resharding.predict_bytes": [np.float64(458752.0), 448 * 1024],
+    "ex04_propagation_resharding.read_groups": [np.arange(8).reshape(4, 2).T, ((0, 2, 4, 6), (1, 3, 5, 7))],
+    "ex05_constraints_explicit.rows_matmul": [lambda a, b: jnp.einsum("ij,jk->ik", a, b, out_sharding=P("data"))],
+    "ex06_shard_map.column_sums": [jax.jit(_ex["ex06_shard_map"].column_sums.solution)],
+    "ex06_shard_map.ring_source": [np.int64(0), _DEVICES[0]],
+    "ex07_data_parallel.dp_specs": [[P("data"), P()], (P("data", None), P(None))],
+    "ex07_data_parallel.wider_allreduce_bytes": [np.int64(153640)],
+    "ex07_data_parallel.sixteen_devices": [[128, 76844], (np.int64(128), np.int64(76844))],
+    "ex08_tensor_parallel.tp_allreduce_bytes": [np.int64(40960)],
+    "ex09_2d_parallel.gradient_group_size": [np.int64(4), 4.0],
+    "ex10_fsdp.adam_bytes_per_device": [np.int64(42064)],
+    "ex10_fsdp.gradient_traffic": [[57344, 114688], (7 * 8 * 256 * 4, 2 * 7 / 8 * 64 * 256 * 4)],
+    "ex11_transformer.fsdp_bytes": [np.int64(131144)],
+    "ex11_transformer.residual_allreduce": [[4, 65536], (np.int64(4), np.int64(65536))],
+    "ex12_training_memory.zero_bytes": [tuple(np.int64(b) for b in _ex["ex12_training_memory"].zero_bytes.solution),
+                                        [4 * 7e9 + 12 * 7e9 / 64, 2 * 7e9 + 14 * 7e9 / 64, 16 * 7e9 / 64]],
+    "ex12_training_memory.zero_specs": [lambda stage: list(_ex["ex12_training_memory"].zero_specs.solution(stage))],
+    "ex13_sequence_batch.activation_bytes": [(np.int64(134217728), np.int64(16777216)),
+                                             [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
+    "ex14_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
+    "ex14_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
+    "ex16_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex16_pmap_vs_spmd"].migrate_to_jit.solution)],
+    "ex16_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
+    "ex18_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
+    "ex18_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
+                                          " {devices=[1,2,4]0,2,4,6,1,3,5,7  last_tile_dim_replicate} "],
+}
+
+
+@pytest.mark.parametrize("qualname", sorted(ALSO_RIGHT))
+def test_right_answers_written_another_way_are_accepted(qualname):
+    exercise = dict(EXERCISES)[qualname]
+    problems = [f"{answer!r}: {_describe(outcome)}" for answer in ALSO_RIGHT[qualname]
+                if (outcome := exercise.outcome(answer)).verdict is not Verdict.CORRECT]
+    assert not problems, f"{qualname} rejects right answers:\n" + "\n".join(problems)
+
+
+# On a TPU host jax.make_mesh orders devices as the chips are wired, not by id: a v5e-8 gives [0, 1, 2, 3, 7, 6, 5, 4].
+# Every checker must then still accept its solution, unless the answer names devices: those must follow the mesh.
+PHYSICAL_ORDER = (0, 1, 2, 3, 7, 6, 5, 4)
+ON_PHYSICAL_ORDER = {
+    "ex01_meshes.device_at": 6,  # mesh position (2, 1)
+    "ex02_partitionspec.rows_32_64": {5, 7},  # mesh positions (2, 0) and (3, 0)
+    "ex06_shard_map.ring_source": 4,  # device 6 sits at (2, 1) and receives from (3, 1)
+}
+
+
+@pytest.fixture
+def physical_order(monkeypatch):
+    make_mesh = jax.make_mesh
+
+    def physical(axis_shapes, axis_names, *args, devices=None, **kwargs):
+        if devices is None and math.prod(axis_shapes) == len(PHYSICAL_ORDER):
+            devices = [_DEVICES[i] for i in PHYSICAL_ORDER]
+        return make_mesh(axis_shapes, axis_names, *args, devices=devices, **kwargs)
+
+    jax.clear_caches()  # a solution traced on the id-order mesh would otherwise be reused, mesh and all
+    monkeypatch.setattr(jax, "make_mesh", physical)
+    assert jax.make_mesh((4, 2), ("a", "b")).device_ids.ravel().tolist() == list(PHYSICAL_ORDER)
+    yield
+    monkeypatch.undo()
+    jax.clear_caches()
+
+
+def test_checkers_follow_the_mesh_not_the_device_ids(physical_order):
+    problems = []
+    for qualname, exercise in EXERCISES:
+        answer = ON_PHYSICAL_ORDER.get(qualname, exercise.solution)
+        if (outcome := exercise.outcome(answer)).verdict is not Verdict.CORRECT:
+            problems.append(f"{qualname} rejects {answer!r}: {_describe(outcome)}")
+        if qualname in ON_PHYSICAL_ORDER and exercise.verdict(exercise.solution) is not Verdict.WRONG:
+            problems.append(f"{qualname} accepts the id-order answer {exercise.solution!r} on another order")
+    assert not problems, "\n".join(problems)

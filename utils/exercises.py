@@ -11,6 +11,10 @@ Any other exception out of a checker is a *checker error*: the checker itself
 failed (a bug, or an answer of a kind it did not validate first). ``check``
 says so plainly, names the exception, and does not count it as the learner's
 mistake; :meth:`Exercise.verdict` tells the four outcomes apart for tests.
+
+A right answer is right however it is spelled: checkers pass answers through
+:func:`plain` first, so numpy numbers, whole floats, arrays, lists and Device
+objects compare like the Python values they stand for.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import inspect
+import numbers
 import textwrap
 import traceback
 from collections.abc import Callable, Iterator
@@ -25,7 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["NOT_ANSWERED", "Exercise", "Outcome", "Verdict", "answer_errors"]
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+__all__ = ["NOT_ANSWERED", "Exercise", "Outcome", "Verdict", "answer_errors", "plain"]
 
 
 class Verdict(enum.StrEnum):
@@ -51,6 +60,44 @@ class _NotAnswered:
 
 NOT_ANSWERED: Any = _NotAnswered()
 """Placeholder that exercise cells start with: checking it prints a nudge, not an error."""
+
+
+def plain(answer: object) -> object:
+    """``answer`` in the one spelling checkers compare: Python numbers, tuples, frozensets and device ids.
+
+    Learners reach right answers by many routes: ``np.prod`` gives ``np.int64``, ``/`` gives a whole
+    float (``16384.0``), shards give ``Device`` objects, and a list is written where a tuple or a set is
+    asked. A checker that calls this first accepts them all, the same way in every exercise:
+
+    - a bool (Python or numpy) stays a bool, so ``True`` is never taken for 1;
+    - a real number equal to a whole number becomes an ``int``, any other real number a ``float``;
+    - a numpy or JAX array becomes its number (0-d) or nested tuples;
+    - a list or tuple becomes a tuple, a set a frozenset, a dict a dict, each with its items made plain;
+    - a ``jax.Device`` becomes its id.
+
+    Anything else (a string, a PartitionSpec, a function) comes back unchanged; NaN and infinities stay
+    floats. Whether a tuple may stand for a set stays the checker's decision.
+    """
+    if isinstance(answer, bool | np.bool_):
+        return bool(answer)
+    if isinstance(answer, numbers.Integral):
+        return int(answer)
+    if isinstance(answer, numbers.Real):
+        value = float(answer)
+        return int(value) if value.is_integer() else value
+    if isinstance(answer, np.ndarray | jax.Array):
+        return plain(np.asarray(answer).tolist())
+    if isinstance(answer, jax.Device):
+        return answer.id
+    if isinstance(answer, PartitionSpec):
+        return answer
+    if isinstance(answer, list | tuple):
+        return tuple(plain(item) for item in answer)
+    if isinstance(answer, set | frozenset):
+        return frozenset(plain(item) for item in answer)
+    if isinstance(answer, dict):
+        return {plain(key): plain(value) for key, value in answer.items()}
+    return answer
 
 
 @contextlib.contextmanager
