@@ -304,7 +304,8 @@ if CPU:  # the CPU compiler's buffer sizes (accelerators pad small arrays to the
 # `footprint` (arguments + outputs + temporaries) is what a device needs while the program runs.
 # Building on one device needs the whole state there, whatever `device_put` does next; FSDP's init
 # needs about an eighth of it (on the CPU backend). The one-device state is section 5's reference, and every sharded state
-# holds the same numbers: JAX's random numbers do not depend on how an array is split.
+# holds the same numbers: JAX's random numbers do not depend on how an array is split, and the flag
+# `jax_threefry_partitionable` (on by default since jax 0.5) lets each device generate only its own block.
 
 # %%
 ref_state = on_one_device()
@@ -429,9 +430,11 @@ if CPU:
 # %% [markdown]
 # **Tensor parallel: activations, several times per layer.** The residual stream `[32,16,64]` (the
 # full batch) is summed wherever a split matrix hands back a partial result: after the attention
-# output and MLP down projections, and again on the way back. On the CPU backend every collective
-# carries activations (the `[32,16]` ones come from the softmax over the split vocabulary); no
-# gradient crosses devices, since each device owns its slice of every split matrix.
+# output and MLP down projections, and again on the way back; the vocabulary-parallel embedding adds
+# one more forward sum, and the accuracy's argmax over the split vocabulary gathers `[32,16]` scores.
+# On the CPU backend every collective carries activations; no gradient crosses devices, since each
+# device owns its slice of every split matrix. (The CPU compiler sums the q, k and v input gradients
+# separately; the TPU and GPU compilers add them first and send fewer bytes.)
 
 # %%
 c = collectives(compiled["tensor"])
@@ -637,7 +640,8 @@ if CPU:
 #   weights at times, so their temporaries are larger (on the CPU backend).
 # - **Communication.** Data parallel sums the gradients once per step, whatever the batch; tensor
 #   parallel sums activations several times per layer, in proportion to batch x sequence x `d_model`,
-#   here more than the gradients. FSDP gathers each weight and sums the full gradients.
+#   here more than the gradients. FSDP gathers each weight; the CPU compiler then sums the full
+#   gradients, where the TPU and GPU compilers reduce-scatter some or all of them.
 #
 # Notebook 14 scales this comparison to 64 devices.
 #
@@ -685,7 +689,7 @@ np.testing.assert_allclose([float(loss_tensor), float(loss_fsdp)], float(loss_on
 # **Exercise 1 (write the rules).** A fifth strategy, FSDP x tensor on the `(4, 2)` mesh
 # `('data', 'model')`: split the batch **and** every parameter's `'embed'` dimension over `data`, and
 # `'heads'`, `'mlp'` and `'vocab'` over `model`. Write its rule table (a tuple of
-# `(logical name, mesh axis or None)` pairs covering all five names).
+# `(logical name, mesh axis or None)` pairs, one pair for each of the five names).
 
 # %%
 from exercises import ex11_transformer as ex
