@@ -195,11 +195,15 @@ def _tail(text: str, lines: int) -> str:
 
 
 def _last_printed(out: typing.IO[bytes], err: typing.IO[bytes]) -> str:
-    """The last line a worker wrote to stdout or stderr, whichever of the two it wrote to last."""
-    written = [f for f in (out, err) if os.fstat(f.fileno()).st_size]
+    """The last line a worker wrote to stdout or stderr, whichever of the two it wrote to last.
+
+    File times are coarse (a few ms): where both changed in the same tick, stderr counts as the later.
+    """
+    written = [(os.fstat(f.fileno()).st_mtime_ns, rank, f) for rank, f in enumerate((out, err))
+               if os.fstat(f.fileno()).st_size]
     if not written:
         return "nothing"
-    latest = max(written, key=lambda f: os.fstat(f.fileno()).st_mtime_ns)
+    latest = max(written, key=lambda w: w[:2])[2]
     latest.seek(0)
     lines = _meaningful(latest.read().decode(errors="replace"))
     return repr(lines[-1].strip()[:300]) if lines else "nothing"
