@@ -3,12 +3,8 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_multihost.ipynb)
 #
-# This notebook teaches multi-host SPMD as it is really run: one script, started as one process per
-# host, all driving one global mesh. You run such a script, a file of this repository, as two processes
-# of 4 CPU devices each: every process loads only the rows its devices hold, results come back to the
-# hosts, every process saves and restores its part of a sharded checkpoint, and you see why a job hangs
-# when the processes disagree. Then you port multi-host `pmap` code, build multi-slice meshes, and launch
-# the script so that a failure is loud and no process is left behind.
+# Multi-host SPMD as it is really run: one script, started as one process per host, all driving one
+# global mesh. You run such a script, a file of this repository, as two processes of 4 CPU devices each.
 #
 # **You will learn**
 # - the multi-host vocabulary (process, local and global devices, addressable shards) and the one call
@@ -341,18 +337,17 @@ assert wait[0]["returned"] >= wait[1]["entered"]  # process 0 returned only afte
 assert all(r["gathered_shape"] == [worker.ROWS, worker.D_IN] for r in wait.values())  # then both got it all
 
 # %% [markdown]
-# Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it, and process 0
-# waits. For how long? We ran it on two CPU processes, outside this notebook (it takes minutes), on jax
-# 0.10 and 0.12 with the same outcome:
+# Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it; process 0 waits.
+# For how long? Measured on two CPU processes outside this notebook (it takes minutes), jax 0.10 and 0.12
+# alike:
 #
-# - **If the processes have already run a collective together: for ever.** Process 0 was still in its
-#   lone all-gather after 150 s (0.10) and 200 s (0.12). Both processes are alive, so their heartbeats
-#   flow and no timeout of the distributed runtime applies; only the launcher's time limit ended the run.
-# - **If it is their first collective:** gloo, the CPU backend's transport, first connects the processes
-#   and gives up after 30 s of its own, `DEADLINE_EXCEEDED: GetKeyValue() timed out`; process 0 raises.
-#   That limit is gloo's, on CPU only.
-# - **If process 1 goes on to `jax.distributed.shutdown()`,** it waits at the shutdown barrier for
-#   `shutdown_timeout_seconds`; after 300 s both processes abort (SIGABRT, "Shutdown barrier … has failed").
+# - **After the processes have run a collective together: for ever.** Process 0 was still waiting after
+#   150 s (0.10) and 200 s (0.12). Both processes are alive, so their heartbeats flow and no runtime
+#   timeout applies; only the launcher's time limit ended the run.
+# - **If it is their first collective:** gloo, the CPU transport, gives up connecting after its own 30 s
+#   (`DEADLINE_EXCEEDED: GetKeyValue() timed out`) and process 0 raises. That limit is gloo's, CPU only.
+# - **If process 1 reaches `jax.distributed.shutdown()`,** it waits at the shutdown barrier; after
+#   `shutdown_timeout_seconds` (300 s), "Barrier timed out. Id: Shutdown::…", the processes abort (SIGABRT).
 #
 # A process that dies is noticed only after `heartbeat_timeout_seconds`. The defaults:
 
@@ -377,11 +372,10 @@ for i, r in results["device_put"].items():  # both processes raise AssertionErro
     assert r["error"].endswith(f"Expected: [0. 0. 0. 0. 1. 1. 1. 1.]; got: [{i}. {i}. {i}. {i}.].")
 
 # %% [markdown]
-# "Expected" is what the all-gather brought back: process 0's four zeros and process 1's four ones. So
-# `if jax.process_index() == 0: jax.device_put(params, shardings)` hangs, and putting a large host array
-# onto a global sharding first gathers every process's whole copy into every process. Every process runs every computation on
-# global arrays in the same order; only side effects go under `if jax.process_index() == 0:` (printing,
-# logging metrics, listing files, as the script did).
+# "Expected" is what the all-gather brought back from both processes. So `device_put` under
+# `if jax.process_index() == 0:` hangs, and a large host array put this way is first gathered whole into
+# every process. Every process runs every computation on global arrays in the same order; only side
+# effects go under `if jax.process_index() == 0:` (printing, logging, listing files, as the script did).
 #
 # ## 8. Porting multi-host `pmap` code
 #
@@ -442,13 +436,10 @@ Code(inspect.getsource(worker.exit_on_error), language="python")
 
 # %% [markdown]
 # `run_workers` watches all workers together. At the first that exits with an error it kills the rest
-# and raises; the first line of the error names that worker and its first error line (the Python
-# exception, and the first error the C++ runtime logged). When its time limit passes it names the workers
-# still running and the last line each printed. Each worker runs in a process group of its own, killed
-# with SIGKILL (a JAX worker treats SIGTERM as a preemption notice and keeps running); on Linux, the
-# operating system kills the workers when this notebook's kernel dies, even on a kernel restart. The
-# script binds the coordinator to the address the port was checked on, and waits at most 30 s for the
-# other process. Take the port and watch:
+# and raises, naming that worker and its first error line; at its time limit it names the workers still
+# running and the last line each printed. It kills with SIGKILL (a JAX worker treats SIGTERM as a
+# preemption notice and keeps running), and on Linux the workers die with this notebook's kernel, even on
+# a restart. Take the coordinator's port and watch:
 
 # %%
 failure = None
@@ -470,12 +461,10 @@ assert worker_1.stopped
 assert still_running([out.pid for out in failure.outputs]) == []  # nothing left behind
 
 # %% [markdown]
-# The coordinator could not bind its port and died at once; the launcher stopped process 1, which would
-# have waited 30 s for it, and its error says which worker failed and why (jax 0.12 adds "Address already in
-# use"; jax 0.10 logs only that no address could be added). The error goes on with the last lines of both
-# workers' stderr. `tests/test_processes.py` provokes the other faults: a crash before or an exception after
-# initialize and a `kill -9` are reported within seconds, a hang at the launcher's time limit, and Ctrl-C
-# stops every worker.
+# The coordinator died at once; the launcher stopped process 1, which would have waited 30 s for it, and
+# said which worker failed and why (jax 0.12 adds "Address already in use"). The error goes on with the
+# last lines of both workers' stderr. `tests/test_processes.py` provokes the other faults: a crash, an
+# exception or a `kill -9` is reported within seconds, a hang at the time limit.
 #
 # ## Exercises
 #
@@ -524,10 +513,9 @@ ex.which_hang.check(answer_3);
 #   values and `np.asarray(x)` raises.
 # - Every process calls Orbax's `save` and `restore` and handles its own shards; a checkpoint restores
 #   onto another mesh.
-# - Every process runs the same collectives in the same order; only side effects go under
-#   `process_index() == 0`; `jax.device_put` of host data is a collective too. Otherwise the job hangs: a
-#   lone collective on CPU gives up after gloo's 30 s only the first time, and after that waits for ever.
-# - A worker that raises must exit at once (JAX would hold it at the shutdown barrier); a launcher must
-#   watch every worker, stop all at the first failure and say which one failed and why.
+# - Every process runs the same collectives (`device_put` of host data is one) in the same order; only
+#   side effects go under `process_index() == 0`. A lone collective can wait for ever.
+# - A worker that raises must exit at once, past JAX's shutdown barrier; a launcher must watch every
+#   worker, stop all at the first failure and say which one failed and why.
 #
 # **Next:** [18 · PyTorch/XLA side by side](18_pytorch_xla.ipynb)
