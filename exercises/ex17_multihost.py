@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 from utils.exercises import Exercise
@@ -17,15 +18,29 @@ def host_rows(hosts: Sequence[int], host: int, rows: int) -> list[tuple[int, int
     return [(p * block, (p + 1) * block) for p, h in enumerate(hosts) if h == host]
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _as_range(block: object) -> tuple[int, int] | None:
+    """(start, stop) from a pair of whole numbers or a slice with a step of 1 (what sharding index maps hold)."""
+    if isinstance(block, slice) and block.step in (None, 1) and _whole(block.start) and _whole(block.stop):
+        return int(block.start), int(block.stop)
+    if isinstance(block, tuple | list) and len(block) == 2 and all(_whole(v) for v in block):
+        return int(block[0]), int(block[1])
+    return None
+
+
 def _rows_covered(ranges: list) -> list[int]:
     return [row for start, stop in ranges for row in range(start, stop)]
 
 
 def _check_rows_of_host(answer: object) -> None:
-    assert isinstance(answer, list | tuple) and all(
-        isinstance(r, tuple | list) and len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
-        for r in answer
-    ), f"give a list of (start, stop) ranges of whole numbers, such as [(0, 8), (40, 48)]; got {answer!r}"
+    ranges = [_as_range(block) for block in answer] if isinstance(answer, list | tuple) else [None]
+    assert None not in ranges, (
+        f"give a list of (start, stop) ranges of whole numbers (or slices), such as [(0, 8), (40, 48)]; got {answer!r}"
+    )
+    answer = ranges
     assert all(0 <= start < stop <= BATCH for start, stop in answer), (
         f"each range must satisfy 0 <= start < stop <= {BATCH}; got {answer!r}"
     )
@@ -56,7 +71,9 @@ rows_of_host = Exercise(
 
 
 def _check_rows_per_process(answer: object) -> None:
-    assert isinstance(answer, int) and not isinstance(answer, bool), f"give a whole number; got {answer!r}"
+    assert isinstance(answer, numbers.Real) and not isinstance(answer, bool) and float(answer).is_integer(), (
+        f"give a whole number; got {answer!r}"
+    )
     assert answer != 2048 // 16, (
         f"{answer} rows would be right if each host held its own rows; here every data row's pair of devices "
         "spans two hosts, so each host also holds the rows of its partner"
@@ -78,7 +95,7 @@ rows_per_process = Exercise(
 )
 
 
-HANGS = frozenset({"b", "d"})
+HANGS = frozenset({"b", "d", "e"})
 
 
 def _check_which_hang(answer: object) -> None:
@@ -86,25 +103,29 @@ def _check_which_hang(answer: object) -> None:
         f'give a set of letters, such as {{"a"}}; got {answer!r}'
     )
     letters = {a.strip().lower().strip("()") for a in answer}
-    assert letters <= {"a", "b", "c", "d"}, f"the choices are a, b, c and d; got {sorted(letters)}"
+    assert letters <= {"a", "b", "c", "d", "e"}, f"the choices are a, b, c, d and e; got {sorted(letters)}"
     extra, missing = sorted(letters - HANGS), sorted(HANGS - letters)
     assert not extra, (
         f"({extra[0]}) does not hang: it only reads a value this process already holds (a replicated output) "
         "or does a side effect, which is what belongs under process_index() == 0"
     )
     assert not missing, (
-        f"({missing[0]}) hangs too: it runs a collective (Orbax's save, or the all-gather) that the other "
-        "processes never call, so process 0 waits for them"
+        f"({missing[0]}) hangs too: it runs a collective (Orbax's save, an all-gather, or the all-gather with which "
+        "device_put checks that every process passed the same values) that the other processes never call, so "
+        "process 0 waits for them"
     )
 
 
 which_hang = Exercise(
     title="Exercise 3: which lines hang",
     checker=_check_which_hang,
-    solution={"b", "d"},
-    wrong=({"b"}, {"d"}, {"a", "b", "d"}, {"b", "c", "d"}, {"a", "b", "c", "d"}, set(), "bd"),
-    hint="which calls are collectives, that every process must reach?",
-    explanation="(b) Orbax's save and (d) process_allgather are collectives: under process_index() == 0 only "
-                "process 0 calls them, and it waits for the others until a runtime timeout, minutes later. "
-                "(a) and (c) read a replicated value that process 0 already holds.",
+    solution={"b", "d", "e"},
+    wrong=({"b", "d"}, {"b"}, {"d"}, {"e"}, {"a", "b", "d", "e"}, {"b", "c", "d", "e"}, {"a", "b", "c", "d", "e"},
+           set(), "bde"),
+    hint="which calls are collectives, that every process must reach? One of them hides inside jax.device_put",
+    explanation="(b) Orbax's save, (d) process_allgather and (e) device_put of host data onto devices of every "
+                "process (it all-gathers the data to check that each process passed the same) are collectives: "
+                "under process_index() == 0 only process 0 calls them, and it waits for the others, with no time "
+                "limit of its own once the processes have run a collective together. (a) and (c) read a replicated "
+                "value that process 0 already holds.",
 )

@@ -5,10 +5,7 @@
 #
 # This notebook teaches multi-host SPMD as it is really run: one script, started as one process per
 # host, all driving one global mesh. You run such a script, a file of this repository, as two processes
-# of 4 CPU devices each: every process loads only the rows its devices hold, results come back to the
-# hosts, every process saves and restores its part of a sharded checkpoint, and you see why a job hangs
-# when the processes disagree. Then you port multi-host `pmap` code, build multi-slice meshes, and launch
-# the script so that a failure is loud and no process is left behind.
+# of 4 CPU devices each.
 #
 # **You will learn**
 # - the multi-host vocabulary (process, local and global devices, addressable shards) and the one call
@@ -165,14 +162,14 @@ for out in outputs:
             results.setdefault(r.pop("topic"), {})[r.pop("process")] = r
 for i, r in results["topology"].items():
     print(f"process {i} of {r['process_count']}: {r['device_count']} global devices, local ids {r['local_device_ids']}")
-assert still_running([out.pid for out in outputs]) == []  # both workers have exited
 assert all(r["device_count"] == 8 and r["process_count"] == 2 for r in results["topology"].values())
 assert all(r["backend"] == "cpu" for r in results["topology"].values())  # JAX_PLATFORMS=cpu, whatever this kernel uses
-assert results["topology"][1]["local_device_ids"] == [2048, 2049, 2050, 2051]  # ids, not positions 4-7
+ids = [i for r in results["topology"].values() for i in r["local_device_ids"]]
+assert len(set(ids)) == 8 and sorted(ids) != list(range(8))  # 8 distinct ids, but not the positions 0-7
 
 # %% [markdown]
-# Process 1's devices are numbered 2048 to 2051, not 4 to 7: a device id says nothing about where a
-# device sits in a mesh.
+# Process 1's devices are numbered from 2048 on the CPU backend, not 4 to 7: a device id says nothing
+# about where a device sits in a mesh.
 #
 # > **You will see this online:** `jax.config.update("jax_cpu_collectives_implementation", "gloo")` before
 # > `jax.distributed.initialize`, as if CPU processes needed it to talk to each other.
@@ -279,20 +276,21 @@ else:
 # %%
 r = results["results"][0]
 print("print(x) shows:  ", r["printed"])
-print("np.asarray(x):   ", r["fetch_error"].split(". ")[0])
+print("np.asarray(x):   ", r["fetch_error"])
 assert r["printed"] == "Array(shape=(64, 16), dtype=float32)"  # no values, and no error
 assert "spans non-addressable (non process local) devices" in r["fetch_error"]
+assert "process_allgather" in r["fetch_error"]  # JAX's own advice
 
 # %% [markdown]
-# > **You will see this online:** "use `multihost_utils.process_allgather(x)` to fetch a global array".
+# > **You will see this online**, and in the error above: "use `multihost_utils.process_allgather(x)`".
 
 # %%
 print("process_allgather(x):", r["gather_error"])
 assert r["gather_error"] == "Gathering global non-fully-addressable arrays only supports tiled=True"
 
 # %% [markdown]
-# Two ways work. `process_allgather(x, tiled=True)` sends every block to every process (costly for a large
-# array). Better, compute what you need inside `jit` and ask for a **replicated** output
+# On an array that spans processes it works only with `tiled=True`. Two ways work.
+# `process_allgather(x, tiled=True)` sends every block to every process (costly for a large array). Better, compute what you need inside `jit` and ask for a **replicated** output
 # (`out_shardings=NamedSharding(mesh, P())`): every process then holds all of it, as with the losses above.
 
 # %%
@@ -327,20 +325,32 @@ assert list(files) == [0] and {"ocdbt.process_0", "ocdbt.process_1"} <= set(file
 #
 # ## 7. The rule: same collectives, same order
 #
-# A collective finishes only when every process has called it. The script showed it: process 0 called
-# `process_allgather` alone, in a thread, and after one second it was still waiting; process 1 then called
-# it too, and both finished.
+# A collective returns only once every process has called it. The script showed it: process 1 reached an
+# all-gather one second after process 0, and process 0 could not return before process 1 arrived.
 
 # %%
-print(results["wait"])
-assert results["wait"][0]["waiting_after_1s"]  # process 0 was still inside the all-gather after 1 s
-assert all(r["gathered_shape"] == [worker.ROWS, worker.D_IN] for r in results["wait"].values())  # then both got it all
+wait = results["wait"]
+for i, r in wait.items():
+    print(f"process {i}: entered the all-gather at {r['entered'] - wait[0]['entered']:.2f} s, "
+          f"returned at {r['returned'] - wait[0]['entered']:.2f} s")
+assert wait[1]["entered"] - wait[0]["entered"] > 0.5  # process 1 came late (it slept 1 s first)
+assert wait[0]["returned"] >= wait[1]["entered"]  # process 0 returned only after process 1 had entered
+assert all(r["gathered_shape"] == [worker.ROWS, worker.D_IN] for r in wait.values())  # then both got it all
 
 # %% [markdown]
-# Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it: process 0 waits in
-# it, and process 1 waits for process 0 in its own next collective or at `jax.distributed.shutdown()`.
-# Neither raises an error; they wait until a timeout of the distributed runtime, whose defaults are
-# minutes:
+# Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it; process 0 waits.
+# For how long? Measured on two CPU processes outside this notebook (it takes minutes), jax 0.10 and 0.12
+# alike:
+#
+# - **After the processes have run a collective together: for ever.** Process 0 was still waiting after
+#   150 s (0.10) and 200 s (0.12). Both processes are alive, so their heartbeats flow and no runtime
+#   timeout applies; only the launcher's time limit ended the run.
+# - **If it is their first collective:** gloo, the CPU transport, gives up connecting after its own 30 s
+#   (`DEADLINE_EXCEEDED: GetKeyValue() timed out`) and process 0 raises. That limit is gloo's, CPU only.
+# - **If process 1 reaches `jax.distributed.shutdown()`,** it waits at the shutdown barrier; after
+#   `shutdown_timeout_seconds` (300 s), "Barrier timed out. Id: Shutdown::…", the processes abort (SIGABRT).
+#
+# A process that dies is noticed only after `heartbeat_timeout_seconds`. The defaults:
 
 # %%
 defaults = inspect.signature(jax.distributed.initialize).parameters
@@ -351,9 +361,22 @@ assert defaults["heartbeat_timeout_seconds"].default == 100  # how long a silent
 
 # %% [markdown]
 # Collectives hide in `jit` calls on global arrays (the train step's all-reduce), in `process_allgather`,
-# and in Orbax's `save` and `restore`. So every process runs every computation on global arrays, in the
-# same order; only side effects go under `if jax.process_index() == 0:` (printing, logging metrics,
-# listing files, as the script did).
+# in Orbax's `save` and `restore`, and in **`jax.device_put` of host data** (a numpy array, a Python number)
+# onto devices of every process: JAX first checks that every process passed the same value, with
+# `multihost_utils.assert_equal`, an all-gather of the whole value from every process. The script passed
+# a different value in each process:
+
+# %%
+print(results["device_put"][0]["error"])
+for i, r in results["device_put"].items():  # both processes raise AssertionError, each with what it passed
+    assert "passed to device_put is not the same on each process" in r["error"]
+    assert r["error"].endswith(f"Expected: [0. 0. 0. 0. 1. 1. 1. 1.]; got: [{i}. {i}. {i}. {i}.].")
+
+# %% [markdown]
+# "Expected" is what the all-gather brought back from both processes. So `device_put` under
+# `if jax.process_index() == 0:` hangs, and a large host array put this way is first gathered whole into
+# every process. Every process runs every computation on global arrays in the same order; only side
+# effects go under `if jax.process_index() == 0:` (printing, logging, listing files, as the script did).
 #
 # ## 8. Porting multi-host `pmap` code
 #
@@ -402,14 +425,22 @@ if ok:
 #
 # ## 10. A launcher that fails loudly
 #
-# When a worker dies, the others do not fail at once: they wait for it, at `jax.distributed.initialize`
-# or at their next collective, until the runtime misses its heartbeats (`heartbeat_timeout_seconds`,
-# printed in section 7) or a timeout ends the wait. `run_workers` therefore watches all workers
-# together; at the first failure it kills the rest and raises with the last lines of every worker's
-# stderr. Each worker runs in a process group of its own, killed with SIGKILL (a JAX worker treats SIGTERM
-# as a preemption notice and keeps running); on Linux, the operating system kills the workers when this
-# notebook's kernel dies, even on a kernel restart. The script binds the coordinator to the address the
-# port was checked on, and waits at most 30 s for the other process. Take the port and watch:
+# When a worker dies, the others do not fail: they wait for it, at `jax.distributed.initialize` or in
+# their next collective, as section 7 measured. A worker that raises does not even die. After
+# `jax.distributed.initialize`, JAX's exit hook calls `jax.distributed.shutdown()`, which waits at a barrier
+# for every other process, up to `shutdown_timeout_seconds` (300 s), and only then aborts. So the script
+# runs `main` through `exit_on_error`, which prints the traceback and leaves with `os._exit(1)`, skipping
+# the exit hooks:
+
+# %%
+Code(inspect.getsource(worker.exit_on_error), language="python")
+
+# %% [markdown]
+# `run_workers` watches all workers together. At the first that exits with an error it kills the rest
+# and raises, naming that worker and its first error line; at its time limit it names the workers still
+# running and the last line each printed. It kills with SIGKILL (a JAX worker treats SIGTERM as a
+# preemption notice and keeps running), and on Linux the workers die with this notebook's kernel, even on
+# a restart. Take the coordinator's port and watch:
 
 # %%
 failure = None
@@ -422,18 +453,19 @@ with tempfile.TemporaryDirectory() as shared, socket.socket() as squatter:
     except WorkersFailed as err:
         failure = err
 assert isinstance(failure, WorkersFailed)
+headline = str(failure).splitlines()[0]
+print(headline.replace(str(taken), "PORT"))
 worker_0, worker_1 = failure.outputs
-bind_error = next(line for line in worker_0.stderr.splitlines() if "Failed to add port to server" in line)
-print("worker 0 failed:", bind_error.split("] ", 1)[-1].replace(str(taken), "PORT"))
 print("worker 1:", worker_1.status())
-assert worker_0.returncode != 0 and worker_1.stopped
-assert all(f"--- worker {i} (pid {out.pid})" in str(failure) for i, out in enumerate(failure.outputs))
+assert headline.startswith("worker 0 of 2 failed") and "Failed to add port to server" in headline
+assert worker_1.stopped
 assert still_running([out.pid for out in failure.outputs]) == []  # nothing left behind
 
 # %% [markdown]
-# The coordinator could not bind its port and died at once; the launcher stopped process 1, which would
-# have waited 30 s for it, and raised an error that quotes the last lines of both workers' stderr.
-# `tests/test_processes.py` provokes the other failures (a worker that dies, a hang, a killed parent).
+# The coordinator died at once; the launcher stopped process 1, which would have waited 30 s for it, and
+# said which worker failed and why (jax 0.12 adds "Address already in use"). The error goes on with the
+# last lines of both workers' stderr. `tests/test_processes.py` provokes the other faults: a crash, an
+# exception or a `kill -9` is reported within seconds, a hang at the time limit.
 #
 # ## Exercises
 #
@@ -464,6 +496,8 @@ ex.rows_per_process.check(answer_2);
 # - (b) `if jax.process_index() == 0: checkpointer.save(path, params)`
 # - (c) `if jax.process_index() == 0: wandb.log({"loss": float(loss)})`
 # - (d) `if jax.process_index() == 0: print(process_allgather(x, tiled=True).mean())`
+# - (e) `if jax.process_index() == 0: params = jax.device_put(init_params(), shardings)`, the shardings on the
+#   global mesh
 
 # %%
 answer_3 = NOT_ANSWERED  # e.g. {"a"}
@@ -480,8 +514,9 @@ ex.which_hang.check(answer_3);
 #   values and `np.asarray(x)` raises.
 # - Every process calls Orbax's `save` and `restore` and handles its own shards; a checkpoint restores
 #   onto another mesh.
-# - Every process runs the same collectives in the same order; only side effects go under
-#   `process_index() == 0`. Otherwise the job hangs, with no error for minutes.
-# - A launcher must watch every worker, stop all at the first failure and show why.
+# - Every process runs the same collectives (`device_put` of host data is one) in the same order; only
+#   side effects go under `process_index() == 0`. A lone collective can wait for ever.
+# - A worker that raises must exit at once, past JAX's shutdown barrier; a launcher must watch every
+#   worker, stop all at the first failure and say which one failed and why.
 #
 # **Next:** [18 · PyTorch/XLA side by side](18_pytorch_xla.ipynb)

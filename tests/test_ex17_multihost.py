@@ -17,12 +17,29 @@ from utils.exercises import Verdict
     [(56, 64), (96, 104), (104, 112), (112, 120)],  # the four blocks, as addressable_devices_indices_map gives them
     [[56, 64], [96, 120]],
     ((56, 64), (96, 120)),
+    [(np.int64(56), np.int64(64)), (96, 120)],  # numbers from numpy
+    [slice(56, 64), slice(96, 104), slice(104, 112), slice(112, 120)],  # what an index map holds
 ])
 def test_rows_of_host_accepts_every_form_of_the_right_rows(answer):
     assert ex.rows_of_host.verdict(answer) is Verdict.CORRECT
 
 
-@pytest.mark.parametrize("answer", [{"b", "d"}, {"B", "D"}, {"(b)", "(d)"}, frozenset({"d", "b"})])
+@pytest.mark.parametrize("answer", [[slice(56, 64, 2), (96, 120)], [slice(None, 64), (96, 120)]])
+def test_rows_of_host_rejects_slices_that_are_not_plain_ranges(answer):
+    assert ex.rows_of_host.verdict(answer) is Verdict.WRONG
+
+
+@pytest.mark.parametrize("answer", [256, np.int64(256), 256.0, np.float32(256)])
+def test_rows_per_process_accepts_numbers_from_numpy(answer):
+    assert ex.rows_per_process.verdict(answer) is Verdict.CORRECT
+
+
+@pytest.mark.parametrize("answer", [256.5, True, "256"])
+def test_rows_per_process_rejects_what_is_not_a_whole_number(answer):
+    assert ex.rows_per_process.verdict(answer) is Verdict.WRONG
+
+
+@pytest.mark.parametrize("answer", [{"b", "d", "e"}, {"B", "D", "E"}, {"(b)", "(d)", "(e)"}, frozenset("edb")])
 def test_which_hang_accepts_letters_in_any_form(answer):
     assert ex.which_hang.verdict(answer) is Verdict.CORRECT
 

@@ -2,8 +2,10 @@
 
 The failures are provoked for real: a worker that exits with an error, one killed by a signal, one that
 ignores SIGTERM, one that starts a child of its own, a run that never ends, a parent killed with
-SIGKILL (a notebook kernel restart), an interrupted parent, and the course's multi-host script started
-on a port another process holds. Every test checks the message and that no process is left.
+SIGKILL (a notebook kernel restart), an interrupted parent. Then the course's multi-host script itself,
+two JAX processes, meets each fault of a real job: the coordinator's port taken, a crash before
+initialize, an exception or a kill -9 after it, a hang before or after it, and Ctrl-C of the launcher.
+Every test checks the message, how long the error took, and that no process is left.
 """
 
 from __future__ import annotations
@@ -38,6 +40,25 @@ def gone(pid: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def children() -> list[int]:
+    """The live processes whose parent is this test process (from /proc; empty where there is none)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] not in ("Z", "X"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def nothing_left(outputs) -> bool:
+    """No worker, nothing a worker started, and no other child of this test process is still running."""
+    pids = [o.pid for o in outputs]
+    return all(gone(pid) for pid in pids) and still_running(pids) == [] and children() == []
 
 
 def wait_until(condition, timeout: float = 20.0) -> bool:
@@ -94,7 +115,8 @@ def test_a_worker_that_dies_stops_the_others_and_every_stderr_is_shown():
     assert time.monotonic() - start < 60  # not the timeout: the failure stopped the run
     message = str(caught.value)
     assert message.startswith("worker 0 of 2 failed (exit status 3) after ")
-    assert "the others were stopped" in message
+    assert message.splitlines()[0].endswith(" s: last printed 'bad input on line 3'")  # no traceback, no C++ error
+    assert "The others were stopped" in message
     assert "bad input on line 3" in message and "waiting for worker 0" in message
     dead, stopped = caught.value.outputs
     assert (dead.returncode, dead.stopped, dead.status()) == (3, False, "exit status 3")
@@ -172,11 +194,73 @@ def test_what_a_worker_starts_is_stopped_with_it(tmp_path):
 def test_a_run_that_never_ends_times_out_loudly():
     start = time.monotonic()
     with pytest.raises(WorkersFailed) as caught:
-        run_workers([py("import time; time.sleep(120)")] * 2, timeout=1.5)
+        run_workers([py("print('started', flush=True); import time; time.sleep(120)")] * 2, timeout=1.5)
     assert time.monotonic() - start < 30
-    assert str(caught.value).startswith("timed out after 1.5 s with worker(s) 0, 1 of 2 still running")
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "timed out after 1.5 s with worker(s) 0, 1 of 2 still running; every worker was stopped."
+    assert lines[1:4] == ["Still running, each waiting for another, or hung:",
+                          "  worker 0, last printed: 'started'", "  worker 1, last printed: 'started'"]
     assert all(o.stopped for o in caught.value.outputs)
     assert still_running([o.pid for o in caught.value.outputs]) == []
+
+
+def test_a_timeout_names_who_waited_for_whom_and_a_traceback_that_did_not_end_its_process():
+    """Worker 1 exits; worker 0, like a JAX process at its shutdown barrier, raised and stays."""
+    raised_and_stayed = py("""
+        import sys, time, traceback
+        try:
+            raise ValueError('the other process went away')
+        except ValueError:
+            traceback.print_exc()
+        print('waiting at the exit barrier', file=sys.stderr, flush=True)
+        time.sleep(120)
+    """)
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers([raised_and_stayed, py("print('done')")], timeout=3)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "timed out after 3 s with worker(s) 0 of 2 still running; every worker was stopped."
+    assert lines[1].startswith("Still running, waiting for worker(s) 1, which had exited (worker 1: exit status 0 "
+                               "after ")
+    assert lines[2:4] == ["  worker 0, last printed: 'waiting at the exit barrier'",
+                          "    it raised, but did not exit: ValueError: the other process went away"]
+    assert [o.stopped for o in caught.value.outputs] == [True, False]
+
+
+def test_the_headline_gives_the_exception_and_the_first_logged_error_and_drops_cpp_frames():
+    """What a JAX process prints when it fails: a C++ log line, a Python traceback, C++ stack frames."""
+    failing = py("""
+        import sys
+        print('I1125 13:28:30.000001    9330 service.cc:10] starting', file=sys.stderr)
+        print("E1125 13:28:33.045268    9330 add_port.cc:83] Failed to add port to server: "
+              "(Error in bind: Address already in use)", file=sys.stderr)
+        print('E1125 13:28:33.045300    9330 server.cc:9] a later error', file=sys.stderr)
+        print('*** Check failure stack trace: ***', file=sys.stderr)
+        for i in range(20):
+            print(f'    @     0x7f0a{i:08x}  absl::log_internal::LogMessage::Die()', file=sys.stderr)
+        try:
+            try:
+                raise OSError('the first cause')
+            except OSError as err:
+                raise RuntimeError('Failed to start RPC server') from err
+        except RuntimeError:
+            import traceback
+            traceback.print_exc()
+        sys.exit(1)
+    """)
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers([failing], timeout=60)
+    message = str(caught.value)
+    assert message.splitlines()[0].endswith(" s: OSError: the first cause (first error it logged: Failed to add "
+                                            "port to server: (Error in bind: Address already in use))")
+    assert "@     0x7f0a" not in message and "Check failure stack trace" not in message
+    assert "RuntimeError: Failed to start RPC server" in message  # in the tail
+    assert "@     0x7f0a" in caught.value.outputs[0].stderr  # outputs keep everything
+
+
+def test_a_worker_that_prints_nothing_is_said_so():
+    with pytest.raises(WorkersFailed, match=r"worker 0 of 1 failed \(exit status 4\) after [\d.]+ s: last printed "
+                       "nothing"):
+        run_workers([py("import sys; sys.exit(4)")], timeout=60)
 
 
 def test_a_program_that_does_not_exist_is_refused_before_anything_starts():
@@ -187,27 +271,34 @@ def test_a_program_that_does_not_exist_is_refused_before_anything_starts():
 # --- the parent goes away ----------------------------------------------------------------------------------
 
 
-def _parent_running(tmp_path: Path, *, interrupt: bool) -> tuple[subprocess.Popen, list[int]]:
-    """A parent process (a stand-in for a notebook kernel) in the middle of run_workers; the workers' pids."""
-    pids = [tmp_path / f"worker{i}" for i in range(2)]
-    worker = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(120)"
+def _parent_running(commands: list[list[str]], pid_files: list[Path], *, interrupt: bool,
+                    env: dict | None = None) -> tuple[subprocess.Popen, list[int]]:
+    """A parent process (a stand-in for a notebook kernel) in the middle of run_workers; the workers' pids.
+
+    Each worker writes its pid to its file in ``pid_files`` once it runs.
+    """
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         from utils.processes import run_workers
-        run_workers([[sys.executable, '-c', {worker!r}, {str(pids[0])!r}],
-                     [sys.executable, '-c', {worker!r}, {str(pids[1])!r}]], timeout=120)
+        run_workers({commands!r}, env={env!r}, timeout=600)
     """)
     parent = subprocess.Popen([PY, "-c", script], stderr=subprocess.PIPE, text=True,
                               start_new_session=not interrupt)
-    assert wait_until(lambda: all(p.exists() and p.read_text() for p in pids), 60), parent.stderr
-    return parent, [int(p.read_text()) for p in pids]
+    assert wait_until(lambda: all(p.exists() and p.read_text() for p in pid_files), 90), parent.stderr
+    return parent, [int(p.read_text()) for p in pid_files]
+
+
+def _sleepers(tmp_path: Path) -> tuple[list[list[str]], list[Path]]:
+    pid_files = [tmp_path / f"worker{i}" for i in range(2)]
+    worker = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(120)"
+    return [[PY, "-c", worker, str(f)] for f in pid_files], pid_files
 
 
 @pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
 def test_workers_die_with_a_parent_killed_by_sigkill(tmp_path):
     """A kernel restart kills the kernel without letting it clean up: its workers must not be orphaned."""
-    parent, workers = _parent_running(tmp_path, interrupt=False)
+    parent, workers = _parent_running(*_sleepers(tmp_path), interrupt=False)
     parent.kill()
     parent.wait()
     assert wait_until(lambda: all(gone(pid) for pid in workers), 10)
@@ -215,35 +306,150 @@ def test_workers_die_with_a_parent_killed_by_sigkill(tmp_path):
 
 
 def test_an_interrupted_parent_stops_its_workers(tmp_path):
-    parent, workers = _parent_running(tmp_path, interrupt=True)
+    parent, workers = _parent_running(*_sleepers(tmp_path), interrupt=True)
+    start = time.monotonic()
     parent.send_signal(signal.SIGINT)  # Ctrl-C, or a notebook's stop button
     _, err = parent.communicate(timeout=60)
+    assert time.monotonic() - start < 10
     assert "KeyboardInterrupt" in err
-    assert wait_until(lambda: all(gone(pid) for pid in workers), 10)
-    assert still_running(workers) == []
+    assert all(gone(pid) for pid in workers) and still_running(workers) == []
 
 
-# --- the multi-host script itself, on a port that another process holds ------------------------------------
+# --- the multi-host script itself, two JAX processes, and each fault of a real job ---------------------------
+
+SCRIPT = ROOT / "notebooks" / "scripts" / "spmd_worker.py"
+JAX_ENV = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
+# Runs the course's script with one fault. It prints "FAULT <time>" at the moment of the fault, so that a
+# test can time the launcher from there: starting JAX takes seconds, more on a loaded machine.
+FAULTY = textwrap.dedent(f"""
+    import os, pathlib, signal, sys, time
+    sys.path.insert(0, {str(SCRIPT.parent)!r})
+    import spmd_worker as worker
+
+    fault = sys.argv.pop(1)
+    process = int(sys.argv[sys.argv.index("--process-id") + 1])
+    shared = pathlib.Path(sys.argv[sys.argv.index("--shared-dir") + 1])
+
+    def mark():
+        print(f"FAULT {{time.time()}}", file=sys.stderr, flush=True)
+
+    def after_initialize(*args):  # replaces train(), the first thing main() does once the processes joined
+        if fault == "wait":  # every process
+            (shared / f"pid{{process}}").write_text(str(os.getpid()))
+            time.sleep(600)
+        if process != 1:
+            return worker.train.__wrapped__(*args)
+        if fault == "hang":
+            print("worker 1 never calls the collectives of train()", flush=True)
+            time.sleep(600)
+        mark()
+        if fault == "raise":
+            raise RuntimeError("worker 1 raised after initialize")
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if fault == "port" and process == 0:
+        mark()
+    if fault == "crash" and process == 1:
+        mark()
+        raise RuntimeError("worker 1 crashed before initialize")
+    if fault == "hang_at_start" and process == 1:
+        mark()
+        time.sleep(600)
+    after_initialize.__wrapped__ = worker.train
+    worker.train = after_initialize
+    worker.exit_on_error(worker.main)
+""")
 
 
-def test_the_multihost_script_on_a_taken_port_fails_at_once_and_leaves_nothing(tmp_path):
-    script = ROOT / "notebooks" / "scripts" / "spmd_worker.py"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
+def faulty(fault: str, port: int, shared: Path, init_timeout: int = 60) -> list[list[str]]:
+    return [[PY, "-c", FAULTY, fault, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+             "--process-id", str(i), "--init-timeout", str(init_timeout), "--shared-dir", str(shared)]
+            for i in range(2)]
+
+
+def fails_soon(commands: list[list[str]], timeout: float = 120) -> tuple[WorkersFailed, float]:
+    """Run the workers until they fail; the error, and the seconds from the fault to the error."""
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers(commands, env=JAX_ENV, timeout=timeout)
+    raised = time.time()
+    marks = [float(line.split()[1]) for o in caught.value.outputs for line in o.stderr.splitlines()
+             if line.startswith("FAULT ")]
+    assert len(marks) == 1, str(caught.value)
+    return caught.value, raised - marks[0]
+
+
+def test_the_script_on_a_taken_port_fails_at_once_and_says_why(tmp_path):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
-        port = squatter.getsockname()[1]
-        commands = [[PY, str(script), "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-                     "--process-id", str(i), "--init-timeout", "60", "--shared-dir", str(tmp_path)] for i in range(2)]
-        start = time.monotonic()
-        with pytest.raises(WorkersFailed) as caught:
-            run_workers(commands, env=env, timeout=300)
-    assert time.monotonic() - start < 60  # the coordinator's failure ended the run, not the 60 s init timeout
-    coordinator, other = caught.value.outputs
-    assert str(caught.value).startswith("worker 0 of 2 failed")
-    assert coordinator.returncode != 0 and "Failed to add port to server" in coordinator.stderr
-    assert other.stopped
-    assert still_running([coordinator.pid, other.pid]) == []
+        error, seconds = fails_soon(faulty("port", squatter.getsockname()[1], tmp_path))
+    assert seconds < 10, str(error)
+    headline = str(error).splitlines()[0]
+    assert headline.startswith("worker 0 of 2 failed (")  # exit status 1, or now and then a SIGSEGV
+    assert "Failed to add port to server" in headline  # the cause; jax 0.12 adds "Address already in use"
+    assert error.outputs[1].stopped
+    assert nothing_left(error.outputs)
+
+
+def test_a_crash_before_initialize_is_reported_at_once(tmp_path):
+    error, seconds = fails_soon(faulty("crash", free_loopback_port(), tmp_path))
+    assert seconds < 10, str(error)
+    assert str(error).startswith("worker 1 of 2 failed (exit status 1) after ")
+    assert str(error).splitlines()[0].endswith(" s: RuntimeError: worker 1 crashed before initialize")
+    assert error.outputs[0].stopped and nothing_left(error.outputs)
+
+
+def test_an_exception_after_initialize_ends_the_run_at_once(tmp_path):
+    """Without the script's exit_on_error, JAX's exit hook would hold worker 1 at the shutdown barrier."""
+    error, seconds = fails_soon(faulty("raise", free_loopback_port(), tmp_path))
+    assert seconds < 10, str(error)
+    assert str(error).startswith("worker 1 of 2 failed (exit status 1) after ")
+    assert str(error).splitlines()[0].endswith(" s: RuntimeError: worker 1 raised after initialize")
+    assert error.outputs[0].stopped and nothing_left(error.outputs)
+
+
+def test_a_worker_killed_after_initialize_is_named_at_once(tmp_path):
+    error, seconds = fails_soon(faulty("kill", free_loopback_port(), tmp_path))
+    assert seconds < 10, str(error)
+    assert str(error).startswith("worker 1 of 2 failed (killed by SIGKILL) after ")
+    assert " s: last printed 'FAULT " in str(error).splitlines()[0]  # no error line: the last line it printed
+    assert error.outputs[0].stopped and nothing_left(error.outputs)
+
+
+def test_a_worker_that_never_joins_ends_at_the_init_timeout_with_the_cause(tmp_path):
+    """Worker 1 hangs before initialize: worker 0 gives up after --init-timeout and says why, in one line."""
+    error, seconds = fails_soon(faulty("hang_at_start", free_loopback_port(), tmp_path, init_timeout=5))
+    assert seconds < 5 + 10, str(error)
+    headline = str(error).splitlines()[0]
+    assert headline.startswith("worker 0 of 2 failed (")
+    assert "DEADLINE_EXCEEDED" in headline and "@ 0x" not in str(error)
+    assert error.outputs[1].stopped and nothing_left(error.outputs)
+
+
+def test_a_hang_after_initialize_is_reported_at_the_timeout_with_what_each_worker_did_last(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorkersFailed) as caught:
+        run_workers(faulty("hang", free_loopback_port(), tmp_path), env=JAX_ENV, timeout=15)
+    assert time.monotonic() - start < 15 + 5
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "timed out after 15 s with worker(s) 0, 1 of 2 still running; every worker was stopped."
+    assert lines[1] == "Still running, each waiting for another, or hung:"
+    assert lines[2].startswith("  worker 0, last printed: 'RESULT {\"process\": 0, \"topic\": \"topology\"")
+    assert lines[3] == "  worker 1, last printed: 'worker 1 never calls the collectives of train()'"
+    assert nothing_left(caught.value.outputs)
+
+
+def test_ctrl_c_of_the_launcher_stops_joined_jax_workers_at_once(tmp_path):
+    """Both workers have joined the job (and so ignore SIGTERM) when the launcher is interrupted."""
+    commands = faulty("wait", free_loopback_port(), tmp_path)
+    parent, workers = _parent_running(commands, [tmp_path / "pid0", tmp_path / "pid1"], interrupt=True, env=JAX_ENV)
+    start = time.monotonic()
+    parent.send_signal(signal.SIGINT)
+    _, err = parent.communicate(timeout=60)
+    assert time.monotonic() - start < 10
+    assert "KeyboardInterrupt" in err
+    assert all(gone(pid) for pid in workers) and still_running(workers) == [] and children() == []
 
 
 # --- the small helpers and bad input -----------------------------------------------------------------------

@@ -2,13 +2,21 @@
 
 The processes of a multi-process JAX job wait for each other: at ``jax.distributed.initialize``,
 at every collective, at shutdown. When one of them dies, the others do not fail, they wait, for
-minutes (JAX's default ``initialization_timeout`` is 300 s). A launcher that waits on one process
-at a time, or only for a fixed time, then reports a bare timeout and hides why the first one died.
+minutes or for ever. A launcher that waits on one process at a time, or only for a fixed time,
+then reports a bare timeout and hides why the first one died.
 
 :func:`run_workers` starts every command at once and watches all of them together. When one exits
-with a non-zero status (or the time limit passes) it kills the others at once and raises
-:class:`WorkersFailed`, whose message names what happened and quotes the last lines of every
-worker's stderr. When all exit with status 0 it returns what each printed. Nothing outlives it:
+with a non-zero status it kills the others at once and raises :class:`WorkersFailed`, whose first
+line names that worker and its first error line (the Python exception, or the first error the C++
+runtime logged); when the time limit passes it kills every worker and names those still running,
+with the last line each printed. The message then quotes the last lines of every worker's stderr,
+without C++ stack frames. When all exit with status 0 it returns what each printed.
+
+A worker that raises must also *exit*: after ``jax.distributed.initialize``, JAX's exit hook waits at
+a shutdown barrier for the other processes (300 s by default), so an uncaught exception leaves the
+process running. The course's worker script ends itself with ``os._exit`` after printing its traceback.
+
+Nothing outlives :func:`run_workers`:
 
 - each worker starts in a session of its own (``start_new_session=True``), so its process group
   holds it and anything it starts; stopping kills the whole group;
@@ -30,6 +38,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -152,9 +162,51 @@ def _kill_leftovers() -> None:
         _kill_group(proc)
 
 
+# A line of C++ logging (absl): severity, date, time, thread, file:line], then the message.
+_LOG_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\]]+\] ?(.*)$")
+# What is not a message: C++ stack frames ("    @     0x7f... absl::..."), the banners around them, and the
+# lines of ^ and ~ under a traceback's code.
+_NOISE = re.compile(r"^\s*(@\s+0x[0-9a-f]+|\*\*\* (Check failure stack trace|SIG\w+ received)|PC: @ |[~^]+\s*$)")
+
+
+def _meaningful(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not _NOISE.match(line)]
+
+
+def _cause(stderr: str) -> str:
+    """The first error line of a worker: its Python exception and the first error C++ logged; "" if none.
+
+    The exception is the line that ends the first traceback; chained exceptions start with the cause.
+    """
+    lines = _meaningful(stderr)
+    logged = next((m.group(2) for line in lines if (m := _LOG_LINE.match(line)) and m.group(1) in "EF"), "")
+    raised = ""
+    if "Traceback (most recent call last):" in lines:
+        after = lines[lines.index("Traceback (most recent call last):") + 1:]
+        raised = next((line for line in after if not line.startswith(" ")), "")
+    if raised and logged:
+        return f"{raised} (first error it logged: {logged})"
+    return raised or logged
+
+
 def _tail(text: str, lines: int) -> str:
-    kept = text.rstrip().splitlines()[-lines:]
+    kept = _meaningful(text)[-lines:]
     return "\n".join(f"    {line}" for line in kept) if kept else "    (nothing)"
+
+
+def _last_printed(out: typing.IO[bytes], err: typing.IO[bytes]) -> str:
+    """The last line a worker wrote to stdout or stderr, whichever of the two it wrote to last.
+
+    File times are coarse (a few ms): where both changed in the same tick, stderr counts as the later.
+    """
+    written = [(os.fstat(f.fileno()).st_mtime_ns, rank, f) for rank, f in enumerate((out, err))
+               if os.fstat(f.fileno()).st_size]
+    if not written:
+        return "nothing"
+    latest = max(written, key=lambda w: w[:2])[2]
+    latest.seek(0)
+    lines = _meaningful(latest.read().decode(errors="replace"))
+    return repr(lines[-1].strip()[:300]) if lines else "nothing"
 
 
 def _report(headline: str, outputs: Sequence[WorkerOutput], tail_lines: int) -> str:
@@ -191,10 +243,12 @@ def run_workers(
     """Run one process per command, all at once; return what each printed when every one exits with 0.
 
     ``env`` is the whole environment of every worker (default: this process's). At the first worker
-    that exits with a non-zero status, or once ``timeout`` seconds have passed, the others are killed
-    and :class:`WorkersFailed` is raised; its message quotes the last ``tail_lines`` lines of every
-    worker's stderr, and its ``outputs`` hold all they printed. An interrupt (Ctrl-C, a notebook's
-    stop button) stops every worker too.
+    that exits with a non-zero status the others are killed and :class:`WorkersFailed` is raised,
+    naming that worker and its first error line. Once ``timeout`` seconds have passed every worker is
+    killed and :class:`WorkersFailed` names those still running, with the last line each printed, and
+    those that had already exited. The message then quotes the last ``tail_lines`` lines of every
+    worker's stderr (C++ stack frames left out); its ``outputs`` hold all they printed. An interrupt
+    (Ctrl-C, a notebook's stop button) stops every worker too.
     """
     checked = _check_commands(commands)
     search = (os.environ if env is None else env).get("PATH", os.defpath)
@@ -225,18 +279,23 @@ def run_workers(
                     break
                 procs.append(proc)
                 _live[proc.pid] = proc
+            exited: dict[int, float] = {}  # worker -> seconds after the start at which it was seen to exit
             while not headline:
+                now = time.monotonic() - start
                 codes = [p.poll() for p in procs]
+                exited.update({i: now for i, code in enumerate(codes) if code is not None and i not in exited})
                 failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
                 if failed:
-                    headline = (f"worker {failed[0]} of {len(checked)} failed ({_status(codes[failed[0]])}) after "
-                                f"{time.monotonic() - start:.1f} s; the others were stopped.")
+                    first = min(failed, key=exited.__getitem__)
+                    err = logs[first][1]
+                    err.seek(0)
+                    cause = _cause(err.read().decode(errors="replace")) or f"last printed {_last_printed(*logs[first])}"
+                    headline = (f"worker {first} of {len(checked)} failed ({_status(codes[first])}) after "
+                                f"{exited[first]:.1f} s: {cause}\nThe others were stopped.")
                 elif all(code == 0 for code in codes):
                     break
-                elif time.monotonic() - start > timeout:
-                    running = ", ".join(str(i) for i, code in enumerate(codes) if code is None)
-                    headline = (f"timed out after {timeout:g} s with worker(s) {running} of {len(checked)} still "
-                                "running (waiting for each other?); every worker was stopped.")
+                elif now > timeout:
+                    headline = _timed_out(timeout, codes, exited, logs)
                 else:
                     time.sleep(0.05)
         finally:
@@ -253,6 +312,27 @@ def run_workers(
     if headline:
         raise WorkersFailed(_report(headline, outputs, tail_lines), outputs)
     return outputs
+
+
+def _timed_out(timeout: float, codes: Sequence[int | None], exited: Mapping[int, float],
+               logs: Sequence[tuple[typing.IO[bytes], typing.IO[bytes]]]) -> str:
+    running = [i for i, code in enumerate(codes) if code is None]
+    lines = [f"timed out after {timeout:g} s with worker(s) {', '.join(map(str, running))} of {len(codes)} still "
+             "running; every worker was stopped."]
+    done = [i for i in range(len(codes)) if i not in running]
+    if done:  # the ones still running were waiting for these, at a collective or at shutdown
+        lines.append(f"Still running, waiting for worker(s) {', '.join(map(str, done))}, which had exited ("
+                     + ", ".join(f"worker {i}: {_status(codes[i])} after {exited[i]:.1f} s" for i in done) + "):")
+    else:
+        lines.append("Still running, each waiting for another, or hung:")
+    for i in running:
+        err = logs[i][1]
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+        lines.append(f"  worker {i}, last printed: {_last_printed(*logs[i])}")
+        if "Traceback (most recent call last):" in stderr:  # a JAX process that raised waits at its exit barrier
+            lines.append(f"    it raised, but did not exit: {_cause(stderr)}")
+    return "\n".join(lines)
 
 
 def _status(code: int | None) -> str:

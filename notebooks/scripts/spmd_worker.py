@@ -19,15 +19,19 @@ task the GPU numbered SLURM_LOCALID):
 
     srun --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 python spmd_worker.py --shared-dir /shared/run
 
-Each result is printed as one line, "RESULT {json}", which the notebook reads.
+Each result is printed as one line, "RESULT {json}", which the notebook reads. A process that raises
+prints its traceback and exits at once with status 1 (see `exit_on_error`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import threading
+import os
+import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -157,22 +161,26 @@ def checkpoint(params: dict[str, jax.Array], other_mesh: Mesh, directory: Path) 
 # --- every process runs the same collectives in the same order ------------------------------------
 
 
-def collectives_wait(mesh: Mesh, flag: Path) -> None:
-    """A demonstration: a collective started by one process waits until every process runs it."""
+def collectives_wait(mesh: Mesh, late: float = 1.0) -> None:
+    """A demonstration: a collective returns only once every process has called it."""
     x, _, _ = global_batch(mesh)
-    if jax.process_index() == 0:
-        gathered = {}  # filled by the thread only if the all-gather returns
-        gather = threading.Thread(target=lambda: gathered.update(x=multihost_utils.process_allgather(x, tiled=True)))
-        gather.start()
-        gather.join(timeout=1.0)
-        waiting = gather.is_alive()  # still inside the all-gather: the other process has not joined
-        flag.touch()  # lets the other process run it now
-        gather.join()
-        report("wait", waiting_after_1s=waiting, gathered_shape=list(gathered["x"].shape))
-    else:
-        while not flag.exists():
-            time.sleep(0.05)
-        report("wait", gathered_shape=list(multihost_utils.process_allgather(x, tiled=True).shape))
+    multihost_utils.process_allgather(x, tiled=True)  # both: compiled, and the processes in step
+    if jax.process_index() == 1:
+        time.sleep(late)  # process 1 reaches the next all-gather `late` seconds after process 0
+    entered = time.time()
+    gathered = multihost_utils.process_allgather(x, tiled=True)
+    report("wait", entered=entered, returned=time.time(), gathered_shape=list(gathered.shape))
+
+
+def device_put_compares(mesh: Mesh) -> None:
+    """`jax.device_put` of host data onto devices of every process all-gathers the data to compare it."""
+    mine = np.full(4, jax.process_index(), np.float32)  # a different value in each process
+    try:
+        jax.device_put(mine, NamedSharding(mesh, P()))
+        error = ""
+    except AssertionError as err:
+        error = str(err)
+    report("device_put", error=error)
 
 
 # --- porting multi-host pmap code: per-process arrays -> global arrays --------------------------------
@@ -234,10 +242,28 @@ def main() -> None:
 
     results_back(mesh_1d)
     checkpoint(params, model_within, args.shared_dir / "checkpoint")
-    collectives_wait(mesh_1d, args.shared_dir / "process_0_is_waiting")
+    collectives_wait(mesh_1d)
+    device_put_compares(mesh_1d)
     pmap_to_jit(mesh_1d)
     jax.distributed.shutdown()
 
 
+def exit_on_error(entry: Callable[[], None]) -> None:
+    """Run ``entry``; if it raises, print the traceback and end this process at once, with status 1.
+
+    After `jax.distributed.initialize` an uncaught exception does not end the process: JAX's exit hook
+    calls `jax.distributed.shutdown()`, which waits for every other process at a barrier (up to
+    `shutdown_timeout_seconds`, 300 s by default) and then aborts. Meanwhile the others wait for this
+    one in their next collective. `os._exit` skips the exit hooks, so a launcher sees the failure now.
+    """
+    try:
+        entry()
+    except (Exception, KeyboardInterrupt):
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    exit_on_error(main)
