@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name as canonicalize
 
 from utils import launch
 from utils.course import (
@@ -45,6 +46,7 @@ from utils.launch import (
     plan_install,
     prepare_runtime,
     requirements,
+    version_note,
 )
 
 # jax 0.12.0.1's own requirement lines for its plugins (importlib.metadata.requires('jax'), abridged)
@@ -114,6 +116,10 @@ def test_requirements_follow_pyproject_and_its_markers():
     assert on_311["jax"] == "==0.10.2" and on_312["jax"] == "==0.12.0.1"
     assert on_311["numpy"] == on_312["numpy"] == ">=2.0"
     assert not {"ipykernel", "jupyterlab"} & on_312.keys(), "pyproject's dependencies are compute only"
+    with_tpu = requirements(environment={"python_version": "3.11", "sys_platform": "linux"}, groups=["tpu"])
+    assert [str(r.specifier) for r in with_tpu if r.name == "libtpu"] == ["==0.0.42.1"]
+    assert not [r for r in requirements(environment={"sys_platform": "darwin"}, groups=["tpu"]) if r.name == "libtpu"]
+    assert launch.RUNTIME_GROUPS == ("tpu",)
 
 
 def test_requirements_name_the_fix_for_a_bad_pyproject(tmp_path):
@@ -125,6 +131,11 @@ def test_requirements_name_the_fix_for_a_bad_pyproject(tmp_path):
     (tmp_path / "b.toml").write_text('[project]\ndependencies = ["jax >> 1"]\n')
     with pytest.raises(ValueError, match="not a valid requirement"):
         requirements(tmp_path / "b.toml")
+    (tmp_path / "c.toml").write_text('[project]\ndependencies = []\n[dependency-groups]\ntpu = "libtpu"\n')
+    with pytest.raises(ValueError, match=r"no \[dependency-groups\] tpu list"):
+        requirements(tmp_path / "c.toml", groups=["tpu"])
+    with pytest.raises(ValueError, match=r"no \[dependency-groups\] lab list"):
+        requirements(tmp_path / "c.toml", groups=["lab"])
 
 
 def _reqs(*lines):
@@ -206,12 +217,14 @@ class FakeEnvironment(Environment):
         return 0, "done"
 
 
-def _colab(**overrides):
-    installed = {"jax": "0.7.2", "jaxlib": "0.7.2", "numpy": "2.0.2", "matplotlib": "3.10.0", "rich": "13.9.4",
-                 "ipywidgets": "8.1.5", "ipykernel": "6.17.1", "ipython": "7.34.0", "tornado": "6.4.2",
-                 "jax-cuda12-plugin": "0.7.2", "jax-cuda12-pjrt": "0.7.2", "scipy": "1.16.1"}
+def _colab(tpu=False, **overrides):
+    """Colab's GPU runtime (or with ``tpu``, its TPU runtime) as backend-info lists it, and what pip would bring."""
+    installed = {"jax": "0.7.2", "jaxlib": "0.7.2", "numpy": "2.1.3", "matplotlib": "3.10.0", "rich": "13.9.4",
+                 "ipywidgets": "7.7.1", "ipykernel": "6.17.1", "ipython": "7.34.0", "tornado": "6.5.7",
+                 "scipy": "1.16.3", "flax": "0.11.2", "optax": "0.2.8", "orbax-checkpoint": "0.12.4",
+                 **({"libtpu": "0.0.21.1"} if tpu else {"jax-cuda12-plugin": "0.7.2", "jax-cuda12-pjrt": "0.7.2"})}
     catalogue = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "flax": "0.12.12", "optax": "0.2.8",
-                 "orbax-checkpoint": "0.12.8", "numpy": "2.3.5"}
+                 "orbax-checkpoint": "0.12.8", "numpy": "2.5.5", "libtpu": "0.0.50.1"}
     return FakeEnvironment(installed, {**catalogue, **overrides})
 
 
@@ -219,8 +232,11 @@ PYPROJECT = """[project]
 dependencies = [
     "jax==0.12.0.1", "jax==0.4.0; python_version < '3.0'", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
     "orbax-checkpoint==0.12.8",
-    "numpy>=2.0", "matplotlib>=3.8", "rich>=13", "ipywidgets>=8.1", "ipykernel==7.4.0",
+    "numpy>=2.0", "matplotlib>=3.8", "rich>=13", "ipywidgets>=7.7", "ipykernel==7.4.0",
 ]
+[dependency-groups]
+tpu = ["libtpu==0.0.50.1", "libtpu==0.0.1; python_version < '3.0'", {include-group = "other"}]
+other = ["ruff"]
 """
 
 
@@ -234,13 +250,14 @@ def pyproject(tmp_path):
 def test_install_runs_pip_once_for_what_is_needed_and_pins_the_kernel(pyproject, capsys):
     env = _colab()
     done = install_requirements(pyproject, environment=env, imported={"sys", "os"})
-    assert done.installed == ("jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
-                              "orbax-checkpoint==0.12.8")
+    assert done.installed == ("jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "orbax-checkpoint==0.12.8",
+                              "libtpu==0.0.50.1"), "Colab's optax, numpy, ipywidgets 7.7.1 satisfy the course"
     assert done.removed == ("jax-cuda12-pjrt", "jax-cuda12-plugin")
     assert len(done.kept) == 1 and done.kept[0].startswith("ipykernel 6.17.1")
+    assert env.installed["libtpu"] == "0.0.50.1" and env.installed["ipywidgets"] == "7.7.1"
     install, uninstall = env.calls
     assert install[:3] == ["install", "--upgrade-strategy", "only-if-needed"] and install[5:] == list(done.installed)
-    assert env.constraints == ["ipykernel==6.17.1", "ipython==7.34.0", "tornado==6.4.2"]
+    assert env.constraints == ["ipykernel==6.17.1", "ipython==7.34.0", "tornado==6.5.7"]
     assert uninstall == ["uninstall", "--yes", "jax-cuda12-pjrt", "jax-cuda12-plugin"]
     out = capsys.readouterr().out
     assert "launch: installing jax==0.12.0.1" in out and "launch: removing jax-cuda12-pjrt" in out
@@ -249,12 +266,20 @@ def test_install_runs_pip_once_for_what_is_needed_and_pins_the_kernel(pyproject,
     assert len(env.calls) == 2
 
 
+def test_a_tpu_runtime_gets_the_libtpu_of_the_course_s_jax_instead_of_its_own(pyproject):
+    """Colab's TPU runtime brings libtpu 0.0.21.1 for its jax 0.7.2: the installer replaces it by the pinned one."""
+    env = _colab(tpu=True)
+    done = install_requirements(pyproject, environment=env, imported=set(), quiet=True)
+    assert done.installed[-1] == "libtpu==0.0.50.1" and done.removed == ()
+    assert env.installed["libtpu"] == "0.0.50.1" and len(env.calls) == 1, "upgraded by pip, nothing uninstalled"
+
+
 def test_an_imported_package_that_changed_asks_for_a_restart_in_one_line(pyproject):
     env = _colab()
     with pytest.raises(RestartRequired) as caught:
         install_requirements(pyproject, environment=env, imported={"numpy", "numpy.linalg", "sys"})
     message = str(caught.value)
-    assert "\n" not in message and "numpy 2.0.2 -> 2.3.5" in message
+    assert "\n" not in message and "numpy 2.1.3 -> 2.5.5" in message
     assert "restart the session (Runtime > Restart session) and run this cell again" in message
     assert caught.value._render_traceback_() == [f"RestartRequired: {message}"], "Jupyter shows just the message"
     calls = len(env.calls)
@@ -303,6 +328,7 @@ def test_the_real_environment_is_read_without_pip():
 def test_prepare_runtime_does_nothing_locally_and_routes_colab_and_binder(monkeypatch, capsys):
     monkeypatch.delenv(launch.BINDER_ENV, raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    assert version_note() is None, "this environment holds the tested versions"
     assert prepare_runtime() is None and capsys.readouterr().out == ""
     monkeypatch.setenv(launch.BINDER_ENV, "binder")
     assert prepare_runtime() is None and capsys.readouterr().out.startswith("Binder: ")
@@ -311,16 +337,49 @@ def test_prepare_runtime_does_nothing_locally_and_routes_colab_and_binder(monkey
     assert prepare_runtime() == Installed(installed=("x==1",))
 
 
+def test_version_note_names_what_differs_from_the_tested_versions(pyproject):
+    tested = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "flax": "0.12.12", "numpy": "1.0"}
+    assert version_note(tested, pyproject) is None, "only jax, jaxlib and flax are checked"
+    note = version_note({**tested, "JAX": "0.12.1", "flax": "0.11.2"}, pyproject)
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert note == (f"Untested versions for Python {python}: jax 0.12.1 (tested: 0.12.0.1), flax 0.11.2 (tested: "
+                    "0.12.12). To get the tested ones, run `pip install -r requirements.txt` in the course's folder "
+                    "(or `make lab`), then restart the kernel.")
+    assert "jaxlib missing (tested: 0.12.0.1)" in version_note({"jax": "0.12.0.1", "flax": "0.12.12"}, pyproject)
+    assert "jax not-a-version (tested" in version_note({**tested, "jax": "not-a-version"}, pyproject)
+    with pytest.raises(FileNotFoundError):
+        version_note(tested, pyproject.parent / "missing.toml")
+
+
+def test_prepare_runtime_prints_the_version_note_once(monkeypatch, capsys):
+    monkeypatch.delenv(launch.BINDER_ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setattr(Environment, "versions", lambda self: {"jax": "0.7.2", "jaxlib": "0.7.2", "flax": "0.11.2"})
+    assert prepare_runtime() is None
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("Untested versions for Python") and "jax 0.7.2 (tested: " in out[0]
+
+
 # --- Binder -----------------------------------------------------------------------------------------------------------
 
 
-def test_binder_installs_what_pyproject_says_and_nothing_of_its_server():
+@pytest.mark.parametrize("python,line", [("3.12", "0.12.0.1"), ("3.11", "0.10.2"), ("3.13", "0.12.0.1")])
+def test_binder_installs_what_pyproject_says_and_nothing_of_its_server(python, line):
+    """Binder's file gives each Python exactly one pin per package: its own line's, libtpu included."""
+    from packaging.requirements import Requirement
+
     assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.12"
     text = (ROOT / "binder" / "requirements.txt").read_text()
     assert text == binder_requirements(), "binder/requirements.txt is stale: run python -m utils.launch"
-    names = {re.split(r"[=<>!~\[ ;@]", line, maxsplit=1)[0].lower()
-             for line in text.splitlines() if line and not line.startswith("#")}
-    assert "jax==0.12.0.1" in text.splitlines() and "numpy>=2.0" in text.splitlines()
+    reqs = [Requirement(x) for x in text.splitlines() if x and not x.startswith("#")]
+    markers = {"python_version": python, "python_full_version": f"{python}.1", "sys_platform": "linux"}
+    here = [r for r in reqs if r.marker is None or r.marker.evaluate(markers)]
+    pins = {r.name: str(r.specifier) for r in here}
+    assert len(pins) == len(here), "one line per package for each Python"
+    assert pins["jax"] == pins["jaxlib"] == f"=={line}" and pins["numpy"] == ">=2.0"
+    assert pins["libtpu"] == str(next(r.specifier for r in requirements(environment=markers, groups=["tpu"])
+                                      if r.name == "libtpu"))
+    names = {canonicalize(r.name) for r in reqs}
     assert not names & KERNEL_PACKAGES and not names & {"jupyterlab", "ipykernel", "notebook"}
 
 
@@ -328,6 +387,7 @@ def test_binder_requirements_leave_kernel_packages_out_and_check_runtime(tmp_pat
     (tmp_path / "runtime.txt").write_text("python-3.11\n")
     text = binder_requirements(pyproject, tmp_path / "runtime.txt")
     assert "jax==0.12.0.1" in text and "0.4.0" not in text and "ipykernel" not in text and "Python 3.11" in text
+    assert "libtpu==0.0.50.1" in text.splitlines() and "0.0.1" not in text and "ruff" not in text
     (tmp_path / "runtime.txt").write_text("3.12\n")
     with pytest.raises(ValueError, match=r"python-3\.12"):
         binder_requirements(pyproject, tmp_path / "runtime.txt")
