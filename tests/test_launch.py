@@ -527,12 +527,23 @@ def test_setup_cell_fetches_the_course_whole_into_a_lone_folder(tmp_path, monkey
 
 # --- a Colab-like runtime, built for real --------------------------------------------------------------------------
 
-COLAB_PACKAGES = [  # what Colab has, older than the course's pins (its Python is 3.12)
-    "numpy==2.0.2", "scipy==1.16.1", "jax==0.7.2", "jaxlib==0.7.2", "matplotlib==3.10.0", "rich==13.9.4",
-    "ipywidgets==7.7.1", "notebook==6.5.7", "ipykernel==6.17.1", "ipython==7.34.0", "jupyter-client==7.4.9",
-    "tornado==6.4.2", "pyzmq==26.2.1", "traitlets==5.7.1", "packaging",
+# Colab's GPU runtime as googlecolab/backend-info lists it at commit a724079 (2026-08-19, "Upgrade to Python 3.13"):
+# pip-freeze.gpu.txt for the packages, os-info-gpu.txt for Python 3.13 (3.13.15 there; the patch level here is
+# whatever tools/find-python finds). What these pins leave open is resolved as of that day (COLAB_DATE), so the
+# runtime is the same on every run; what the setup cell's pip installs is held to uv.lock (_lock_constraints).
+COLAB_PYTHON = "3.13"
+COLAB_DATE = "2026-08-20T00:00:00Z"
+COLAB_PACKAGES = [
+    "pip==24.1.2", "packaging==26.3",
+    "numpy==2.1.3", "scipy==1.16.3", "jax==0.7.2", "jaxlib==0.7.2", "jax-cuda12-plugin==0.7.2",
+    "jax-cuda12-pjrt==0.7.2", "flax==0.11.2", "optax==0.2.8", "orbax-checkpoint==0.12.4", "matplotlib==3.10.0",
+    "rich==13.9.4", "ipywidgets==7.7.1", "widgetsnbextension==3.6.10", "jupyterlab-widgets==3.0.16",
+    "ipython-genutils==0.2.0", "notebook==6.5.7", "jupyter-server==2.20.0", "ipykernel==6.17.1", "ipython==7.34.0",
+    "jupyter-client==7.4.9", "jupyter-core==5.9.1", "tornado==6.5.7", "pyzmq==26.2.1", "traitlets==5.7.1",
+    "debugpy==1.8.15", "matplotlib-inline==0.2.2", "nest-asyncio==1.6.0",
 ]
-KERNEL_SIDE = ["ipykernel", "ipython", "jupyter-client", "tornado", "pyzmq", "traitlets"]
+KERNEL_SIDE = ["ipykernel", "ipython", "jupyter-client", "tornado", "pyzmq", "traitlets",
+               "ipywidgets", "widgetsnbextension", "jupyterlab-widgets"]
 PLUGIN_CHECK = '''
 import os, sys
 VERSION = "0.7.2"
@@ -566,11 +577,12 @@ def _wheel(folder: Path, name: str, version: str, files: dict[str, str], require
 
 
 def _fake_cuda_plugin(folder: Path) -> list[Path]:
-    """jax-cuda12-plugin and jax-cuda12-pjrt 0.7.2 as Colab's GPU runtime has them, minus the CUDA binaries.
+    """jax-cuda12-plugin and jax-cuda12-pjrt 0.7.2 that abort under another jax, as a real pair can on a GPU.
 
-    The real pair weighs hundreds of MB; what matters here is its contract: JAX imports
-    ``jax_plugins.xla_cuda12`` and calls ``initialize()`` whenever a backend starts (even on CPU),
-    and a plugin built for another jaxlib takes the process down there.
+    The real pair (installed from PyPI in the Colab-like runtime) gives up early where CUDA is absent,
+    so on a CPU-only machine it shows nothing. This stand-in keeps the contract that matters: JAX imports
+    ``jax_plugins.xla_cuda12`` and calls ``initialize()`` whenever a backend starts (even on CPU), and
+    a plugin built for another jaxlib takes the process down there.
     """
     folder.mkdir(exist_ok=True)
     return [_wheel(folder, "jax-cuda12-pjrt", "0.7.2", {"jax_plugins/xla_cuda12/__init__.py": PLUGIN_CHECK}),
@@ -587,12 +599,25 @@ def _find_uv() -> Path | None:
     return next((r / ".uv" / "bin" / "uv" for r in roots if (r / ".uv" / "bin" / "uv").is_file()), None)
 
 
-def _find_python() -> str | None:
-    for name in ("python3.12", "python3.13"):
-        r = subprocess.run([str(ROOT / "tools" / "find-python"), name], capture_output=True, text=True)
-        if r.returncode == 0:
-            return r.stdout.strip()
-    return None
+def _find_python(version: str) -> str | None:
+    r = subprocess.run([str(ROOT / "tools" / "find-python"), f"python{version}"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _lock_constraints(path: Path, python: str) -> Path:
+    """requirements.txt's pins for one Python on Linux, as a pip constraints file (the runtime's kernel packages
+    left out): whatever the setup cell's pip installs then comes from uv.lock, never a newer release."""
+    from packaging.requirements import Requirement
+
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux"}
+    lines = []
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            req = Requirement(line)
+            if (req.marker is None or req.marker.evaluate(env)) and canonicalize(req.name) not in KERNEL_PACKAGES:
+                lines.append(f"{req.name}{req.specifier}\n")
+    path.write_text("".join(lines))
+    return path
 
 
 def _versions(python: Path) -> dict[str, str]:
@@ -604,37 +629,46 @@ def _versions(python: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
-    """Colab, for real: a Python 3.12 runtime with older packages, a version-locked jax plugin, a live kernel.
+    """Colab, for real: Colab's Python and packages (COLAB_PACKAGES, with its CUDA plugins), a live kernel.
 
-    1. The first kernel has imported numpy 2.0.2; jax 0.12 needs numpy >= 2.2, so the cell installs
-       what is needed, removes the plugin, and stops with the one-line restart message.
-    2. The "restarted" kernel runs the same cell: no pip call, 8 devices.
-    3. An older optax and the plugin again, nothing imported that changes: the cell installs optax
-       alone, removes the plugin, and runs through to 8 devices without a restart.
+    Needs the package registry (pypi.org): it downloads about 1.5 GB into a throwaway runtime, and skips
+    when PyPI does not answer. Both sides are pinned (COLAB_PACKAGES and COLAB_DATE for the runtime,
+    uv.lock for what the cell installs), so a new release on PyPI cannot change its outcome.
+
+    1. The first kernel has imported numpy 2.1.3; jax 0.12 needs numpy >= 2.2, so the cell installs
+       what is needed (libtpu included), removes the CUDA plugins built for jax 0.7.2, leaves Colab's
+       kernel and widget packages alone, and stops with the one-line restart message.
+    2. The "restarted" kernel runs the same cell: no pip call, 8 devices, the TPU compiler works,
+       and the explorer is a widget on Colab's ipywidgets 7.7.1.
+    3. An older optax and a plugin that aborts under another jax (the contract of a real one on a
+       GPU), nothing imported that changes: the cell installs optax alone, removes the plugin, and runs
+       through to 8 devices without a restart.
     """
     import nbformat
     from nbclient import NotebookClient
 
-    uv, python = _find_uv(), _find_python()
+    uv, python = _find_uv(), _find_python(COLAB_PYTHON)
     if uv is None:
         pytest.skip("no bootstrapped uv in <repo>/.uv (make env creates it)")
     if python is None:
-        pytest.skip("no Python 3.12 or 3.13 found by tools/find-python")
+        pytest.skip(f"no Python {COLAB_PYTHON} (Colab's) found by tools/find-python")
     try:
         urllib.request.urlopen("https://pypi.org/simple/jax/", timeout=15).close()
     except OSError as err:
-        pytest.skip(f"PyPI is unreachable ({err}): the Colab-like runtime is built from PyPI")
+        pytest.skip(f"this test needs the package registry, and PyPI is unreachable ({err})")
 
     venv = tmp_path / "colab"
     vpy = venv / "bin" / "python"
     request.addfinalizer(lambda: shutil.rmtree(venv, ignore_errors=True))  # the runtime weighs about 1.5 GB
     uv_env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
-    subprocess.run([str(uv), "venv", "--quiet", "--seed", "--python", python, str(venv)], check=True, env=uv_env)
-    plugins = _fake_cuda_plugin(tmp_path / "wheels")
-    subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), *COLAB_PACKAGES, *map(str, plugins)],
-                   check=True, env=uv_env)
+    subprocess.run([str(uv), "venv", "--quiet", "--python", python, str(venv)], check=True, env=uv_env)
+    subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), "--exclude-newer", COLAB_DATE,
+                    *COLAB_PACKAGES], check=True, env=uv_env)
     before = _versions(vpy)
-    assert before["jax-cuda12-pjrt"] == "0.7.2" and before["numpy"] == "2.0.2"
+    assert {n: before[n] for n in ("pip", "numpy", "jax", "jax-cuda12-pjrt", "ipywidgets", "flax")} == {
+        "pip": "24.1.2", "numpy": "2.1.3", "jax": "0.7.2", "jax-cuda12-pjrt": "0.7.2", "ipywidgets": "7.7.1",
+        "flax": "0.11.2"}
+    monkeypatch.setenv("PIP_CONSTRAINT", str(_lock_constraints(tmp_path / "lock.txt", COLAB_PYTHON)))
 
     kernels = tmp_path / "share" / "jupyter" / "kernels" / "colab"
     kernels.mkdir(parents=True)
@@ -663,16 +697,16 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
     assert "numpy 2.0.2" in _cell_text(cells[0])
     printed = _cell_text(cells[1])
     installed = re.search(r"launch: installing (.*) \(", printed)[1].split()
-    assert installed == ["jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
-                         "orbax-checkpoint==0.12.8", "ipywidgets>=8.1"], printed
+    assert installed == ["jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "orbax-checkpoint==0.12.8",
+                         "libtpu==0.0.50.1"], printed
     assert "launch: removing jax-cuda12-pjrt jax-cuda12-plugin" in printed
     error = next(o for o in cells[1].outputs if o["output_type"] == "error")
     assert error["ename"] == "RestartRequired" and "\n" not in error["evalue"], error
     assert error["traceback"] == [f"RestartRequired: {error['evalue']}"], "shown as one line, no traceback"
-    assert "numpy 2.0.2 -> " in error["evalue"] and "Runtime > Restart session" in error["evalue"]
+    assert "numpy 2.1.3 -> 2.5.5" in error["evalue"] and "Runtime > Restart session" in error["evalue"]
     after = _versions(vpy)
     for name, version in [("jax", "0.12.0.1"), ("jaxlib", "0.12.0.1"), ("flax", "0.12.12"), ("optax", "0.2.8"),
-                          ("orbax-checkpoint", "0.12.8")]:
+                          ("orbax-checkpoint", "0.12.8"), ("libtpu", "0.0.50.1"), ("numpy", "2.5.5")]:
         assert after[name] == version
     assert {n: after[n] for n in KERNEL_SIDE} == {n: before[n] for n in KERNEL_SIDE}, "the kernel's own packages"
     assert after["matplotlib"] == before["matplotlib"] and after["rich"] == before["rich"], "satisfied: untouched"
@@ -681,12 +715,19 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
 
     # 2. after the restart: a new kernel runs the same cell, everything is satisfied, pip is not called
     log_size = pip_log.stat().st_size
-    cells = run(FAKE_COLAB, setup_source(), check)
+    tpu_and_widgets = ("from utils.tpu import tpu_compiler_available\nprint(tpu_compiler_available())\n"
+                       "from utils.explorer import explore\nexplore()")
+    cells = run(FAKE_COLAB, setup_source(), check, tpu_and_widgets)
     assert not [o for c in cells for o in c.outputs if o["output_type"] == "error"], cells
     assert "launch:" not in _cell_text(cells[1]) and pip_log.stat().st_size == log_size, "no pip call"
+    assert "Untested versions" not in _cell_text(cells[1])
     assert f"jax 0.12.0.1 devices 8 {work}/spmd-course/utils/__init__.py" in _cell_text(cells[2])
+    assert "(True, 'libtpu 0.0.50.1 compiles for TPU topologies" in _cell_text(cells[3])
+    views = [o for o in cells[3].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(views) == 1 and views[0]["data"]["application/vnd.jupyter.widget-view+json"]["version_major"] == 2
 
     # 3. an older optax and the plugin again (its crash is real), nothing imported that changes: runs through
+    plugins = _fake_cuda_plugin(tmp_path / "wheels")
     subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), "--no-deps", "optax==0.2.5",
                     *map(str, plugins)], check=True, env=uv_env)
     crash = subprocess.run([str(vpy), "-c", "import jax; jax.config.update('jax_platforms', 'cpu'); jax.devices()"],
