@@ -81,7 +81,7 @@ lock: $(UV)
 REQUIREMENTS_EXPORT := export --frozen --offline --no-hashes --format requirements-txt --no-default-groups \
 	--group test --group lab --group tpu -o requirements.txt
 requirements: $(UV)
-	$(UV) $(REQUIREMENTS_EXPORT)
+	$(UV) --quiet $(REQUIREMENTS_EXPORT)
 	.uv/bin/python -m utils.launch
 
 bench: env
