@@ -530,7 +530,7 @@ def test_setup_cell_fetches_the_course_whole_into_a_lone_folder(tmp_path, monkey
 # Colab's GPU runtime as googlecolab/backend-info lists it at commit a724079 (2026-08-19, "Upgrade to Python 3.13"):
 # pip-freeze.gpu.txt for the packages, os-info-gpu.txt for Python 3.13 (3.13.15 there; the patch level here is
 # whatever tools/find-python finds). What these pins leave open is resolved as of that day (COLAB_DATE), so the
-# runtime is the same on every run; what the setup cell's pip installs is held to uv.lock (_lock_constraints).
+# runtime is the same on every run; what the setup cell's pip installs is capped at uv.lock (_lock_constraints).
 COLAB_PYTHON = "3.13"
 COLAB_DATE = "2026-08-20T00:00:00Z"
 COLAB_PACKAGES = [
@@ -604,18 +604,24 @@ def _find_python(version: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def _lock_constraints(path: Path, python: str) -> Path:
-    """requirements.txt's pins for one Python on Linux, as a pip constraints file (the runtime's kernel packages
-    left out): whatever the setup cell's pip installs then comes from uv.lock, never a newer release."""
+def _lock_constraints(path: Path, python: str, installed: dict[str, str]) -> Path:
+    """A pip constraints file that caps every package at its version in requirements.txt (uv.lock) for one
+    Python on Linux: whatever the setup cell's pip installs or upgrades then comes from the lock, never a newer
+    release, while a package the runtime already holds at a satisfying version stays as it is. Packages the
+    runtime holds at a newer version than the lock, and the runtime's kernel packages, are left out."""
     from packaging.requirements import Requirement
+    from packaging.version import Version
 
     env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux"}
     lines = []
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         if line and not line.startswith((" ", "#")):
             req = Requirement(line)
-            if (req.marker is None or req.marker.evaluate(env)) and canonicalize(req.name) not in KERNEL_PACKAGES:
-                lines.append(f"{req.name}{req.specifier}\n")
+            name, locked = canonicalize(req.name), str(req.specifier).removeprefix("==")
+            if not (req.marker is None or req.marker.evaluate(env)) or name in KERNEL_PACKAGES:
+                continue
+            if name not in installed or Version(installed[name]) <= Version(locked):
+                lines.append(f"{name}<={locked}\n")
     path.write_text("".join(lines))
     return path
 
@@ -633,7 +639,7 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
 
     Needs the package registry (pypi.org): it downloads about 1.5 GB into a throwaway runtime, and skips
     when PyPI does not answer. Both sides are pinned (COLAB_PACKAGES and COLAB_DATE for the runtime,
-    uv.lock for what the cell installs), so a new release on PyPI cannot change its outcome.
+    uv.lock as the cap for what the cell installs), so a new release on PyPI cannot change its outcome.
 
     1. The first kernel has imported numpy 2.1.3; jax 0.12 needs numpy >= 2.2, so the cell installs
        what is needed (libtpu included), removes the CUDA plugins built for jax 0.7.2, leaves Colab's
@@ -668,7 +674,7 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
     assert {n: before[n] for n in ("pip", "numpy", "jax", "jax-cuda12-pjrt", "ipywidgets", "flax")} == {
         "pip": "24.1.2", "numpy": "2.1.3", "jax": "0.7.2", "jax-cuda12-pjrt": "0.7.2", "ipywidgets": "7.7.1",
         "flax": "0.11.2"}
-    monkeypatch.setenv("PIP_CONSTRAINT", str(_lock_constraints(tmp_path / "lock.txt", COLAB_PYTHON)))
+    monkeypatch.setenv("PIP_CONSTRAINT", str(_lock_constraints(tmp_path / "lock.txt", COLAB_PYTHON, before)))
 
     kernels = tmp_path / "share" / "jupyter" / "kernels" / "colab"
     kernels.mkdir(parents=True)
@@ -692,9 +698,9 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
                        resources={"metadata": {"path": str(work)}}).execute()
         return nb.cells
 
-    # 1. the first kernel: numpy 2.0.2 is imported, and jax 0.12 needs a newer one
+    # 1. the first kernel: numpy 2.1.3 is imported, and jax 0.12 needs a newer one
     cells = run(FAKE_COLAB, setup_source())  # (importing jax next to the old numpy in memory is not safe)
-    assert "numpy 2.0.2" in _cell_text(cells[0])
+    assert "numpy 2.1.3" in _cell_text(cells[0])
     printed = _cell_text(cells[1])
     installed = re.search(r"launch: installing (.*) \(", printed)[1].split()
     assert installed == ["jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "orbax-checkpoint==0.12.8",
