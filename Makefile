@@ -19,7 +19,7 @@ export JAX_NUM_CPU_DEVICES ?= 8
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONHASHSEED := 0
 
-.PHONY: help env lab test test-units test-notebooks lint sync strip bench book clean
+.PHONY: help env lab test test-units test-notebooks lint sync strip bench book clean requirements
 help:
 	@echo "make lab        JupyterLab on notebooks/ (creates $(VENV) from uv.lock on first use)"
 	@echo "make test       unit tests, ruff, and every notebook through pytest --nbmake (no torch download)"
@@ -28,7 +28,8 @@ help:
 	@echo "make book       the executed book (Sphinx + MyST-NB) in build/book/html"
 	@echo "make bench      wall time and peak memory of each notebook against 30 s / 1 GB"
 	@echo "make sync       pair notebooks with their .py sources (jupytext) and strip outputs"
-	@echo "make lock       re-resolve uv.lock after editing pyproject.toml"
+	@echo "make lock       re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
+	@echo "make requirements   rewrite requirements.txt (pip's view of uv.lock) and binder/requirements.txt"
 
 $(UV):
 	@echo ">> bootstrapping uv $(UV_VERSION) into .uv/ (once)"
@@ -72,6 +73,16 @@ strip: env
 
 lock: $(UV)
 	$(UV) lock
+	@$(MAKE) --no-print-directory requirements
+
+# requirements.txt: what `make lab` and `make test` install (the project, groups test, lab and tpu), exported
+# from uv.lock with each line's markers, so plain `pip install -r requirements.txt` gets either Python line.
+# tests/test_tooling.py runs this same command and compares. binder/requirements.txt comes from pyproject.
+REQUIREMENTS_EXPORT := export --frozen --offline --no-hashes --format requirements-txt --no-default-groups \
+	--group test --group lab --group tpu -o requirements.txt
+requirements: $(UV)
+	$(UV) --quiet $(REQUIREMENTS_EXPORT)
+	.uv/bin/python -m utils.launch
 
 bench: env
 	@echo ">> running every notebook once: wall time and peak memory against 30 s / 1 GB"

@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name as canonicalize
 
 from utils import launch
 from utils.course import (
@@ -45,6 +46,7 @@ from utils.launch import (
     plan_install,
     prepare_runtime,
     requirements,
+    version_note,
 )
 
 # jax 0.12.0.1's own requirement lines for its plugins (importlib.metadata.requires('jax'), abridged)
@@ -114,6 +116,10 @@ def test_requirements_follow_pyproject_and_its_markers():
     assert on_311["jax"] == "==0.10.2" and on_312["jax"] == "==0.12.0.1"
     assert on_311["numpy"] == on_312["numpy"] == ">=2.0"
     assert not {"ipykernel", "jupyterlab"} & on_312.keys(), "pyproject's dependencies are compute only"
+    with_tpu = requirements(environment={"python_version": "3.11", "sys_platform": "linux"}, groups=["tpu"])
+    assert [str(r.specifier) for r in with_tpu if r.name == "libtpu"] == ["==0.0.42.1"]
+    assert not [r for r in requirements(environment={"sys_platform": "darwin"}, groups=["tpu"]) if r.name == "libtpu"]
+    assert launch.RUNTIME_GROUPS == ("tpu",)
 
 
 def test_requirements_name_the_fix_for_a_bad_pyproject(tmp_path):
@@ -125,6 +131,11 @@ def test_requirements_name_the_fix_for_a_bad_pyproject(tmp_path):
     (tmp_path / "b.toml").write_text('[project]\ndependencies = ["jax >> 1"]\n')
     with pytest.raises(ValueError, match="not a valid requirement"):
         requirements(tmp_path / "b.toml")
+    (tmp_path / "c.toml").write_text('[project]\ndependencies = []\n[dependency-groups]\ntpu = "libtpu"\n')
+    with pytest.raises(ValueError, match=r"no \[dependency-groups\] tpu list"):
+        requirements(tmp_path / "c.toml", groups=["tpu"])
+    with pytest.raises(ValueError, match=r"no \[dependency-groups\] lab list"):
+        requirements(tmp_path / "c.toml", groups=["lab"])
 
 
 def _reqs(*lines):
@@ -206,12 +217,14 @@ class FakeEnvironment(Environment):
         return 0, "done"
 
 
-def _colab(**overrides):
-    installed = {"jax": "0.7.2", "jaxlib": "0.7.2", "numpy": "2.0.2", "matplotlib": "3.10.0", "rich": "13.9.4",
-                 "ipywidgets": "8.1.5", "ipykernel": "6.17.1", "ipython": "7.34.0", "tornado": "6.4.2",
-                 "jax-cuda12-plugin": "0.7.2", "jax-cuda12-pjrt": "0.7.2", "scipy": "1.16.1"}
+def _colab(tpu=False, **overrides):
+    """Colab's GPU runtime (or with ``tpu``, its TPU runtime) as backend-info lists it, and what pip would bring."""
+    installed = {"jax": "0.7.2", "jaxlib": "0.7.2", "numpy": "2.1.3", "matplotlib": "3.10.0", "rich": "13.9.4",
+                 "ipywidgets": "7.7.1", "ipykernel": "6.17.1", "ipython": "7.34.0", "tornado": "6.5.7",
+                 "scipy": "1.16.3", "flax": "0.11.2", "optax": "0.2.8", "orbax-checkpoint": "0.12.4",
+                 **({"libtpu": "0.0.21.1"} if tpu else {"jax-cuda12-plugin": "0.7.2", "jax-cuda12-pjrt": "0.7.2"})}
     catalogue = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "flax": "0.12.12", "optax": "0.2.8",
-                 "orbax-checkpoint": "0.12.8", "numpy": "2.3.5"}
+                 "orbax-checkpoint": "0.12.8", "numpy": "2.5.5", "libtpu": "0.0.50.1"}
     return FakeEnvironment(installed, {**catalogue, **overrides})
 
 
@@ -219,8 +232,11 @@ PYPROJECT = """[project]
 dependencies = [
     "jax==0.12.0.1", "jax==0.4.0; python_version < '3.0'", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
     "orbax-checkpoint==0.12.8",
-    "numpy>=2.0", "matplotlib>=3.8", "rich>=13", "ipywidgets>=8.1", "ipykernel==7.4.0",
+    "numpy>=2.0", "matplotlib>=3.8", "rich>=13", "ipywidgets>=7.7", "ipykernel==7.4.0",
 ]
+[dependency-groups]
+tpu = ["libtpu==0.0.50.1", "libtpu==0.0.1; python_version < '3.0'", {include-group = "other"}]
+other = ["ruff"]
 """
 
 
@@ -234,13 +250,14 @@ def pyproject(tmp_path):
 def test_install_runs_pip_once_for_what_is_needed_and_pins_the_kernel(pyproject, capsys):
     env = _colab()
     done = install_requirements(pyproject, environment=env, imported={"sys", "os"})
-    assert done.installed == ("jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
-                              "orbax-checkpoint==0.12.8")
+    assert done.installed == ("jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "orbax-checkpoint==0.12.8",
+                              "libtpu==0.0.50.1"), "Colab's optax, numpy, ipywidgets 7.7.1 satisfy the course"
     assert done.removed == ("jax-cuda12-pjrt", "jax-cuda12-plugin")
     assert len(done.kept) == 1 and done.kept[0].startswith("ipykernel 6.17.1")
+    assert env.installed["libtpu"] == "0.0.50.1" and env.installed["ipywidgets"] == "7.7.1"
     install, uninstall = env.calls
     assert install[:3] == ["install", "--upgrade-strategy", "only-if-needed"] and install[5:] == list(done.installed)
-    assert env.constraints == ["ipykernel==6.17.1", "ipython==7.34.0", "tornado==6.4.2"]
+    assert env.constraints == ["ipykernel==6.17.1", "ipython==7.34.0", "tornado==6.5.7"]
     assert uninstall == ["uninstall", "--yes", "jax-cuda12-pjrt", "jax-cuda12-plugin"]
     out = capsys.readouterr().out
     assert "launch: installing jax==0.12.0.1" in out and "launch: removing jax-cuda12-pjrt" in out
@@ -249,12 +266,20 @@ def test_install_runs_pip_once_for_what_is_needed_and_pins_the_kernel(pyproject,
     assert len(env.calls) == 2
 
 
+def test_a_tpu_runtime_gets_the_libtpu_of_the_course_s_jax_instead_of_its_own(pyproject):
+    """Colab's TPU runtime brings libtpu 0.0.21.1 for its jax 0.7.2: the installer replaces it by the pinned one."""
+    env = _colab(tpu=True)
+    done = install_requirements(pyproject, environment=env, imported=set(), quiet=True)
+    assert done.installed[-1] == "libtpu==0.0.50.1" and done.removed == ()
+    assert env.installed["libtpu"] == "0.0.50.1" and len(env.calls) == 1, "upgraded by pip, nothing uninstalled"
+
+
 def test_an_imported_package_that_changed_asks_for_a_restart_in_one_line(pyproject):
     env = _colab()
     with pytest.raises(RestartRequired) as caught:
         install_requirements(pyproject, environment=env, imported={"numpy", "numpy.linalg", "sys"})
     message = str(caught.value)
-    assert "\n" not in message and "numpy 2.0.2 -> 2.3.5" in message
+    assert "\n" not in message and "numpy 2.1.3 -> 2.5.5" in message
     assert "restart the session (Runtime > Restart session) and run this cell again" in message
     assert caught.value._render_traceback_() == [f"RestartRequired: {message}"], "Jupyter shows just the message"
     calls = len(env.calls)
@@ -303,6 +328,7 @@ def test_the_real_environment_is_read_without_pip():
 def test_prepare_runtime_does_nothing_locally_and_routes_colab_and_binder(monkeypatch, capsys):
     monkeypatch.delenv(launch.BINDER_ENV, raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    assert version_note() is None, "this environment holds the tested versions"
     assert prepare_runtime() is None and capsys.readouterr().out == ""
     monkeypatch.setenv(launch.BINDER_ENV, "binder")
     assert prepare_runtime() is None and capsys.readouterr().out.startswith("Binder: ")
@@ -311,16 +337,49 @@ def test_prepare_runtime_does_nothing_locally_and_routes_colab_and_binder(monkey
     assert prepare_runtime() == Installed(installed=("x==1",))
 
 
+def test_version_note_names_what_differs_from_the_tested_versions(pyproject):
+    tested = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "flax": "0.12.12", "numpy": "1.0"}
+    assert version_note(tested, pyproject) is None, "only jax, jaxlib and flax are checked"
+    note = version_note({**tested, "JAX": "0.12.1", "flax": "0.11.2"}, pyproject)
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert note == (f"Untested versions for Python {python}: jax 0.12.1 (tested: 0.12.0.1), flax 0.11.2 (tested: "
+                    "0.12.12). To get the tested ones, run `pip install -r requirements.txt` in the course's folder "
+                    "(or `make lab`), then restart the kernel.")
+    assert "jaxlib missing (tested: 0.12.0.1)" in version_note({"jax": "0.12.0.1", "flax": "0.12.12"}, pyproject)
+    assert "jax not-a-version (tested" in version_note({**tested, "jax": "not-a-version"}, pyproject)
+    with pytest.raises(FileNotFoundError):
+        version_note(tested, pyproject.parent / "missing.toml")
+
+
+def test_prepare_runtime_prints_the_version_note_once(monkeypatch, capsys):
+    monkeypatch.delenv(launch.BINDER_ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setattr(Environment, "versions", lambda self: {"jax": "0.7.2", "jaxlib": "0.7.2", "flax": "0.11.2"})
+    assert prepare_runtime() is None
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("Untested versions for Python") and "jax 0.7.2 (tested: " in out[0]
+
+
 # --- Binder -----------------------------------------------------------------------------------------------------------
 
 
-def test_binder_installs_what_pyproject_says_and_nothing_of_its_server():
+@pytest.mark.parametrize("python,line", [("3.12", "0.12.0.1"), ("3.11", "0.10.2"), ("3.13", "0.12.0.1")])
+def test_binder_installs_what_pyproject_says_and_nothing_of_its_server(python, line):
+    """Binder's file gives each Python exactly one pin per package: its own line's, libtpu included."""
+    from packaging.requirements import Requirement
+
     assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.12"
     text = (ROOT / "binder" / "requirements.txt").read_text()
     assert text == binder_requirements(), "binder/requirements.txt is stale: run python -m utils.launch"
-    names = {re.split(r"[=<>!~\[ ;@]", line, maxsplit=1)[0].lower()
-             for line in text.splitlines() if line and not line.startswith("#")}
-    assert "jax==0.12.0.1" in text.splitlines() and "numpy>=2.0" in text.splitlines()
+    reqs = [Requirement(x) for x in text.splitlines() if x and not x.startswith("#")]
+    markers = {"python_version": python, "python_full_version": f"{python}.1", "sys_platform": "linux"}
+    here = [r for r in reqs if r.marker is None or r.marker.evaluate(markers)]
+    pins = {r.name: str(r.specifier) for r in here}
+    assert len(pins) == len(here), "one line per package for each Python"
+    assert pins["jax"] == pins["jaxlib"] == f"=={line}" and pins["numpy"] == ">=2.0"
+    assert pins["libtpu"] == str(next(r.specifier for r in requirements(environment=markers, groups=["tpu"])
+                                      if r.name == "libtpu"))
+    names = {canonicalize(r.name) for r in reqs}
     assert not names & KERNEL_PACKAGES and not names & {"jupyterlab", "ipykernel", "notebook"}
 
 
@@ -328,6 +387,7 @@ def test_binder_requirements_leave_kernel_packages_out_and_check_runtime(tmp_pat
     (tmp_path / "runtime.txt").write_text("python-3.11\n")
     text = binder_requirements(pyproject, tmp_path / "runtime.txt")
     assert "jax==0.12.0.1" in text and "0.4.0" not in text and "ipykernel" not in text and "Python 3.11" in text
+    assert "libtpu==0.0.50.1" in text.splitlines() and "0.0.1" not in text and "ruff" not in text
     (tmp_path / "runtime.txt").write_text("3.12\n")
     with pytest.raises(ValueError, match=r"python-3\.12"):
         binder_requirements(pyproject, tmp_path / "runtime.txt")
@@ -467,12 +527,23 @@ def test_setup_cell_fetches_the_course_whole_into_a_lone_folder(tmp_path, monkey
 
 # --- a Colab-like runtime, built for real --------------------------------------------------------------------------
 
-COLAB_PACKAGES = [  # what Colab has, older than the course's pins (its Python is 3.12)
-    "numpy==2.0.2", "scipy==1.16.1", "jax==0.7.2", "jaxlib==0.7.2", "matplotlib==3.10.0", "rich==13.9.4",
-    "ipywidgets==7.7.1", "notebook==6.5.7", "ipykernel==6.17.1", "ipython==7.34.0", "jupyter-client==7.4.9",
-    "tornado==6.4.2", "pyzmq==26.2.1", "traitlets==5.7.1", "packaging",
+# Colab's GPU runtime as googlecolab/backend-info lists it at commit a724079 (2026-08-19, "Upgrade to Python 3.13"):
+# pip-freeze.gpu.txt for the packages, os-info-gpu.txt for Python 3.13 (3.13.15 there; the patch level here is
+# whatever tools/find-python finds). What these pins leave open is resolved as of that day (COLAB_DATE), so the
+# runtime is the same on every run; what the setup cell's pip installs is capped at uv.lock (_lock_constraints).
+COLAB_PYTHON = "3.13"
+COLAB_DATE = "2026-08-20T00:00:00Z"
+COLAB_PACKAGES = [
+    "pip==24.1.2", "packaging==26.3",
+    "numpy==2.1.3", "scipy==1.16.3", "jax==0.7.2", "jaxlib==0.7.2", "jax-cuda12-plugin==0.7.2",
+    "jax-cuda12-pjrt==0.7.2", "flax==0.11.2", "optax==0.2.8", "orbax-checkpoint==0.12.4", "matplotlib==3.10.0",
+    "rich==13.9.4", "ipywidgets==7.7.1", "widgetsnbextension==3.6.10", "jupyterlab-widgets==3.0.16",
+    "ipython-genutils==0.2.0", "notebook==6.5.7", "jupyter-server==2.20.0", "ipykernel==6.17.1", "ipython==7.34.0",
+    "jupyter-client==7.4.9", "jupyter-core==5.9.1", "tornado==6.5.7", "pyzmq==26.2.1", "traitlets==5.7.1",
+    "debugpy==1.8.15", "matplotlib-inline==0.2.2", "nest-asyncio==1.6.0",
 ]
-KERNEL_SIDE = ["ipykernel", "ipython", "jupyter-client", "tornado", "pyzmq", "traitlets"]
+KERNEL_SIDE = ["ipykernel", "ipython", "jupyter-client", "tornado", "pyzmq", "traitlets",
+               "ipywidgets", "widgetsnbextension", "jupyterlab-widgets"]
 PLUGIN_CHECK = '''
 import os, sys
 VERSION = "0.7.2"
@@ -506,11 +577,12 @@ def _wheel(folder: Path, name: str, version: str, files: dict[str, str], require
 
 
 def _fake_cuda_plugin(folder: Path) -> list[Path]:
-    """jax-cuda12-plugin and jax-cuda12-pjrt 0.7.2 as Colab's GPU runtime has them, minus the CUDA binaries.
+    """jax-cuda12-plugin and jax-cuda12-pjrt 0.7.2 that abort under another jax, as a real pair can on a GPU.
 
-    The real pair weighs hundreds of MB; what matters here is its contract: JAX imports
-    ``jax_plugins.xla_cuda12`` and calls ``initialize()`` whenever a backend starts (even on CPU),
-    and a plugin built for another jaxlib takes the process down there.
+    The real pair (installed from PyPI in the Colab-like runtime) gives up early where CUDA is absent,
+    so on a CPU-only machine it shows nothing. This stand-in keeps the contract that matters: JAX imports
+    ``jax_plugins.xla_cuda12`` and calls ``initialize()`` whenever a backend starts (even on CPU), and
+    a plugin built for another jaxlib takes the process down there.
     """
     folder.mkdir(exist_ok=True)
     return [_wheel(folder, "jax-cuda12-pjrt", "0.7.2", {"jax_plugins/xla_cuda12/__init__.py": PLUGIN_CHECK}),
@@ -527,12 +599,31 @@ def _find_uv() -> Path | None:
     return next((r / ".uv" / "bin" / "uv" for r in roots if (r / ".uv" / "bin" / "uv").is_file()), None)
 
 
-def _find_python() -> str | None:
-    for name in ("python3.12", "python3.13"):
-        r = subprocess.run([str(ROOT / "tools" / "find-python"), name], capture_output=True, text=True)
-        if r.returncode == 0:
-            return r.stdout.strip()
-    return None
+def _find_python(version: str) -> str | None:
+    r = subprocess.run([str(ROOT / "tools" / "find-python"), f"python{version}"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _lock_constraints(path: Path, python: str, installed: dict[str, str]) -> Path:
+    """A pip constraints file that caps every package at its version in requirements.txt (uv.lock) for one
+    Python on Linux: whatever the setup cell's pip installs or upgrades then comes from the lock, never a newer
+    release, while a package the runtime already holds at a satisfying version stays as it is. Packages the
+    runtime holds at a newer version than the lock, and the runtime's kernel packages, are left out."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux"}
+    lines = []
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            req = Requirement(line)
+            name, locked = canonicalize(req.name), str(req.specifier).removeprefix("==")
+            if not (req.marker is None or req.marker.evaluate(env)) or name in KERNEL_PACKAGES:
+                continue
+            if name not in installed or Version(installed[name]) <= Version(locked):
+                lines.append(f"{name}<={locked}\n")
+    path.write_text("".join(lines))
+    return path
 
 
 def _versions(python: Path) -> dict[str, str]:
@@ -544,37 +635,46 @@ def _versions(python: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
-    """Colab, for real: a Python 3.12 runtime with older packages, a version-locked jax plugin, a live kernel.
+    """Colab, for real: Colab's Python and packages (COLAB_PACKAGES, with its CUDA plugins), a live kernel.
 
-    1. The first kernel has imported numpy 2.0.2; jax 0.12 needs numpy >= 2.2, so the cell installs
-       what is needed, removes the plugin, and stops with the one-line restart message.
-    2. The "restarted" kernel runs the same cell: no pip call, 8 devices.
-    3. An older optax and the plugin again, nothing imported that changes: the cell installs optax
-       alone, removes the plugin, and runs through to 8 devices without a restart.
+    Needs the package registry (pypi.org): it downloads about 1.5 GB into a throwaway runtime, and skips
+    when PyPI does not answer. Both sides are pinned (COLAB_PACKAGES and COLAB_DATE for the runtime,
+    uv.lock as the cap for what the cell installs), so a new release on PyPI cannot change its outcome.
+
+    1. The first kernel has imported numpy 2.1.3; jax 0.12 needs numpy >= 2.2, so the cell installs
+       what is needed (libtpu included), removes the CUDA plugins built for jax 0.7.2, leaves Colab's
+       kernel and widget packages alone, and stops with the one-line restart message.
+    2. The "restarted" kernel runs the same cell: no pip call, 8 devices, the TPU compiler works,
+       and the explorer is a widget on Colab's ipywidgets 7.7.1.
+    3. An older optax and a plugin that aborts under another jax (the contract of a real one on a
+       GPU), nothing imported that changes: the cell installs optax alone, removes the plugin, and runs
+       through to 8 devices without a restart.
     """
     import nbformat
     from nbclient import NotebookClient
 
-    uv, python = _find_uv(), _find_python()
+    uv, python = _find_uv(), _find_python(COLAB_PYTHON)
     if uv is None:
         pytest.skip("no bootstrapped uv in <repo>/.uv (make env creates it)")
     if python is None:
-        pytest.skip("no Python 3.12 or 3.13 found by tools/find-python")
+        pytest.skip(f"no Python {COLAB_PYTHON} (Colab's) found by tools/find-python")
     try:
         urllib.request.urlopen("https://pypi.org/simple/jax/", timeout=15).close()
     except OSError as err:
-        pytest.skip(f"PyPI is unreachable ({err}): the Colab-like runtime is built from PyPI")
+        pytest.skip(f"this test needs the package registry, and PyPI is unreachable ({err})")
 
     venv = tmp_path / "colab"
     vpy = venv / "bin" / "python"
     request.addfinalizer(lambda: shutil.rmtree(venv, ignore_errors=True))  # the runtime weighs about 1.5 GB
     uv_env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
-    subprocess.run([str(uv), "venv", "--quiet", "--seed", "--python", python, str(venv)], check=True, env=uv_env)
-    plugins = _fake_cuda_plugin(tmp_path / "wheels")
-    subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), *COLAB_PACKAGES, *map(str, plugins)],
-                   check=True, env=uv_env)
+    subprocess.run([str(uv), "venv", "--quiet", "--python", python, str(venv)], check=True, env=uv_env)
+    subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), "--exclude-newer", COLAB_DATE,
+                    *COLAB_PACKAGES], check=True, env=uv_env)
     before = _versions(vpy)
-    assert before["jax-cuda12-pjrt"] == "0.7.2" and before["numpy"] == "2.0.2"
+    assert {n: before[n] for n in ("pip", "numpy", "jax", "jax-cuda12-pjrt", "ipywidgets", "flax")} == {
+        "pip": "24.1.2", "numpy": "2.1.3", "jax": "0.7.2", "jax-cuda12-pjrt": "0.7.2", "ipywidgets": "7.7.1",
+        "flax": "0.11.2"}
+    monkeypatch.setenv("PIP_CONSTRAINT", str(_lock_constraints(tmp_path / "lock.txt", COLAB_PYTHON, before)))
 
     kernels = tmp_path / "share" / "jupyter" / "kernels" / "colab"
     kernels.mkdir(parents=True)
@@ -598,21 +698,21 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
                        resources={"metadata": {"path": str(work)}}).execute()
         return nb.cells
 
-    # 1. the first kernel: numpy 2.0.2 is imported, and jax 0.12 needs a newer one
+    # 1. the first kernel: numpy 2.1.3 is imported, and jax 0.12 needs a newer one
     cells = run(FAKE_COLAB, setup_source())  # (importing jax next to the old numpy in memory is not safe)
-    assert "numpy 2.0.2" in _cell_text(cells[0])
+    assert "numpy 2.1.3" in _cell_text(cells[0])
     printed = _cell_text(cells[1])
     installed = re.search(r"launch: installing (.*) \(", printed)[1].split()
-    assert installed == ["jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "optax==0.2.8",
-                         "orbax-checkpoint==0.12.8", "ipywidgets>=8.1"], printed
+    assert installed == ["jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "orbax-checkpoint==0.12.8",
+                         "libtpu==0.0.50.1"], printed
     assert "launch: removing jax-cuda12-pjrt jax-cuda12-plugin" in printed
     error = next(o for o in cells[1].outputs if o["output_type"] == "error")
     assert error["ename"] == "RestartRequired" and "\n" not in error["evalue"], error
     assert error["traceback"] == [f"RestartRequired: {error['evalue']}"], "shown as one line, no traceback"
-    assert "numpy 2.0.2 -> " in error["evalue"] and "Runtime > Restart session" in error["evalue"]
+    assert "numpy 2.1.3 -> 2.5.5" in error["evalue"] and "Runtime > Restart session" in error["evalue"]
     after = _versions(vpy)
     for name, version in [("jax", "0.12.0.1"), ("jaxlib", "0.12.0.1"), ("flax", "0.12.12"), ("optax", "0.2.8"),
-                          ("orbax-checkpoint", "0.12.8")]:
+                          ("orbax-checkpoint", "0.12.8"), ("libtpu", "0.0.50.1"), ("numpy", "2.5.5")]:
         assert after[name] == version
     assert {n: after[n] for n in KERNEL_SIDE} == {n: before[n] for n in KERNEL_SIDE}, "the kernel's own packages"
     assert after["matplotlib"] == before["matplotlib"] and after["rich"] == before["rich"], "satisfied: untouched"
@@ -621,12 +721,19 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
 
     # 2. after the restart: a new kernel runs the same cell, everything is satisfied, pip is not called
     log_size = pip_log.stat().st_size
-    cells = run(FAKE_COLAB, setup_source(), check)
+    tpu_and_widgets = ("from utils.tpu import tpu_compiler_available\nprint(tpu_compiler_available())\n"
+                       "from utils.explorer import explore\nexplore()")
+    cells = run(FAKE_COLAB, setup_source(), check, tpu_and_widgets)
     assert not [o for c in cells for o in c.outputs if o["output_type"] == "error"], cells
     assert "launch:" not in _cell_text(cells[1]) and pip_log.stat().st_size == log_size, "no pip call"
+    assert "Untested versions" not in _cell_text(cells[1])
     assert f"jax 0.12.0.1 devices 8 {work}/spmd-course/utils/__init__.py" in _cell_text(cells[2])
+    assert "(True, 'libtpu 0.0.50.1 compiles for TPU topologies" in _cell_text(cells[3])
+    views = [o for o in cells[3].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(views) == 1 and views[0]["data"]["application/vnd.jupyter.widget-view+json"]["version_major"] == 2
 
     # 3. an older optax and the plugin again (its crash is real), nothing imported that changes: runs through
+    plugins = _fake_cuda_plugin(tmp_path / "wheels")
     subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(vpy), "--no-deps", "optax==0.2.5",
                     *map(str, plugins)], check=True, env=uv_env)
     crash = subprocess.run([str(vpy), "-c", "import jax; jax.config.update('jax_platforms', 'cpu'); jax.devices()"],

@@ -1,6 +1,7 @@
-"""The notebook toolchain: jupytext pairing, stripping, stable cell ids, pre-commit, the README table."""
+"""The notebook toolchain: jupytext pairing, stripping, cell ids, pre-commit, the README table, requirements.txt."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -112,3 +113,86 @@ def test_precommit_hooks_pair_strip_and_lint_at_the_locked_versions():
     r = subprocess.run([sys.executable, "-m", "pre_commit", "validate-config", ".pre-commit-config.yaml"],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- requirements.txt: pip's view of uv.lock ----------------------------------------------------------------------
+
+MAKEFILE = (ROOT / "Makefile").read_text()
+
+
+def _make_variable(name: str) -> str:
+    """A `NAME := value` line of the Makefile, continuation lines joined."""
+    match = re.search(rf"^{name} :?= ((?:.*\\\n)*.*)$", MAKEFILE, re.M)
+    assert match, f"the Makefile defines no {name}"
+    return " ".join(match[1].replace("\\\n", " ").split())
+
+
+def test_requirements_txt_is_the_export_of_uv_lock(tmp_path):
+    """requirements.txt is exactly what `make requirements` writes from uv.lock; offline, no resolution.
+
+    The export runs in a copy of pyproject.toml and uv.lock, with the Makefile's own arguments, so the
+    header it writes (the command, ``-o requirements.txt`` included) must match too.
+    """
+    from test_launch import _find_uv
+
+    uv = _find_uv()
+    if uv is None:
+        pytest.skip("no bootstrapped uv in <repo>/.uv: `make test` creates it (any make target that needs uv does)")
+    pinned = _make_variable("UV_VERSION")
+    version = subprocess.run([str(uv), "--version"], capture_output=True, text=True).stdout.split()[1]
+    if version != pinned:
+        pytest.skip(f"the uv found is {version}, the Makefile pins {pinned}: another uv may format the export "
+                    "differently (`make clean` then `make test` bootstraps the pinned one)")
+    args = _make_variable("REQUIREMENTS_EXPORT").split()
+    assert args[:3] == ["export", "--frozen", "--offline"] and args[-2:] == ["-o", "requirements.txt"]
+    for name in ("pyproject.toml", "uv.lock"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV"))}
+    r = subprocess.run([str(uv), *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (ROOT / "requirements.txt").read_text() == (tmp_path / "requirements.txt").read_text(), (
+        "requirements.txt is stale: run `make requirements`")
+
+
+def _pins(python: str, platform: str = "linux") -> dict[str, str]:
+    """requirements.txt's pins that apply to one Python on one platform, as pip would read them."""
+    from packaging.requirements import Requirement
+
+    env = {"python_version": python, "python_full_version": f"{python}.7", "sys_platform": platform,
+           "implementation_name": "cpython"}
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate(env):
+                assert req.name not in pins, f"two lines for {req.name} on Python {python}"
+                pins[req.name] = str(req.specifier).removeprefix("==")
+    return pins
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
+def test_requirements_txt_holds_each_line_and_what_make_lab_and_make_test_need(python):
+    from utils.launch import requirements
+
+    pins = _pins(python)
+    line = {str(r.name): str(r.specifier).removeprefix("==")
+            for r in requirements(environment={"python_version": python})}
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
+        assert pins[name] == line[name], f"Python {python}: requirements.txt pins {name} {pins[name]}"
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    for group in ("test", "lab", "tpu"):
+        for entry in groups[group]:
+            from packaging.requirements import Requirement
+
+            req = Requirement(entry)
+            if req.marker is None or req.marker.evaluate({"python_version": python, "sys_platform": "linux"}):
+                assert pins[req.name] == str(req.specifier).removeprefix("=="), f"{group}: {entry}"
+    assert "libtpu" not in _pins(python, "darwin"), "libtpu has Linux wheels only"
+    assert not {"torch", "torch-xla", "sphinx", "myst-nb"} & pins.keys(), "notebook 18's and the book's stay out"
+
+
+def test_make_lock_rewrites_the_requirements_too():
+    lock = re.search(r"^lock: .*\n((?:\t.*\n)+)", MAKEFILE, re.M)[1]
+    assert "$(UV) lock" in lock and "requirements" in lock
+    recipe = re.search(r"^requirements: .*\n((?:\t.*\n)+)", MAKEFILE, re.M)[1]
+    assert "$(UV) --quiet $(REQUIREMENTS_EXPORT)" in recipe and "-m utils.launch" in recipe

@@ -92,8 +92,9 @@ def setup_source(n_devices: int = 8) -> str:
       where a notebook arrives alone, it clones the course into ``spmd-course.tmp`` and renames it
       once complete, so ``spmd-course/`` is never half there (an incomplete one is cloned again).
     - :func:`utils.launch.prepare_runtime` then installs on Colab what is missing (by versions; it
-      says when the session must restart), prints the memory in use on Binder, and does nothing
-      elsewhere. ``utils`` loads lazily, so nothing imports numpy or JAX before that.
+      says when the session must restart), prints the memory in use on Binder, and everywhere prints
+      one line if jax, jaxlib or flax are not the tested versions. ``utils`` loads lazily, so nothing
+      imports numpy or JAX before that.
     - :func:`utils.setup_devices` asks for the devices before JAX starts.
     """
     if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
@@ -114,7 +115,7 @@ if course is None and "google.colab" in sys.modules:  # a notebook alone on Cola
 sys.path[:0] = [str(course.resolve())] if course else []
 from utils import launch, setup_devices
 
-launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the memory in use. Elsewhere: nothing.
+launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices({n_devices})"""
 
 

@@ -9,9 +9,11 @@ jax and Jupyter packages installed and some of them imported. So the installer
 decides by versions, never by a folder:
 
 - it reads the course's requirements from ``pyproject.toml``
-  (``[project] dependencies``, markers evaluated for this Python), compares each
-  with the installed version, and runs ``python -m pip install`` for what is
-  missing or outside its specifier, and nothing else;
+  (``[project] dependencies`` and the ``tpu`` group, :data:`RUNTIME_GROUPS`,
+  markers evaluated for this Python), compares each with the installed version,
+  and runs ``python -m pip install`` for what is missing or outside its
+  specifier, and nothing else. The ``tpu`` group is the libtpu that the
+  installed jax pins (Linux only), so the TPU cells compile there too;
 - the kernel's and the server's own packages (:data:`KERNEL_PACKAGES`) are
   never installed, even where a requirement names them, and are pinned at their
   installed versions through a pip constraints file, so that no dependency can
@@ -28,9 +30,12 @@ decides by versions, never by a folder:
 
 **Binder** builds its image from ``binder/requirements.txt``, which
 :func:`binder_requirements` derives from the same pyproject (compute packages
-only: Binder's kernel and server stay as Binder built them). Its sessions have
-1-2 GB of memory and JupyterLab keeps every opened notebook's kernel alive, so
-on Binder :func:`prepare_runtime` prints :func:`binder_memory_note`.
+and libtpu only: Binder's kernel and server stay as Binder built them). Its
+sessions have 1-2 GB of memory and JupyterLab keeps every opened notebook's
+kernel alive, so on Binder :func:`prepare_runtime` prints :func:`binder_memory_note`.
+
+**Everywhere**, :func:`prepare_runtime` prints :func:`version_note`'s one line when
+jax, jaxlib or flax differ from the versions the course is tested with.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -61,6 +67,7 @@ except ImportError:  # pragma: no cover - pip vendors packaging wherever pip is 
 __all__ = [
     "BINDER_ENV",
     "KERNEL_PACKAGES",
+    "RUNTIME_GROUPS",
     "Environment",
     "InstallError",
     "Installed",
@@ -72,6 +79,7 @@ __all__ = [
     "plan_install",
     "prepare_runtime",
     "requirements",
+    "version_note",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +96,12 @@ KERNEL_PACKAGES = frozenset({
 Replacing them under a live kernel breaks it (Colab's runtime crashes, Binder's server changes), so
 the installer neither installs nor upgrades them."""
 
+RUNTIME_GROUPS = ("tpu",)
+"""``[dependency-groups]`` that Colab and Binder install next to ``[project] dependencies``: the libtpu
+pinned for each line (Linux only), without which the TPU cells skip."""
+
+_TESTED = ("jax", "jaxlib", "flax")  # pinned per Python line in pyproject; version_note names any that differ
+
 BINDER_ENV = "SPMD_COURSE_RUNTIME"
 """Set to ``binder`` by ``binder/start``: how :func:`prepare_runtime` knows it runs on Binder."""
 
@@ -96,6 +110,7 @@ _BINDER_MARKERS = {  # the machine Binder builds for (binder/runtime.txt gives t
     "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
     "implementation_name": "cpython", "platform_python_implementation": "CPython",
 }
+_LINES = ("3.11", "3.12", "3.13")  # the supported Pythons (pyproject's requires-python)
 _RESTART = "restart the session (Runtime > Restart session) and run this cell again"
 _restart_pending: str | None = None  # the message, once this kernel holds a package that has since changed
 
@@ -170,18 +185,26 @@ class Environment:
 
 
 def requirements(pyproject: Path | str | None = None,
-                 environment: Mapping[str, str] | None = None) -> list[Requirement]:
+                 environment: Mapping[str, str] | None = None,
+                 groups: Iterable[str] = ()) -> list[Requirement]:
     """The course's requirements that apply here: ``[project] dependencies`` with their markers evaluated.
 
+    ``groups`` adds those ``[dependency-groups]`` (e.g. :data:`RUNTIME_GROUPS`) after the dependencies.
     ``environment`` overrides marker variables (``{"python_version": "3.12"}``) to ask about another Python.
     """
     path = Path(pyproject) if pyproject is not None else ROOT / "pyproject.toml"
     try:
-        lines = tomllib.loads(path.read_text())["project"]["dependencies"]
+        data = tomllib.loads(path.read_text())
+        lines = list(data["project"]["dependencies"])
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} does not exist: pass the course's pyproject.toml") from None
     except (KeyError, TypeError):
         raise ValueError(f"{path} has no [project] dependencies list: it is not the course's pyproject.toml") from None
+    for group in groups:
+        entries = data.get("dependency-groups", {}).get(group)
+        if not isinstance(entries, list):
+            raise ValueError(f"{path} has no [dependency-groups] {group} list")
+        lines += [entry for entry in entries if isinstance(entry, str)]  # (an include-group table is skipped)
     found = []
     for line in lines:
         try:
@@ -305,7 +328,7 @@ def install_requirements(
     loaded = set(imported if imported is not None else sys.modules)
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
 
-    reqs = requirements(pyproject)
+    reqs = requirements(pyproject, groups=RUNTIME_GROUPS)
     before = env.versions()
     plan = plan_install(reqs, before)
     output = ""
@@ -350,23 +373,29 @@ def install_requirements(
 
 
 def binder_requirements(pyproject: Path | str | None = None, runtime: Path | str | None = None) -> str:
-    """The text of ``binder/requirements.txt``: pyproject's dependencies for Binder's Python, compute only.
+    """The text of ``binder/requirements.txt``: pyproject's dependencies and :data:`RUNTIME_GROUPS`, compute only.
 
-    Markers are evaluated for the Python in ``binder/runtime.txt`` on Linux, so each line is one
-    package. Kernel and server packages are left out: on Binder the kernel runs in the server's own
-    environment, and installing them would replace the server Binder built.
+    Each line keeps its marker, so pip picks the right line for whichever Python reads the file (the
+    jax 0.10.2 line on 3.11, jax 0.12.0.1 on 3.12 and later). Only lines that apply to Binder's machine
+    (Linux x86_64) with the Python of ``binder/runtime.txt`` or another supported one are written; the
+    header names that Python. Kernel and server packages are left out: on Binder the kernel runs in the
+    server's own environment, and installing them would replace the server Binder built.
     """
     runtime_path = Path(runtime) if runtime is not None else ROOT / "binder" / "runtime.txt"
     match = re.fullmatch(r"python-(\d+)\.(\d+)", runtime_path.read_text().strip())
     if not match:
         raise ValueError(f"{runtime_path} must hold one line like 'python-3.12'")
     python = f"{match[1]}.{match[2]}"
-    markers = {**_BINDER_MARKERS, "python_version": python, "python_full_version": f"{python}.0"}
-    lines = [_pip_argument(req) for req in requirements(pyproject, markers)
-             if canonicalize_name(req.name) not in KERNEL_PACKAGES]
-    header = (f"# pyproject.toml's [project] dependencies for Python {python}, written by `python -m utils.launch`\n"
-              "# (tests/test_launch.py checks that they agree). Compute packages only: Binder's Jupyter server\n"
-              "# and kernel stay as Binder built them.\n")
+    lines: dict[str, None] = {}
+    for version in dict.fromkeys((python, *_LINES)):
+        markers = {**_BINDER_MARKERS, "python_version": version, "python_full_version": f"{version}.0"}
+        for req in requirements(pyproject, markers, groups=RUNTIME_GROUPS):
+            if canonicalize_name(req.name) not in KERNEL_PACKAGES:
+                lines[str(req)] = None
+    header = (f"# For Binder's Python {python} (binder/runtime.txt): pyproject.toml's [project] dependencies and its\n"
+              f"# {' and '.join(RUNTIME_GROUPS)} group, markers kept (so any Python 3.11-3.13 gets its own line), "
+              "written by\n# `python -m utils.launch` (tests/test_launch.py checks that they agree). Compute "
+              "packages only:\n# Binder's Jupyter server and kernel stay as Binder built them.\n")
     return header + "".join(f"{line}\n" for line in lines)
 
 
@@ -420,16 +449,38 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def version_note(installed: Mapping[str, str] | None = None, pyproject: Path | str | None = None) -> str | None:
+    """One line when jax, jaxlib or flax differ from pyproject's pins for this Python, else None.
+
+    ``installed`` (name -> version, default: this interpreter's) stands in for the environment in tests.
+    The course's numbers and error messages were checked with those pins; another version may print
+    other figures or fail an assert. The line names each difference and the way to the tested set.
+    """
+    have = Environment().versions() if installed is None else {canonicalize_name(n): v for n, v in installed.items()}
+    pins = {canonicalize_name(r.name): r.specifier for r in requirements(pyproject)}
+    off = [f"{name} {have.get(name) or 'missing'} (tested: {str(pins[name]).removeprefix('==')})"
+           for name in _TESTED if name in pins and not _satisfies(have.get(name), pins[name])]
+    if not off:
+        return None
+    return (f"Untested versions for Python {platform.python_version()}: {', '.join(off)}. To get the tested ones, "
+            "run `pip install -r requirements.txt` in the course's folder (or `make lab`), then restart the kernel.")
+
+
 def prepare_runtime() -> Installed | None:
     """The setup cell's first call: on Colab install what is missing, on Binder print the memory note.
 
-    Elsewhere (``make lab``, CI, the book) it does nothing: those environments are built from uv.lock.
+    Elsewhere (``make lab``, CI, the book) it installs nothing: those environments are built from uv.lock.
+    Everywhere it then prints :func:`version_note` if jax, jaxlib or flax are not the tested versions.
     """
+    done = None
     if "google.colab" in sys.modules:
-        return install_requirements()
-    if os.environ.get(BINDER_ENV) == "binder":
+        done = install_requirements()
+    elif os.environ.get(BINDER_ENV) == "binder":
         print(binder_memory_note())
-    return None
+    note = version_note()
+    if note:
+        print(note)
+    return done
 
 
 if __name__ == "__main__":  # python -m utils.launch: rewrite binder/requirements.txt from pyproject.toml
