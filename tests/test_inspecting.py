@@ -576,10 +576,13 @@ def test_tpu_footprint_matches_the_compilers_memory_report(tpu_devices, tmp_path
             assert mem["footprint"] == mem["allocated"] == hbm, (name, mem, spaces)
         else:  # jax 0.10: arguments + outputs + temporaries - aliased, within 1 MiB here (an estimate)
             assert mem["footprint"] == mem["total"] and abs(mem["footprint"] - hbm) <= 2**20, (name, mem, spaces)
-        # peak counts VMEM as well as HBM, and never more than both spaces' allocations together
-        assert mem["footprint"] < mem["peak"] <= hbm + vmem, (name, mem, spaces)
-    assert abs(found["sin_matmuls"]["footprint"] - 64 * 2**20) <= 4096 and \
-        _report_totals(dump, "sin_matmuls")["vmem"] == 96 * 2**20
+        assert mem["footprint"] < mem["peak"], (name, mem, spaces)  # peak counts VMEM too
+    # ...but it is HBM + VMEM only for the simplest program: the step's differs from that sum (above it on
+    # libtpu 0.0.42.1, below on 0.0.50.1)
+    sin, step = _report_totals(dump, "sin_matmuls"), _report_totals(dump, "adam_step")
+    assert abs(found["sin_matmuls"]["footprint"] - 64 * 2**20) <= 4096 and sin["vmem"] == 96 * 2**20
+    assert abs(found["sin_matmuls"]["peak"] - (sin["default"] + sin["vmem"])) <= 4096
+    assert abs(found["adam_step"]["peak"] - (step["default"] + step["vmem"])) > 2**19
     assert found["adam_step_donated"]["alias"] > 0
     assert found["adam_step_donated"]["footprint"] < found["adam_step"]["footprint"]  # the state updated in place
 

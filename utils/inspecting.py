@@ -607,8 +607,9 @@ class Memory:
 
     ``peak`` is not an HBM figure: it counts on-chip VMEM as well (160 MiB for
     64 MiB of HBM above), and it is not HBM + VMEM either (776 MiB for 905 MiB
-    of HBM and 96 MiB of VMEM). ``memory_analysis()`` has no VMEM figure;
-    read it from the memory-usage report.
+    of HBM and 96 MiB of VMEM; 220.2 MiB for 99.03 + 112.00 on libtpu
+    0.0.42.1). ``memory_analysis()`` has no VMEM figure: read it from the
+    memory-usage report.
     """
 
     argument: int
