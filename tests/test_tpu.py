@@ -78,6 +78,22 @@ def test_a_process_that_asks_first_leaves_no_libtpu_log_files(tmp_path):
     assert (ok, level) == ("True", "0") and new and all(p.startswith(str(tmp_path / "logs")) for p in new)
 
 
+@pytest.mark.parametrize(("given", "expected"), [
+    ({}, "3"),  # nothing below FATAL: no log files
+    ({"TPU_MIN_LOG_LEVEL": "0"}, "0"),  # a level already set is kept
+    ({"TPU_STDERR_LOG_LEVEL": "1"}, "1"),  # warnings asked for on stderr are logged (log files come back)
+    ({"TPU_MIN_LOG_LEVEL": "3", "TPU_STDERR_LOG_LEVEL": "1"}, "1"),  # ... even where an inherited 3 is set
+    ({"TPU_MIN_LOG_LEVEL": "0", "TPU_STDERR_LOG_LEVEL": "2"}, "0"),  # never raised
+])
+def test_log_level_set_before_libtpu_loads(monkeypatch, given, expected):
+    for name in ("TPU_MIN_LOG_LEVEL", "TPU_STDERR_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    utils.tpu._set_log_level()
+    assert os.environ["TPU_MIN_LOG_LEVEL"] == expected
+
+
 def test_reason_when_libtpu_is_missing(fresh_answer, monkeypatch):
     monkeypatch.setattr(utils.tpu.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(utils.tpu.sys, "platform", "linux")
