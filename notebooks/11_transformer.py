@@ -301,7 +301,8 @@ if CPU:  # the CPU compiler's buffer sizes (accelerators pad small arrays to the
     assert memory_per_device(inits["FSDP"]).footprint < one.footprint / 7  # FSDP's init: about 1/8 of it
 
 # %% [markdown]
-# `footprint` (arguments + outputs + temporaries) is what a device needs while the program runs.
+# `footprint` (arguments + outputs + temporaries; on TPU, the HBM the compiler allocates) is what a
+# device needs while the program runs.
 # Building on one device needs the whole state there, whatever `device_put` does next; FSDP's init
 # needs about an eighth of it (on the CPU backend). The one-device state is section 5's reference, and every sharded state
 # holds the same numbers: JAX's random numbers do not depend on how an array is split.
