@@ -15,10 +15,12 @@ The backend that compiled the program changes how a collective is written:
   compiler fuses the pair into one op, a ``fusion`` that calls a computation
   named ``%all-reduce-scatter``; :func:`collectives` counts it as one
   reduce-scatter. A reduce-scatter written by hand (``jax.lax.psum_scatter``
-  in ``shard_map``) is a ``reduce-scatter`` op on CPU; on TPU too, unless its
-  result is small: scattering ``f32[16,512]`` over 4 devices (4 rows each,
-  fewer than the 8 of a TPU tile) compiles to an ``all-reduce`` of the whole
-  ``f32[16,512]``, while ``f32[64,512]`` (16 rows each) stays a reduce-scatter.
+  in ``shard_map``) is a ``reduce-scatter`` op on CPU. On TPU it is one when
+  each device's part fills whole 8-row tiles: scattering ``f32[32,512]`` or
+  ``f32[64,512]`` over 4 devices (8 or 16 rows each) gives a reduce-scatter,
+  but ``f32[16,512]`` or ``f32[40,512]`` (4 or 10 rows each) an ``all-reduce``
+  of the whole array (and 6 rows each a padded reduce-scatter plus a
+  collective-permute).
 - The TPU compiler converts f32 matmul operands to bf16 before gathering them
   (the TPU's default matmul precision), so its all-gathers move half the
   bytes of the CPU's; ``result_bytes`` follows the type the program states.
