@@ -22,14 +22,14 @@ process that sets it neither takes nor checks the lock. Call it before the
 first ``get_topology_desc``.
 
 libtpu also writes log files (``tpu_driver.<host>.<user>.log.INFO.<date>.<pid>``,
-about 6 KB, plus WARNING and ERROR files; an ERROR file of up to 30 KB when the
-process is stopped with SIGTERM, as a notebook kernel is) for every process
+about 6 KB, plus WARNING and ERROR files; an ERROR file with a stack trace, here
+up to 31 KB, when the process is stopped with SIGTERM, as a kernel can be) for every process
 that loads it, into ``/tmp/tpu_logs`` unless ``TPU_LOG_DIR`` names another
 folder. ``TPU_LOG_DIR=disabled`` does not stop them: the files then land in
 ``/tmp`` itself. ``TPU_MIN_LOG_LEVEL=3`` (log nothing below FATAL) does: with
 it, a process that describes a topology and compiles for it, or is then
 stopped with SIGTERM, leaves no file, on libtpu 0.0.50.1 and 0.0.42.1
-(``TPU_MIN_LOG_LEVEL=2`` still writes files on SIGTERM; ``TPU_STDERR_LOG_LEVEL``
+(``TPU_MIN_LOG_LEVEL=2`` still writes files on SIGTERM, on 0.0.50.1; ``TPU_STDERR_LOG_LEVEL``
 changes nothing on disk). :func:`tpu_compiler_available` sets it (unless set).
 The level also silences libtpu's messages on stderr (the compiler's
 "Involuntary full rematerialization" warning, which ``TPU_STDERR_LOG_LEVEL=1``
