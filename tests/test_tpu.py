@@ -15,6 +15,7 @@ import utils.tpu
 from utils.tpu import tpu_compiler_available
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+SET_HERE = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_MIN_LOG_LEVEL", "TPU_LOG_DIR")  # a fresh process starts without them
 
 
 @pytest.fixture
@@ -30,24 +31,67 @@ def test_available_where_libtpu_is_installed():
     ok, why = tpu_compiler_available()
     assert ok and why.startswith("libtpu 0.0.") and "\n" not in why
     assert os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"  # set before libtpu loaded: no lock taken
-    assert os.environ["TPU_LOG_DIR"] == "disabled"  # and no log files in /tmp/tpu_logs
+    assert os.environ["TPU_MIN_LOG_LEVEL"] == "3"  # and no log files
+
+
+COMPILE_AFTER_ASKING = textwrap.dedent("""
+    import os
+    import jax, numpy as np
+    from jax.experimental import topologies
+    from utils.capture import quiet
+    from utils.tpu import tpu_compiler_available
+
+    ok = tpu_compiler_available()[0]
+    with quiet():
+        chip = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices[0]
+        struct = jax.ShapeDtypeStruct((8, 128), np.float32, sharding=jax.sharding.SingleDeviceSharding(chip))
+        jax.jit(lambda a: a * 2).lower(struct).compile()
+    print(os.getpid(), ok, os.environ["TPU_MIN_LOG_LEVEL"])
+""")
+
+
+def _libtpu_logs() -> set[str]:
+    """Every libtpu log file under /tmp: ``tpu_driver.<host>.<user>.log.<LEVEL>.<date>.<pid>``, in any folder."""
+    return {os.path.join(folder, name) for folder, _, names in os.walk("/tmp") for name in names
+            if name.startswith("tpu_driver")}
+
+
+def _new_logs_of_a_fresh_compile(cwd: Path, **env_vars: str) -> tuple[set[str], str, str]:
+    """Run COMPILE_AFTER_ASKING in a fresh process; the log files that appeared meanwhile with its process id."""
+    env = {k: v for k, v in os.environ.items() if k not in SET_HERE} | env_vars
+    env["PYTHONPATH"] = str(Path(utils.tpu.__file__).resolve().parent.parent)
+    before = _libtpu_logs()  # process ids are reused: a file an older process left counts as before
+    out = subprocess.run([sys.executable, "-c", COMPILE_AFTER_ASKING], env=env, cwd=cwd, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    pid, ok, level = out.stdout.split()
+    return {p for p in _libtpu_logs() - before if p.endswith(f".{pid}")}, ok, level
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed here")
 def test_a_process_that_asks_first_leaves_no_libtpu_log_files(tmp_path):
-    # libtpu names its log files in /tmp/tpu_logs (a fixed folder) after the process: ...log.INFO.<date>.<pid>.
-    # Process ids are reused, so only files that appear while this process runs count.
-    logs = Path("/tmp/tpu_logs")
-    before = set(logs.glob("tpu_driver.*"))
-    code = ("import os; from utils.tpu import tpu_compiler_available; print(os.getpid()); "
-            "print(tpu_compiler_available()[0]); print(os.environ['TPU_LOG_DIR'])")
-    env = {k: v for k, v in os.environ.items() if k not in ("TPU_LOG_DIR", "ALLOW_MULTIPLE_LIBTPU_LOAD")}
-    env["PYTHONPATH"] = str(Path(utils.tpu.__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
-    pid, ok, log_dir = out.stdout.split()
-    assert (ok, log_dir) == ("True", "disabled"), out.stderr[-2000:]
-    assert not set(logs.glob(f"tpu_driver.*.{pid}")) - before
+    new, ok, level = _new_logs_of_a_fresh_compile(tmp_path)
+    assert (ok, level) == ("True", "3") and not new
+    assert not list(tmp_path.iterdir())  # nothing in its working folder either
+    # the same search finds the files of a process that asks libtpu to log (set before asking, so it is kept)
+    new, ok, level = _new_logs_of_a_fresh_compile(tmp_path, TPU_MIN_LOG_LEVEL="0", TPU_LOG_DIR=str(tmp_path / "logs"))
+    assert (ok, level) == ("True", "0") and new and all(p.startswith(str(tmp_path / "logs")) for p in new)
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({}, "3"),  # nothing below FATAL: no log files
+    ({"TPU_MIN_LOG_LEVEL": "0"}, "0"),  # a level already set is kept
+    ({"TPU_STDERR_LOG_LEVEL": "1"}, "1"),  # warnings asked for on stderr are logged (log files come back)
+    ({"TPU_MIN_LOG_LEVEL": "3", "TPU_STDERR_LOG_LEVEL": "1"}, "1"),  # ... even where an inherited 3 is set
+    ({"TPU_MIN_LOG_LEVEL": "0", "TPU_STDERR_LOG_LEVEL": "2"}, "0"),  # never raised
+])
+def test_log_level_set_before_libtpu_loads(monkeypatch, given, expected):
+    for name in ("TPU_MIN_LOG_LEVEL", "TPU_STDERR_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    utils.tpu._set_log_level()
+    assert os.environ["TPU_MIN_LOG_LEVEL"] == expected
 
 
 def test_reason_when_libtpu_is_missing(fresh_answer, monkeypatch):

@@ -19,7 +19,7 @@ from utils.course import notebooks
 HIDE = Path(__file__).parent / "no_libtpu"
 REASON = "no TPU compiler here: libtpu is not installed"
 WITH_TPU_CELLS = [p for p in notebooks() if "tpu_compiler_available()" in p.read_text()]
-SET_BY_UTILS_TPU = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_LOG_DIR")  # unset, as a fresh process starts
+SET_BY_UTILS_TPU = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_MIN_LOG_LEVEL")  # unset, as a fresh process starts
 
 
 def _hiding_pythonpath() -> str:

@@ -15,13 +15,22 @@ The backend that compiled the program changes how a collective is written:
   compiler fuses the pair into one op, a ``fusion`` that calls a computation
   named ``%all-reduce-scatter``; :func:`collectives` counts it as one
   reduce-scatter. A reduce-scatter written by hand (``jax.lax.psum_scatter``
-  in ``shard_map``) is a ``reduce-scatter`` op on both backends.
+  in ``shard_map``) is a ``reduce-scatter`` op on CPU. On TPU it is one when
+  each device's part fills whole 8-row tiles: scattering ``f32[32,512]`` or
+  ``f32[64,512]`` over 4 devices (8 or 16 rows each) gives a reduce-scatter,
+  but ``f32[16,512]`` or ``f32[40,512]`` (4 or 10 rows each) an ``all-reduce``
+  of the whole array (and 6 rows each a padded reduce-scatter plus a
+  collective-permute).
 - The TPU compiler converts f32 matmul operands to bf16 before gathering them
   (the TPU's default matmul precision), so its all-gathers move half the
   bytes of the CPU's; ``result_bytes`` follows the type the program states.
 - The TPU compiler runs some collectives asynchronously, split into a start,
   several steps that overlap with compute, and a done; each such chain is one
   collective here.
+- The GPU compiler runs most collectives as ``-start``/``-done`` pairs, and
+  often flattens a combined all-reduce into one 1-D buffer (``f32[8320]`` for
+  an ``f32[8,16,64]`` and an ``f32[8,16,1]``): the kinds, groups and bytes it
+  reports are exact, the per-array shapes are gone.
 """
 
 from __future__ import annotations
@@ -92,7 +101,10 @@ class CollectiveOp:
     - ``group_size``: how many devices talk in each group (for
       collective-permute, the size of the largest ring of its
       source-target pairs).
-    - ``shapes``: the shape of each array the op produces (a combined op produces several).
+    - ``shapes``: the shape of each array the op produces, as the program
+      states it: several for a combined op, one 1-D shape for an op the
+      compiler flattened (GPU), so compare kinds, groups and bytes across
+      backends, not shapes.
     - ``form``: how the program writes it: ``'op'`` (one synchronous
       instruction), ``'async'`` (a ``-start``/``-done`` pair, an
       ``async-start`` wrapper, or the TPU's chain of async-collective fusions),
@@ -422,7 +434,7 @@ def collectives(compiled: Any) -> Collectives:
     """Find the collectives the compiler inserted, with per-device sizes.
 
     ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (CPU,
-    or a TPU topology compiled ahead of time), or its ``as_text()``.
+    GPU, or a TPU topology compiled ahead of time), or its ``as_text()``.
 
     What is counted, walking the program from its entry computation in order:
 
@@ -441,6 +453,18 @@ def collectives(compiled: Any) -> Collectives:
       the all-reduce inside it is not counted again. A combined all-reduce of
       several arrays whose every element is sliced is one reduce-scatter whose
       result is the tuple of the slices.
+
+    A combined op (the compiler merged several collectives of the same kind
+    and group into one) is one op whose ``result_type`` joins the arrays
+    (``'f32[64,128] + f32[16,512]'``, or ``'4 x f32[8]'`` when equal), whose
+    ``shapes`` lists each array and whose ``result_bytes`` is their sum; the
+    table prints ``'N arrays, size'`` when the type is long. CPU and TPU keep
+    each array's shape. The GPU compiler often flattens a combined all-reduce
+    into one 1-D buffer (``all-reduce f32[8320]`` for an ``f32[8,16,64]`` and
+    an ``f32[8,16,1]``): it is reported as the one array the program states,
+    so the per-array shapes are lost while the bytes stay exact. On GPU,
+    async ``-start``/``-done`` pairs are the usual form, counted once with the
+    ``-done`` result.
 
     An unfused all-reduce + dynamic-slice (the CPU's spelling of the
     partitioner's reduce-scatter) is reported as the all-reduce it is. Each
@@ -539,37 +563,57 @@ class Memory:
 
     - ``argument``: the input buffers one device holds (its shard of every argument).
     - ``output``: the output buffers it holds.
-    - ``temp``: temporaries the compiler allocated for the program.
+    - ``temp``: the program's temporaries, as the compiler reports them (on
+      TPU not the HBM it allocates for them; see below).
     - ``alias``: output bytes that reuse an input buffer (donation); counted in both of them.
     - ``peak``: the compiler's figure for the most memory live at once (None where not reported).
+    - ``allocated``: the bytes the compiler allocated in the device's main
+      memory (``total_allocation_bytes``; jax 0.12 and later, None before).
     - ``generated_code``: size of the compiled code (0 on CPU).
     - ``peak_unpadded``: ``peak`` without TPU tile padding (jax 0.12 and later; None before).
     - ``platform``: ``'cpu'``, ``'tpu'``, ``'gpu'`` (``''`` when unknown).
     - ``raw``: the ``CompiledMemoryStats`` itself, for fields not copied here.
 
-    What the numbers mean depends on the backend:
+    ``footprint`` is the memory the program needs on each device: on TPU its
+    HBM. On CPU and GPU it is ``total`` (arguments + outputs + temporaries -
+    aliased), an upper bound since not every temporary is live at once; on CPU
+    ``peak`` is ``argument + output`` and leaves temporaries out.
 
-    - CPU: ``argument`` and ``output`` are exactly the shard bytes; ``peak`` is
-      ``argument + output`` (to within a few bytes) in every program checked:
-      it leaves temporaries out, so ``footprint`` uses ``total``.
-    - TPU (per chip): every array is counted in its tiled layout, so
-      dimensions are padded up to the tile (f32/bf16 ``[100,100]`` is stored as
-      ``[104,128]``: 53,248 bytes in f32 rather than 40,000; shapes that are
-      multiples of (8, 128) have no padding). ``argument``, ``output`` and
-      ``temp`` count HBM only (the ``default`` memory space). ``peak`` adds the
-      buffers the compiler placed in the chip's on-chip VMEM (memory space 1,
-      layouts ending in ``S(1)`` in the HLO; 128 MiB on a v5e chip), so it is
-      not an HBM figure: ``vmem`` reports that part apart.
+    On TPU every array is counted in its tiled layout (f32/bf16 ``[100,100]``
+    is stored as ``[104,128]``: 53,248 bytes in f32 rather than 40,000), and
+    ``footprint`` is ``allocated`` where jax reports it, else ``total``. How
+    that was checked: programs compiled for ``v5e:2x4`` with
+    ``XLA_FLAGS=--xla_dump_to=DIR``, against the compiler's own
+    ``DIR/*memory-usage-report.txt`` (space ``default`` is HBM, ``vmem`` the
+    chip's 128 MiB of on-chip memory), on libtpu 0.0.50.1 (jax 0.12) and
+    0.0.42.1 (jax 0.10):
 
-    ``footprint`` is ``total`` on every backend: the HBM (or device memory) the
-    program needs at most, an upper bound since not every temporary is live at
-    once. How the TPU rule was checked: for the programs in
-    ``tests/test_inspecting.py`` (a replicated ``sum((sin(a) @ a.T) @ a)`` for
-    ``f32[4096,4096]``, a sharded train step, the same step with donation),
-    compiled for ``v5e:2x4`` with ``XLA_FLAGS=--xla_dump_to=DIR``, ``total``
-    matches the ``default`` space of the compiler's ``*memory-usage-report.txt``
-    and ``peak - total`` its ``vmem`` space, to within the small buffers
-    (scalars, tuple tables) each space rounds up; on libtpu 0.0.50.1 and 0.0.42.1.
+    ============================  ===============  ===============  ======  =====
+    per chip, MiB                 HBM (report)     ``total``        VMEM    peak
+    libtpu                        0.0.50 / 0.0.42  0.0.50 / 0.0.42  (both)  (both)
+    ============================  ===============  ===============  ======  =====
+    ``sum((sin(a) @ a.T) @ a)``   64.00 / 64.00    64.00 / 64.00    96.00   160.0
+    Adam step, MLP 2048x8192      109.08 / 99.03   109.91 / 98.19   112.00  220.2
+    the same, donated             61.04 / 53.03    61.97 / 53.94    112.00  172.1
+    Adam step, MLP 4096x16384     904.95 / 904.95  1129.5 / 1161.5  96.06   776.4
+    the same, donated             712.84 / 712.84  937.5 / 937.5    96.25   584.2
+    ============================  ===============  ===============  ======  =====
+
+    (``a`` is a replicated ``f32[4096,4096]``; the steps split their weights
+    and batch over 8 chips, batch 2048 and 4096 rows.) ``allocated`` equals
+    the report's HBM to the byte in every program, so it is the footprint on
+    jax 0.12. ``total`` is within 1 MiB of it for the small programs but
+    224-257 MiB (25-32%) above it for the large step, because ``temp`` is not
+    the HBM allocated for temporaries: 737 MiB (769 MiB on 0.0.42.1) against
+    513 MiB allocated for the large step, 0 against 0.8 MiB for the 2048x8192
+    step on 0.0.42.1. On jax 0.10, which lacks ``allocated``, ``footprint`` is
+    that ``total``: an estimate.
+
+    ``peak`` is not an HBM figure: it counts on-chip VMEM as well (160 MiB for
+    64 MiB of HBM above), and it is not HBM + VMEM either (776 MiB for 905 MiB
+    of HBM and 96 MiB of VMEM; 220.2 MiB for 99.03 + 112.00 on libtpu
+    0.0.42.1). ``memory_analysis()`` has no VMEM figure: read it from the
+    memory-usage report.
     """
 
     argument: int
@@ -580,6 +624,7 @@ class Memory:
     generated_code: int = 0
     peak_unpadded: int | None = None
     platform: str = ""
+    allocated: int | None = None
     raw: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -589,23 +634,21 @@ class Memory:
 
     @property
     def footprint(self) -> int:
-        """HBM (or device memory) per device: ``total`` on every backend (see the class)."""
+        """Memory per device: on TPU the HBM the compiler allocated where known, else ``total`` (see the class)."""
+        if self.platform == "tpu" and self.allocated is not None:
+            return self.allocated
         return self.total
-
-    @property
-    def vmem(self) -> int | None:
-        """On TPU, the bytes the compiler placed in on-chip VMEM (``peak - total``); None on other backends."""
-        if self.platform != "tpu" or self.peak is None:
-            return None
-        return max(self.peak - self.total, 0)
 
     def __str__(self) -> str:
         parts = [f"arguments {format_bytes(self.argument)}", f"outputs {format_bytes(self.output)}",
                  f"temporaries {format_bytes(self.temp)}"]
         if self.alias:
             parts.append(f"aliased {format_bytes(self.alias)}")
-        if self.vmem is not None:
-            parts.append(f"HBM {format_bytes(self.footprint)}; on-chip VMEM {format_bytes(self.vmem)} apart")
+        if self.platform == "tpu":
+            hbm = format_bytes(self.footprint)
+            parts.append(f"HBM {hbm}" if self.allocated is not None else f"HBM about {hbm} (their sum, an estimate)")
+            if self.peak is not None:
+                parts.append(f"peak {format_bytes(self.peak)} counting on-chip VMEM too (not HBM)")
         where = "per device" if self.platform in ("", "cpu") else f"per {self.platform.upper()} device"
         return f"{where}: " + ", ".join(parts)
 
@@ -614,13 +657,14 @@ class Memory:
 
 
 def _platform(compiled: Any) -> str:
-    """The platform the program was compiled for, from its input shardings ('' if none say)."""
+    """The platform the program was compiled for, from its input or output shardings ('' if none say)."""
     import jax
 
-    with contextlib.suppress(Exception):  # a program without shardings says nothing
-        for sharding in jax.tree_util.tree_leaves(compiled.input_shardings):
-            for device in getattr(sharding, "device_set", ()):
-                return str(device.platform)
+    for shardings in ("input_shardings", "output_shardings"):
+        with contextlib.suppress(Exception):  # a program without shardings says nothing
+            for sharding in jax.tree_util.tree_leaves(getattr(compiled, shardings)):
+                for device in getattr(sharding, "device_set", ()):
+                    return str(device.platform)
     return ""
 
 
@@ -638,6 +682,7 @@ def memory_per_device(compiled: Any) -> Memory:
     if stats is None:
         raise RuntimeError("this backend reports no memory analysis for the compiled program")
     unpadded = getattr(stats, "peak_unpadded_heap_bytes", None)
+    allocated = getattr(stats, "total_allocation_bytes", None)
     return Memory(
         argument=int(stats.argument_size_in_bytes),
         output=int(stats.output_size_in_bytes),
@@ -647,6 +692,7 @@ def memory_per_device(compiled: Any) -> Memory:
         generated_code=int(getattr(stats, "generated_code_size_in_bytes", 0) or 0),
         peak_unpadded=int(unpadded) if unpadded else None,
         platform=_platform(compiled),
+        allocated=int(allocated) if allocated else None,
         raw=stats,
     )
 

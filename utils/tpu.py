@@ -21,10 +21,22 @@ tests compiled for a topology). :func:`tpu_compiler_available` therefore sets
 process that sets it neither takes nor checks the lock. Call it before the
 first ``get_topology_desc``.
 
-libtpu also writes log files (``tpu_driver.INFO`` and others, about 15 KB a
-load) into ``/tmp/tpu_logs`` every time it loads, which adds up over a course
-run; :func:`tpu_compiler_available` sets ``TPU_LOG_DIR=disabled`` (unless set)
-so that it writes none.
+libtpu also writes log files (``tpu_driver.<host>.<user>.log.INFO.<date>.<pid>``,
+about 6 KB, plus WARNING and ERROR files; an ERROR file with a stack trace, here
+up to 31 KB, when the process is stopped with SIGTERM, as a kernel can be) for every process
+that loads it, into ``/tmp/tpu_logs`` unless ``TPU_LOG_DIR`` names another
+folder. ``TPU_LOG_DIR=disabled`` does not stop them: the files then land in
+``/tmp`` itself. ``TPU_MIN_LOG_LEVEL=3`` (log nothing below FATAL) does: with
+it, a process that describes a topology and compiles for it, or is then
+stopped with SIGTERM, leaves no file, on libtpu 0.0.50.1 and 0.0.42.1
+(``TPU_MIN_LOG_LEVEL=2`` still writes files on SIGTERM, on 0.0.50.1; ``TPU_STDERR_LOG_LEVEL``
+changes nothing on disk). :func:`tpu_compiler_available` sets it (unless set).
+The level also silences libtpu's messages on stderr (the compiler's
+"Involuntary full rematerialization" warning, which ``TPU_STDERR_LOG_LEVEL=1``
+shows), so where ``TPU_STDERR_LOG_LEVEL`` asks for them, the minimum is
+lowered to that level, and the log files come back with them. The start-up
+warnings on stderr are printed before libtpu's logging starts, so they
+appear whatever the level; ``quiet`` catches them.
 """
 
 from __future__ import annotations
@@ -52,6 +64,14 @@ def _libtpu_version() -> str:
     return "(version unknown)"
 
 
+def _set_log_level() -> None:
+    """``TPU_MIN_LOG_LEVEL=3`` (FATAL only: no log files) unless set; lowered to ``TPU_STDERR_LOG_LEVEL`` if set."""
+    level = os.environ.setdefault("TPU_MIN_LOG_LEVEL", "3")  # read when libtpu loads
+    shown = os.environ.get("TPU_STDERR_LOG_LEVEL", "")
+    if shown.isdigit() and level.isdigit() and int(shown) < int(level):
+        os.environ["TPU_MIN_LOG_LEVEL"] = shown  # messages asked for on stderr are logged at all
+
+
 @functools.cache
 def tpu_compiler_available() -> tuple[bool, str]:
     """``(True, what)`` where TPU programs can be compiled here, else ``(False, why)``, each in one line.
@@ -62,8 +82,9 @@ def tpu_compiler_available() -> tuple[bool, str]:
     backend, so calling this before or after ``setup_devices`` is harmless.
     Sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` in this process's environment unless
     it is set already, so that other processes can compile for TPU
-    topologies too, and ``TPU_LOG_DIR=disabled``, so that libtpu writes no
-    log files (see the module docstring).
+    topologies too, and ``TPU_MIN_LOG_LEVEL=3``, so that libtpu writes no
+    log files (lower where ``TPU_STDERR_LOG_LEVEL`` asks for messages; see the
+    module docstring).
 
     Example::
 
@@ -83,7 +104,7 @@ def tpu_compiler_available() -> tuple[bool, str]:
         )
     version = _libtpu_version()
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # read when libtpu loads: do not take its lock
-    os.environ.setdefault("TPU_LOG_DIR", "disabled")  # read when libtpu loads: no log files in /tmp/tpu_logs
+    _set_log_level()
     try:
         from jax.experimental import topologies
 
