@@ -26,6 +26,7 @@ from utils.inspecting import (
     compile_with_log,
     format_bytes,
     memory_per_device,
+    memory_spaces,
     shard_table,
 )
 
@@ -492,6 +493,26 @@ def test_tpu_footprint_is_hbm_and_peak_counts_vmem_too(tpu_devices):
     text = str(mem)
     assert "HBM 64.0 MiB" in text or "HBM about 64.0 MiB" in text
     assert "peak 160.0 MiB counting on-chip VMEM too (not HBM)" in text
+
+
+def test_memory_spaces_reads_hbm_and_vmem_apart(tpu_devices):
+    """The compiler's own report, one compilation more: 64 MiB of HBM and 96 MiB of VMEM, on both jax lines."""
+    mesh = Mesh(np.array(tpu_devices), ("data",), axis_types=(AxisType.Auto,))
+    lowered = jax.jit(lambda a: jnp.sum((jnp.sin(a) @ a.T) @ a)).lower(_struct(mesh, (4096, 4096), P()))
+    spaces = memory_spaces(lowered)
+    assert abs(spaces["default"] - 64 * 2**20) <= 4096 and spaces["vmem"] == 96 * 2**20
+    compiled = lowered.compile()
+    assert abs(memory_per_device(compiled).footprint - spaces["default"]) <= 4096
+
+
+def test_memory_spaces_on_cpu_and_bad_input():
+    """A CPU program has one space, its device memory; a compiled program or its text is refused with the fix."""
+    lowered = jax.jit(lambda a: a @ a.T).lower(_struct(MESH, (256, 128), P("data", None)))
+    spaces = memory_spaces(lowered)
+    assert set(spaces) == {"default"} and spaces["default"] >= memory_per_device(lowered.compile()).argument
+    for bad in (lowered.compile(), lowered.as_text(), None):
+        with pytest.raises(TypeError, match=r"jax.jit\(f\).lower"):
+            memory_spaces(bad)
 
 
 REPORT_SCRIPT = textwrap.dedent("""

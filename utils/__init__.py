@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     )
     from .exercises import NOT_ANSWERED, Exercise, Verdict, answer_errors
     from .explorer import explore
-    from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, shard_table
+    from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
     from .layout import matmul_traffic, tiles, type_string
     from .processes import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
     from .tpu import tpu_compiler_available
@@ -52,7 +52,9 @@ _SOURCES = {
     "exercises": ("NOT_ANSWERED", "Exercise", "Verdict", "answer_errors"),
     "tpu": ("tpu_compiler_available",),
     "explorer": ("explore",),
-    "inspecting": ("collectives", "compile_with_log", "format_bytes", "memory_per_device", "shard_table"),
+    "inspecting": (
+        "collectives", "compile_with_log", "format_bytes", "memory_per_device", "memory_spaces", "shard_table",
+    ),
     "layout": ("matmul_traffic", "tiles", "type_string"),
     "processes": ("WorkerOutput", "WorkersFailed", "free_loopback_port", "run_workers", "still_running"),
 }
@@ -82,6 +84,7 @@ __all__ = [
     "free_loopback_port",
     "matmul_traffic",
     "memory_per_device",
+    "memory_spaces",
     "mesh_labels",
     "quiet",
     "run_workers",

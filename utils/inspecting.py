@@ -38,7 +38,9 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,6 +59,7 @@ __all__ = [
     "compile_with_log",
     "format_bytes",
     "memory_per_device",
+    "memory_spaces",
     "shard_table",
 ]
 
@@ -612,8 +615,8 @@ class Memory:
     ``peak`` is not an HBM figure: it counts on-chip VMEM as well (160 MiB for
     64 MiB of HBM above), and it is not HBM + VMEM either (776 MiB for 905 MiB
     of HBM and 96 MiB of VMEM; 220.2 MiB for 99.03 + 112.00 on libtpu
-    0.0.42.1). ``memory_analysis()`` has no VMEM figure: read it from the
-    memory-usage report.
+    0.0.42.1). ``memory_analysis()`` has no VMEM figure: :func:`memory_spaces`
+    reads it (and HBM exactly, on both jax lines) from the memory-usage report.
     """
 
     argument: int
@@ -695,6 +698,40 @@ def memory_per_device(compiled: Any) -> Memory:
         allocated=int(allocated) if allocated else None,
         raw=stats,
     )
+
+
+_SPACE = re.compile(r"^Memory Space: (\w+) \(color=\d+\)\s*\nTotal bytes: (\d+)", re.MULTILINE)
+
+
+def memory_spaces(lowered: Any) -> dict[str, int]:
+    """Bytes per device in each memory space, from the compiler's own memory-usage report.
+
+    Compiles ``lowered`` once more with the report switched on for that one
+    compilation (``compiler_options={"xla_dump_to": <temporary folder>}``, the
+    per-compile form of ``XLA_FLAGS=--xla_dump_to``), reads
+    ``*memory-usage-report.txt`` and removes the folder. Keys are the
+    report's space names: ``'default'`` is device memory (HBM on a TPU) on
+    every backend; a TPU program adds ``'vmem'`` (on-chip memory, which
+    ``memory_analysis()`` does not report apart) and ``'smem'`` (scalars).
+    Costs one more compilation, so use it where the figure is the lesson.
+    """
+    import jax
+
+    if not isinstance(lowered, jax.stages.Lowered):
+        raise TypeError(
+            "memory_spaces takes a Lowered program, e.g. jax.jit(f).lower(*args), since it compiles it again "
+            f"with the memory report switched on; got {type(lowered).__name__}"
+        )
+    with tempfile.TemporaryDirectory(prefix="memory-report-") as folder:
+        lowered.compile(compiler_options={"xla_dump_to": folder})
+        reports = sorted(Path(folder).glob("*memory-usage-report.txt"))
+        if not reports:
+            raise RuntimeError("this backend wrote no memory-usage report; its memory spaces cannot be read")
+        text = reports[-1].read_text()
+    spaces = {name: int(total) for name, total in _SPACE.findall(text)}
+    if "default" not in spaces:
+        raise RuntimeError(f"the memory-usage report names no default space: {text[:200]!r}")
+    return spaces
 
 
 @dataclass(frozen=True)
