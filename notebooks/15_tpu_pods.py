@@ -40,6 +40,7 @@ SETUP = setup_devices(8)
 
 # %%
 import dataclasses
+import functools
 import gc
 import itertools
 import re
@@ -97,11 +98,40 @@ if ok:
 # | v6e (Trillium) | `TPU v6 lite` | 32 GB | 31.24 GiB | [cloud.google.com/tpu/docs/v6e](https://cloud.google.com/tpu/docs/v6e) |
 # | v5p | `TPU v5` | 95 GB | 95.73 GiB | [cloud.google.com/tpu/docs/v5p](https://cloud.google.com/tpu/docs/v5p) |
 #
-# The last column, in GiB (2^30 bytes), comes from the compiler's refusals in section 6; Google's "GB"
-# are rounded. Besides HBM, a chip has a small fast on-chip memory, VMEM (128 MiB on a v5e): section 5.
+# The last column is the compiler's, in GiB (2^30 bytes); Google's "GB" are rounded. Ask it with a
+# program too large for any chip: it refuses in milliseconds with a `JaxRuntimeError` that starts
+# `RESOURCE_EXHAUSTED`, says `Ran out of memory on HBM` (recent libtpu adds the name
+# `CompileTimeHbmOom`), and gives what the program needs and what a chip allows. `refused_for_hbm`
+# reads both from exactly that error and raises any other. Besides HBM, a chip has a small fast on-chip
+# memory, VMEM (128 MiB on a v5e): section 5.
 
 # %%
 HBM = {"v5e": ("TPU v5 lite", 15.75), "v6e": ("TPU v6 lite", 31.24), "v5p": ("TPU v5", 95.73)}  # GiB, the table
+OUT_OF_HBM = re.compile(r"Ran out of memory on HBM.* \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
+
+
+def refused_for_hbm(err):
+    """(GiB needed, GiB usable) from the compiler's out-of-HBM refusal; any other error is raised again."""
+    found = OUT_OF_HBM.search(str(err))
+    if found is None or not str(err).startswith("RESOURCE_EXHAUSTED"):
+        raise err
+    return tuple(map(float, found.groups()))
+
+
+if not ok:
+    print(why)
+else:
+    for name in ("v5e:2x4", "v6e:2x4", "v5p:2x2x2"):
+        mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=topos[name].devices)
+        too_big = jax.ShapeDtypeStruct((2**35,), jnp.float32, sharding=NamedSharding(mesh, P()))  # 128 GiB a chip
+        try:
+            with quiet():
+                jax.jit(lambda a: a + 1).lower(too_big).compile()
+            raise AssertionError(f"{name}: a 128 GiB array compiled")
+        except jax.errors.JaxRuntimeError as err:
+            needed, usable = refused_for_hbm(err)
+        print(f"{name:<10} needs {needed:.2f} GiB per chip, refused: a program may use {usable:.2f} GiB")
+        assert needed == 256 and abs(usable - HBM[name[:3]][1]) < 0.02  # libtpu versions differ in the last digit
 
 # %% [markdown]
 # ## 2. A mesh from the chips: order matters
@@ -382,8 +412,9 @@ else:
 # The question to ask before renting a slice. The model has Llama 3 8B's shape: `d_model` 4096, 32
 # layers, 32 query heads sharing 8 key/value heads (grouped-query attention), a gated MLP of 14336, a
 # vocabulary of 128256. It trains on 256 sequences of 2048 tokens per step with notebook 12's mixed
-# precision: float32 weights (the master copy) and Adam moments, 12 bytes per parameter, and bf16 compute
-# (Flax's `param_dtype=float32, dtype=bfloat16`; each layer casts its weights as it runs). The layers'
+# precision in Flax's form: float32 weights (the master copy) and Adam moments, 12 bytes per parameter,
+# and bf16 compute (`param_dtype=float32, dtype=bfloat16`: layers cast their weights as they run rather
+# than store a bf16 copy). The layers'
 # weights are stacked and run by `jax.lax.scan`, so one layer is compiled, not 32; `jax.checkpoint`
 # (rematerialisation) keeps only each layer's input for the backward pass.
 #
@@ -475,6 +506,12 @@ def build(cfg):
         return model, nnx.Optimizer(model, optax.adam(1e-4), wrt=nnx.Param)
 
 
+@functools.cache
+def abstract(cfg):
+    """The graph and the state of model and optimizer for `cfg`: shapes, dtypes and logical names only."""
+    return nnx.split(nnx.eval_shape(lambda: build(cfg)))
+
+
 def train_step(state, tokens, rules, graphdef):
     with nnx.logical_axis_rules(rules):  # read while tracing
         model, optimizer = nnx.merge(graphdef, state)
@@ -494,7 +531,7 @@ def lower_train_step(cfg, mesh, rules):
     Built from shapes only: `.compile()` the result for the program; nothing is allocated.
     """
     rules = tuple(({name: None for name in LOGICAL} | rules).items())  # unnamed: replicated
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: build(cfg)))
+    graphdef, state = abstract(cfg)
     with nnx.logical_axis_rules(rules):
         shardings = nnx.get_named_sharding(state, mesh)
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
@@ -505,25 +542,23 @@ def lower_train_step(cfg, mesh, rules):
         return step.lower(state, tokens)
 
 
-_, abstract = nnx.split(nnx.eval_shape(lambda: build(LLAMA3_8B)))  # shapes and dtypes only
-n_params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract[0], nnx.Param)))
-state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
+llama_state = abstract(LLAMA3_8B)[1]  # the model's state under key 0, the optimizer's under 1
+n_params = sum(x.size for x in jax.tree.leaves(nnx.state(llama_state[0], nnx.Param)))
+state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(llama_state))
 print(f"{n_params:,} parameters; float32 parameters and Adam moments: {format_bytes(state_bytes)}")
 c = LLAMA3_8B
 per_layer = c.d_model * c.d_model * (2 + 2 * c.kv_heads / c.heads) + 3 * c.d_model * c.d_ff + 2 * c.d_model
 assert n_params == c.layers * per_layer + 2 * c.vocab * c.d_model + c.d_model == 8_030_261_248  # Llama 3 8B's count
 assert state_bytes == 12 * n_params + 8  # 3 float32 arrays per parameter, and two 4-byte step counters
-assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(abstract))  # nothing allocated
+assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(llama_state))  # nothing allocated
 
 # %% [markdown]
 # 90 GiB of state alone. Each strategy is a table of rules from logical names to mesh axes (notebook 11):
 # FSDP splits `embed`, which every weight has, over `data`; tensor parallelism splits `heads`,
 # `kv_heads`, `mlp` and `vocab` over `model`.
 #
-# A program that does not fit is refused within seconds, with the compiler's count of what it needs: a
-# `JaxRuntimeError` starting `RESOURCE_EXHAUSTED` that says `Ran out of memory on HBM` (recent libtpu
-# adds the name `CompileTimeHbmOom`). The code catches exactly that. A program that fits is compiled to
-# the end, and at default effort the compiler spends minutes tuning for speed, so these compiles ask for
+# A program that does not fit is refused within seconds, with the compiler's count of what it needs
+# (`refused_for_hbm`, section 1). A program that fits is compiled to the end, and at default effort the compiler spends minutes tuning for speed, so these compiles ask for
 # the least, `jax_optimization_level` `'O0'` ([effort levels](https://openxla.org/xla/effort_levels)).
 # Its memory figures err high, by 6 to 8% for scanned transformers of 3 and 5 billion parameters: trust a
 # verdict with a margin.
@@ -540,10 +575,8 @@ ROWS = [  # (slice, strategy, mesh shape, rematerialise the layers?)
     ("v5e:16x16", "FSDP", (256, 1), False),
     ("v5e:16x16", "FSDP x TP", (64, 4), False),
     ("v5e:16x16", "FSDP x TP", (64, 4), True),
-    ("v6e:16x16", "DP", (256, 1), True),
     ("v5p:8x8x4", "DP", (256, 1), True),
 ]
-OUT_OF_HBM = re.compile(r"Ran out of memory on HBM.* \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
 
 
 def will_it_fit(slice_name, strategy, shape, remat):
@@ -557,10 +590,7 @@ def will_it_fit(slice_name, strategy, shape, remat):
         with quiet():
             compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as err:
-        out_of_hbm = OUT_OF_HBM.search(str(err))
-        if out_of_hbm is None or not str(err).startswith("RESOURCE_EXHAUSTED"):
-            raise  # some other failure: show it
-        return None, tuple(map(float, out_of_hbm.groups())), time.perf_counter() - start
+        return None, refused_for_hbm(err), time.perf_counter() - start
     memory = memory_per_device(compiled)
     del compiled, lowered  # a compiled 256-chip program holds hundreds of MB: free it before the next
     gc.collect()
@@ -570,6 +600,7 @@ def will_it_fit(slice_name, strategy, shape, remat):
 if not ok:
     print(why)
 else:
+    jax.clear_caches()  # drop the programs compiled so far: a 256-chip compile needs the memory
     jax.config.update("jax_optimization_level", "O0")
     try:
         fits = {row: will_it_fit(*row) for row in ROWS}
@@ -585,7 +616,7 @@ else:
 # The compiler's verdicts, asserted:
 #
 # - **DP** fits no chip: each would hold all 90 GiB of state and the whole gradients, more than a v5p's
-#   95.73 GiB. The refusals give each generation's usable HBM.
+#   95.73 GiB.
 # - **Without rematerialisation** nothing fits: 32 layers' attention scores and MLP activations, kept for
 #   the backward pass, need more than twice the chip.
 # - **FSDP x TP** on `(64, 4)` splits every weight matrix 256 ways and, rematerialised, fits a v5e chip:
@@ -593,11 +624,11 @@ else:
 
 # %%
 if ok:
-    (dp, fsdp, no_remat, fsdp_tp, dp_v6e, dp_v5p) = fits.values()
+    (dp, fsdp, no_remat, fsdp_tp, dp_v5p) = fits.values()
     for (slice_name, *_), (_, refused, _) in fits.items():
         if refused:  # the usable HBM of section 1's table (libtpu versions differ in the last digit)
-            assert abs(refused[1] - HBM[slice_name.split(":")[0]][1]) < 0.02, (slice_name, refused)
-    for mem, refused, _ in (dp, dp_v6e, dp_v5p):
+            assert abs(refused[1] - HBM[slice_name[:3]][1]) < 0.02, (slice_name, refused)
+    for mem, refused, _ in (dp, dp_v5p):
         assert mem is None and refused[0] > state_bytes / GiB  # more than the whole state on every chip
     assert fsdp[0] is None and no_remat[0] is None and fsdp_tp[0] is not None  # rematerialisation decides it
     assert min(fsdp[1][0], no_remat[1][0]) > 2 * HBM["v5e"][1]  # without it, more than twice the chip
