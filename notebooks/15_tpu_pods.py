@@ -131,7 +131,8 @@ else:
         except jax.errors.JaxRuntimeError as err:
             needed, usable = refused_for_hbm(err)
         print(f"{name:<10} needs {needed:.2f} GiB per chip, refused: a program may use {usable:.2f} GiB")
-        assert needed == 256 and abs(usable - HBM[name[:3]][1]) < 0.02  # libtpu versions differ in the last digit
+        assert needed == 2 * 128  # the argument and the result (the message calls all of it "temporaries")
+        assert abs(usable - HBM[name[:3]][1]) < 0.02  # the table's figure; libtpu versions differ in the last digit
 
 # %% [markdown]
 # ## 2. A mesh from the chips: order matters
@@ -633,7 +634,7 @@ if ok:
     assert fsdp[0] is None and no_remat[0] is None and fsdp_tp[0] is not None  # rematerialisation decides it
     assert min(fsdp[1][0], no_remat[1][0]) > 2 * HBM["v5e"][1]  # without it, more than twice the chip
     mem = fsdp_tp[0]
-    assert mem.footprint < 0.9 * 15.75 * GiB  # fits, with more than O0's over-estimate to spare
+    assert mem.footprint < 0.9 * HBM["v5e"][1] * GiB  # fits, with more than O0's over-estimate to spare
     assert state_bytes / 256 < mem.argument < state_bytes / 255  # each chip stores 1/256 of the state
     print(f"FSDP x TP per chip: arguments {format_bytes(mem.argument)}, temporaries {format_bytes(mem.temp)}, "
           f"HBM {format_bytes(mem.footprint)}")
@@ -641,7 +642,7 @@ if ok:
 # %% [markdown]
 # So an 8-billion-parameter model trains on 256 v5e chips only split and rematerialised, and 256 v5p
 # chips would not rescue data parallelism. FSDP alone over `(256, 1)`, rematerialised, is another
-# candidate: add it to `ROWS` (its compile is much slower).
+# candidate, left out to keep this notebook quick: add it to `ROWS` and compare.
 #
 # For other slices: `jax.make_mesh` raises `NotImplementedError` when it cannot lay a mesh shape along
 # the slice's links, as for `(64, 4)` on `v6e:16x16`; `mesh_utils.create_device_mesh(shape, devices,
