@@ -37,23 +37,23 @@ gather_bytes = Exercise(
 )
 
 
-_MATRICES = 2_684_354_560  # 32 x (4 x 2560^2 + 2 x 2560 x 10240) + 2 x 32768 x 2560
-_SCALES = 166_400  # 2 x 32 x 2560 + 2560
-_STATE = 3 * 2 * (_MATRICES // 64 + _SCALES // 16)  # parameter, mu and nu: bf16 each
+_MATRICES = 8_029_995_008  # 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336) + 2 x 128256 x 4096
+_SCALES = 266_240  # 2 x 32 x 4096 + 4096
+_STATE = 3 * 4 * (_MATRICES // 256 + _SCALES // 64)  # parameter, mu and nu: float32 each
 
 
 def _check_state_per_chip(n: object) -> None:
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
-    assert n != 3 * 2 * (_MATRICES + _SCALES), "that is the whole state: data parallelism puts it on every chip"
-    assert n != 3 * 2 * (_MATRICES + _SCALES) // 64, (
-        "not everything is split 64 ways: the norm scales have only an 'embed' dimension, split 16 ways over 'data'"
+    assert n != 3 * 4 * (_MATRICES + _SCALES), "that is the whole state: data parallelism puts it on every chip"
+    assert n != 3 * 4 * (_MATRICES + _SCALES) // 256, (
+        "not everything is split 256 ways: the norm scales have only an 'embed' dimension, split 64 ways over 'data'"
     )
-    assert n != 2 * (_MATRICES // 64 + _SCALES // 16), "that is the parameters alone; Adam adds mu and nu"
-    assert n != 3 * 4 * (_MATRICES // 64 + _SCALES // 16), "the state is bf16 here: 2 bytes per number, not 4"
+    assert n != 4 * (_MATRICES // 256 + _SCALES // 64), "that is the parameters alone; Adam adds mu and nu"
+    assert n != 3 * 2 * (_MATRICES // 256 + _SCALES // 64), "the state is float32 here: 4 bytes per number, not 2"
     assert n != _STATE + 8, "leave out the two step counters"
     assert n == _STATE, (
-        f"{n} bytes is not it: parameters, mu and nu are three arrays of each shape, 2 bytes per element; "
-        "matrices split 64 ways, norm scales 16 ways"
+        f"{n} bytes is not it: parameters, mu and nu are three arrays of each shape, 4 bytes per element; "
+        "matrices split 256 ways, norm scales 64 ways"
     )
 
 
@@ -62,21 +62,21 @@ state_per_chip = Exercise(
     checker=_check_state_per_chip,
     solution=_STATE,
     wrong=(
-        3 * 2 * (_MATRICES + _SCALES),
-        3 * 2 * (_MATRICES + _SCALES) // 64,
-        2 * (_MATRICES // 64 + _SCALES // 16),
-        3 * 4 * (_MATRICES // 64 + _SCALES // 16),
+        3 * 4 * (_MATRICES + _SCALES),
+        3 * 4 * (_MATRICES + _SCALES) // 256,
+        4 * (_MATRICES // 256 + _SCALES // 64),
+        3 * 2 * (_MATRICES // 256 + _SCALES // 64),
         _STATE + 8,
     ),
-    hint="3 arrays (parameter, mu, nu) x 2 bytes x (2,684,354,560 / 64 + 166,400 / 16)",
+    hint="3 arrays (parameter, mu, nu) x 4 bytes x (8,029,995,008 / 256 + 266,240 / 64)",
     explanation=(
-        "251,720,640 bytes (240 MiB), the 'arguments' of the fitting row less the tokens and counters: 1/64 of "
-        "the 15 GiB the data-parallel row would put on every chip."
+        "376,455,936 bytes (359 MiB), the 'arguments' of the fitting row less the tokens and counters: 1/256 of "
+        "the 90 GiB the data-parallel rows would put on every chip."
     ),
 )
 
 
-_HBM_GIB = {"v5e": 16, "v6e": 32, "v5p": 95}  # HBM per chip, from Google Cloud's TPU pages (notebook 15)
+_HBM_GIB = {"v5e": 15.75, "v6e": 31.24, "v5p": 95.73}  # HBM one program may use, the compiler's (notebook 15)
 
 
 def _check_which_generations(answer: object) -> None:
@@ -84,9 +84,9 @@ def _check_which_generations(answer: object) -> None:
     unknown = set(answer) - set(_HBM_GIB)
     assert not unknown, f"{sorted(unknown)} is not one of {sorted(_HBM_GIB)}"
     expected = {name for name, gib in _HBM_GIB.items() if gib > 40}
-    assert "v5e" not in answer, "a v5e chip has 16 GiB: 40 GiB is two and a half of them"
-    assert "v6e" not in answer, "a v6e chip has 32 GiB: more than a v5e, still less than 40 GiB"
-    assert answer == expected, "the v5p's 95 GiB per chip holds it"
+    assert "v5e" not in answer, "a v5e program may use 15.75 GiB: 40 GiB is more than two and a half of them"
+    assert "v6e" not in answer, "a v6e program may use 31.24 GiB: more than a v5e, still less than 40 GiB"
+    assert answer == expected, "the v5p's 95.73 GiB per chip holds it"
 
 
 which_generations = Exercise(
@@ -96,7 +96,7 @@ which_generations = Exercise(
     wrong=({"v6e", "v5p"}, {"v5e", "v6e", "v5p"}, set(), "v5p", {"v5p", "v4"}),
     hint="compare 40 GiB with each generation's HBM per chip in section 1's table",
     explanation=(
-        "Only a v5p chip (95 GiB) holds 40 GiB. On v5e or v6e, split the state instead (FSDP, TP), as section 6 "
-        "does; and compile for the v5p topology to confirm, since its program is not the v5e's."
+        "Only a v5p chip (95.73 GiB usable) holds 40 GiB. On v5e or v6e, split the state instead (FSDP, TP), as "
+        "section 6 does; and compile for the v5p topology to confirm, since its program is not the v5e's."
     ),
 )
