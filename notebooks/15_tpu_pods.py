@@ -347,21 +347,22 @@ else:
 # | `generated_code_size_in_bytes` | `generated_code` | the machine code |
 # | `peak_memory_in_bytes` | `peak` | the compiler's peak, **VMEM included** |
 #
-# The HBM a program needs is `footprint`: arguments + outputs + temporaries - aliased. `peak` also counts
-# buffers the compiler placed in VMEM; `vmem` is `peak - footprint`. Arrays are stored in tiles of 8 x 128
+# The HBM a program needs is `footprint`: the bytes the compiler allocated in HBM where jax reports them
+# (`total_allocation_bytes`, jax 0.12), else arguments + outputs + temporaries - aliased, an estimate.
+# `peak` also counts buffers the compiler placed in VMEM, so it is no HBM figure (nor HBM + VMEM exactly);
+# VMEM itself comes from the compiler's memory report, below. Arrays are stored in tiles of 8 x 128
 # elements, so dimensions are padded up to them.
 
 # %%
-print(f"{'':<6}{'CPU arguments':>14}{'TPU arguments':>15}{'CPU footprint':>15}{'TPU HBM':>10}{'TPU VMEM':>10}"
-      f"{'TPU peak':>10}")
+print(f"{'':<6}{'CPU arguments':>14}{'TPU arguments':>15}{'CPU footprint':>15}{'TPU HBM':>10}{'TPU peak':>10}")
 for name in STRATEGIES:
     mems = {b: memory_per_device(steps[name, b]) for b in devices}
     tpu = mems.get("TPU")
     print(f"{name:<6}{format_bytes(mems['CPU'].argument):>14}{format_bytes(tpu.argument) if tpu else '-':>15}"
           f"{format_bytes(mems['CPU'].footprint):>15}" + "".join(
-              f"{format_bytes(v) if tpu else '-':>10}" for v in ((tpu.footprint, tpu.vmem, tpu.peak) if tpu else "---")))
+              f"{format_bytes(v) if tpu else '-':>10}" for v in ((tpu.footprint, tpu.peak) if tpu else "--")))
     if tpu:
-        assert tpu.vmem > 0 and tpu.peak == tpu.footprint + tpu.vmem  # at these sizes, buffers sit in VMEM too
+        assert tpu.peak > tpu.footprint  # at these sizes the compiler keeps buffers in VMEM too, and peak counts them
     if tpu and CPU:
         assert tpu.argument == mems["CPU"].argument  # the same shards: all shapes here are multiples of 8 x 128
 
@@ -371,6 +372,7 @@ for name in STRATEGIES:
 # the option `xla_dump_to`, here for one compile (for a whole process, `XLA_FLAGS=--xla_dump_to=DIR`
 # before JAX starts). Its `*memory-usage-report.txt` lists buffers by memory space: `default` is HBM,
 # `vmem` VMEM (`smem` holds scalars). In the program's text, a layout ending in `S(1)` is in VMEM.
+# (`utils.memory_spaces(lowered)` does the same in one call; later notebooks use it.)
 
 # %%
 if not ok:
@@ -385,12 +387,13 @@ else:
         spaces = dict(re.findall(r"Memory Space: (\w+) \(color=\d+\)\nTotal bytes: (\d+)", report.read_text()))
     dp_mem = memory_per_device(dp_tpu)
     print(f"{report.name}\n" + "\n".join(f"  {space:<8}{format_bytes(int(n)):>10}" for space, n in spaces.items()))
-    print(f"memory_per_device: HBM {format_bytes(dp_mem.footprint)}, VMEM {format_bytes(dp_mem.vmem)}")
+    print(f"memory_per_device: HBM {format_bytes(dp_mem.footprint)}, peak {format_bytes(dp_mem.peak)}")
     in_vmem = sorted(set(re.findall(r"\b\w+\[[\d,]*\]\{[^}]*S\(1\)\}", dp_tpu.as_text())))
     print("some buffers in VMEM:", ", ".join(in_vmem[:4]))
     assert abs(int(spaces["default"]) - dp_mem.footprint) < 0.05 * dp_mem.footprint  # footprint is HBM
-    assert abs(int(spaces["vmem"]) - dp_mem.vmem) < 0.05 * dp_mem.vmem  # peak's remainder is VMEM
-    assert in_vmem  # layouts with S(1): VMEM
+    assert int(spaces["vmem"]) > 0 and in_vmem  # buffers in VMEM, layouts with S(1)
+    if CPU:  # the CPU program of the same step needs more memory than the TPU's HBM
+        assert dp_mem.footprint < memory_per_device(steps["DP", "CPU"]).footprint
 
 if not ok:
     print(why)
