@@ -61,7 +61,7 @@ from utils import NOT_ANSWERED, collectives, draw_mesh, draw_shardings, tiles, t
 # Eight devices in a row on one axis, `data`, is the layout of pure data parallelism. The same devices
 # as a `(4, 2)` grid give two axes: `data` runs down (4 positions), `model` across (2 positions).
 # `mesh.devices` is a numpy array of devices of that shape, so a device's coordinates are its index in
-# it: `mesh.devices[1, 0]` is the device at `data=1, model=0`. Every shape takes the devices in one
+# it: `mesh.devices[1, 0]` is the device at `data=1, model=0`. On 8 devices every shape takes them in one
 # sequence and fills the grid row by row; on CPU the sequence is id order, on a TPU board it is not
 # (section 3), so the checks below read the ids off the mesh.
 
@@ -358,10 +358,9 @@ for shape, names in shapes.items():
     assert (block, copies) == expected[shape]
 
 # %% [markdown]
-# **A shape that does not fit.** `(n, 2)` needs twice the `n` devices there are, and `jax.make_mesh`
-# refuses. A shape that needs *fewer* devices is accepted without a word: `(3, 2)` takes the first 6, and
-# the others hold nothing of any array sharded on it. `create_device_mesh` is stricter and wants all the
-# devices.
+# **A shape that does not fit.** With `n` devices, `(n, 2)` needs `2n`, and `jax.make_mesh` refuses. A
+# shape that needs *fewer* devices is accepted without a word: `(3, 2)` takes the first 6, and the others
+# hold nothing of any array sharded on it. `create_device_mesh` is stricter and wants all the devices.
 
 # %%
 raised = []

@@ -125,8 +125,8 @@ assert ref_losses[-1] < ref_losses[0] / 2  # it learns
 # The step averages the per-device gradients with `jax.lax.pmean`. So the inputs are stacked: 8 copies
 # of every parameter, and the batch reshaped to `(8, 8, 64)`, placed with `P('data')` on the leading
 # axis of a 1-D mesh (the layout `pmap` itself uses, section 5). `pmap` takes the devices in id order
-# unless given `devices=`, while `jax.make_mesh` orders them by position on a TPU board, so pass pmap
-# the mesh's devices: with two orders, pmap refuses an input placed on the mesh.
+# unless given `devices=`, while `jax.make_mesh` orders them by position on a TPU board (notebook 01), so
+# pass pmap the mesh's devices and the two agree on which device gets slice `i`.
 
 # %%
 def pmap_body(p, x, y):  # runs on each device: x (8, 64), y (8,), p one full copy of the parameters
@@ -149,6 +149,10 @@ print("w1 comes back as", pmap_params["w1"].shape, "(one copy per device)")
 print("pmap losses:", np.round(pmap_losses[:, 0], 4))
 
 pmap_copy = jax.tree.map(lambda a: np.asarray(a)[0], pmap_params)  # the first device's copy
+by_default = jax.pmap(lambda a: a)(np.zeros(8, np.float32)).sharding.mesh.device_ids.tolist()
+print("pmap's devices by default:", by_default, "| given the mesh's:",
+      pmap_params["w1"].sharding.mesh.device_ids.tolist())
+assert by_default == sorted(by_default) and pmap_params["w1"].sharding.mesh.devices.tolist() == on_mesh
 for a in jax.tree.leaves(pmap_params):  # the 8 copies stayed identical
     assert_same(np.asarray(a), np.broadcast_to(np.asarray(a)[0], a.shape), exact=True)
 assert_same(pmap_losses[:, 0], ref_losses)

@@ -67,6 +67,7 @@ def test_the_notebooks_with_meshes_are_found():
     assert {"01", "02", "16"} <= {p.name[:2] for p in WITH_MESHES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", WITH_MESHES, ids=[p.name for p in WITH_MESHES])
 def test_notebook_passes_with_the_v5e_device_order(path, monkeypatch):
     from nbclient import NotebookClient
