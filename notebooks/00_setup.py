@@ -76,8 +76,8 @@ print("default backend:   ", jax.default_backend())
 print("simulated:         ", SETUP.simulated, "-", SETUP.reason)
 print("jax_num_cpu_devices:", jax.config.jax_num_cpu_devices)
 
-assert jax.device_count() == 8 == SETUP.count
-assert len({d.id for d in jax.devices()}) == 8  # eight distinct devices, not one device eight times
+assert SETUP.count == 8 and jax.device_count() >= 8  # a machine with more accelerators keeps them all
+assert len({d.id for d in jax.devices()}) == jax.device_count()  # distinct devices, not one device 8 times
 if SETUP.simulated:
     assert jax.default_backend() == "cpu" and jax.config.jax_num_cpu_devices == 8
 
@@ -143,9 +143,9 @@ print(table)
 
 assert set(table.bytes_per_device.values()) == {32 * 256 * 4}  # 32 KiB on every device
 assert table.total_bytes == x.nbytes  # no copies: the 8 blocks add up to the array
-# Device 3 holds rows 32:64 and columns 256:512, and its block is exactly that slice of x:
-shard3 = next(s for s in x.addressable_shards if s.device.id == 3)
-np.testing.assert_array_equal(np.asarray(shard3.data), np.asarray(x)[32:64, 256:512])
+# The device at data=1, model=1 holds rows 32:64 and columns 256:512, and its block is exactly that slice:
+shard = next(s for s in x.addressable_shards if s.device == mesh.devices[1, 1])
+np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(x)[32:64, 256:512])
 
 # %% [markdown]
 # **The picture.** `draw_sharding` draws each block where it sits, in the colour of the device that
@@ -161,6 +161,7 @@ draw_sharding(x)
 # so in backend vocabulary:
 
 # %%
+count = jax.device_count()
 raised = []
 try:
     jax.config.update("jax_num_cpu_devices", 4)
@@ -181,7 +182,7 @@ except DeviceCountError as err:
     raised.append("utils")
     print("DeviceCountError:\n ", err)
 assert raised == ["jax", "utils"]
-assert jax.device_count() == 8  # nothing changed
+assert jax.device_count() == count  # nothing changed
 
 # %% [markdown]
 # > **You will see this online:**
@@ -195,7 +196,7 @@ assert jax.device_count() == 8  # nothing changed
 old_flags = os.environ.get("XLA_FLAGS")
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 print("XLA_FLAGS asks for 4; jax.device_count() =", jax.device_count())
-assert jax.device_count() == 8  # no error, no warning, no effect
+assert jax.device_count() == count  # no error, no warning, no effect
 if old_flags is None:
     del os.environ["XLA_FLAGS"]
 else:

@@ -164,10 +164,11 @@ if jax.default_backend() == "cpu":  # on CPU the first array shares h's memory
 for s in x.addressable_shards:
     print(f"{s.device}  index={s.index}  replica_id={s.replica_id}  shape={s.data.shape}")
 
-by_device = {s.device.id: s for s in x.addressable_shards}
-assert by_device[0].index == by_device[1].index == (slice(0, 32), slice(None))  # devices 0 and 1: rows 0:32
-assert (by_device[0].replica_id, by_device[1].replica_id) == (0, 1)  # two copies of the same block
-assert by_device[2].index == (slice(32, 64), slice(None))
+by_device = {s.device: s for s in x.addressable_shards}
+first, second = mesh.devices[0]  # the first row of the mesh: data=0, model=0 and 1
+assert by_device[first].index == by_device[second].index == (slice(0, 32), slice(None))  # both: rows 0:32
+assert (by_device[first].replica_id, by_device[second].replica_id) == (0, 1)  # two copies of the same block
+assert by_device[mesh.devices[1, 0]].index == (slice(32, 64), slice(None))  # data=1: the next block
 for s in x.addressable_shards:  # every shard is exactly its slice of the global array
     np.testing.assert_array_equal(np.asarray(s.data), np.asarray(x)[s.index])
 
@@ -177,7 +178,8 @@ for s in x.addressable_shards:  # every shard is exactly its slice of the global
 # row is devices 7 and 6, so they hold replica 0 of the two column blocks of `P(None, 'model')`:
 
 # %%
-mesh_rev = Mesh(np.array(jax.devices())[::-1].reshape(4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+mesh_rev = Mesh(np.array(jax.devices()[:8])[::-1].reshape(4, 2), ("data", "model"),
+                axis_types=(AxisType.Explicit,) * 2)
 x_rev = jax.device_put(x_single, NamedSharding(mesh_rev, P(None, "model")))
 first_copies = sorted(s.device.id for s in x_rev.addressable_shards if s.replica_id == 0)
 print("mesh rows:", mesh_rev.device_ids.tolist(), "-> replica 0 on devices", first_copies)
@@ -195,7 +197,7 @@ print(table)
 
 assert type_string(x) == "f32[128@data,512]" and str(jax.typeof(x)) == "float32[128@data,512]"
 assert table.shard_shapes == {(32, 512)}
-assert [r.replica for r in table.rows] == [0, 1, 0, 1, 0, 1, 0, 1]
+assert {r.device: r.replica for r in table.rows} == {d.id: j for (_, j), d in np.ndenumerate(mesh.devices)}
 assert table.total_bytes == 2 * x.nbytes  # every block is held twice
 draw_sharding(x)
 
@@ -258,8 +260,8 @@ draw_sharding(acts)
 
 # %% [markdown]
 # When a leading dimension is sharded too, its blocks become panels, one per slice: `P('model', 'data',
-# None)` puts sequence 0 on the left `model` column of the mesh (devices 0, 2, 4, 6) and sequence 1 on
-# the right one.
+# None)` puts sequence 0 on the left `model` column of the mesh (devices 0, 2, 4, 6 on CPU) and sequence 1
+# on the right one.
 
 # %%
 acts2 = jax.device_put(np.zeros((2, 128, 512), np.float32), NamedSharding(mesh, P("model", "data", None)))

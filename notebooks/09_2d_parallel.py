@@ -78,8 +78,8 @@ draw_mesh(mesh)
 
 # %% [markdown]
 # Down a column (`data`, 4 devices) the devices will hold different examples; across a row (`model`,
-# 2 devices) they will hold different halves of each weight matrix. Devices 0 and 1 share examples
-# 0 to 15; devices 0, 2, 4, 6 share the same half of every kernel.
+# 2 devices) they will hold different halves of each weight matrix. The 2 devices of the first row share
+# examples 0 to 15; the 4 devices of a column (0, 2, 4, 6 on CPU) share the same half of every kernel.
 #
 # The model, data and train step are the same as in notebooks 07, 08 and 10: an MLP `64 -> 256 -> 10`
 # from `nnx.Rngs(0)`, a batch of 64 labelled by a fixed random teacher, cross-entropy and Adam, with the
@@ -166,9 +166,10 @@ for name, leaf in nnx.to_flat_state(nnx.state(model_2d)):
 print(f"{'x':<16}{type_string(x_2d):<22}{x_2d.sharding.shard_shape(x.shape)}")
 assert model_2d.linear1.kernel[...].sharding.shard_shape((64, 256)) == (64, 128)
 assert x_2d.sharding.shard_shape((64, 64)) == (16, 64)
-# the same half of linear1/kernel on devices 0, 2, 4, 6: replicated down `data`
-kernel_rows = shard_table(model_2d.linear1.kernel[...]).rows
-assert len({kernel_rows[d].index for d in (0, 2, 4, 6)}) == 1 and kernel_rows[0].index != kernel_rows[1].index
+# the same half of linear1/kernel on every device of a mesh column: replicated down `data`
+half_on = {r.device: r.index for r in shard_table(model_2d.linear1.kernel[...]).rows}
+left, right = mesh.device_ids[:, 0], mesh.device_ids[:, 1]
+assert len({half_on[d] for d in left}) == 1 and half_on[left[0]] != half_on[right[0]]
 
 draw_shardings({**{"/".join(n): leaf[...] for n, leaf in nnx.to_flat_state(nnx.state(model_2d))},
                 "x": x_2d, "y": y_2d}, ncols=3)

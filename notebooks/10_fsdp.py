@@ -269,7 +269,8 @@ for m, o in ((dp_model, dp_optimizer), (model, optimizer)):  # mu and nu laid ou
 # %%
 rows = {}
 for n in (2, 4, 8):
-    sub_mesh = jax.make_mesh((n,), ("fsdp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
+    sub_mesh = mesh if n == 8 else jax.make_mesh((n,), ("fsdp",), axis_types=(AxisType.Auto,),
+                                                 devices=jax.devices()[:n])  # 8: the model's own mesh and order
     if n == 8:
         m, o = model, optimizer
     else:

@@ -48,7 +48,7 @@ from jax.sharding import PartitionSpec as P
 from utils import (NOT_ANSWERED, collectives, draw_sharding, draw_shardings, quiet, shard_table,
                    tpu_compiler_available, type_string)
 
-assert jax.device_count() == 8
+assert jax.device_count() >= 8  # the meshes and pmaps below take the first 8
 CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
 # On CPU float32 matmuls are exact float32: the three versions below agree bit for bit, and with one device
 # to 1e-5. GPUs (TF32) and TPUs (bf16 passes) multiply float32 at lower precision by default: 1e-2 there.
@@ -124,7 +124,9 @@ assert ref_losses[-1] < ref_losses[0] / 2  # it learns
 # gets slice `i`, without that axis, and talks to the others through collectives named by `axis_name`.
 # The step averages the per-device gradients with `jax.lax.pmean`. So the inputs are stacked: 8 copies
 # of every parameter, and the batch reshaped to `(8, 8, 64)`, placed with `P('data')` on the leading
-# axis of a 1-D mesh (the layout `pmap` itself uses, section 5).
+# axis of a 1-D mesh (the layout `pmap` itself uses, section 5). `pmap` takes the devices in id order
+# unless given `devices=`, while `jax.make_mesh` orders them by position on a TPU board (notebook 01), so
+# pass pmap the mesh's devices and the two agree on which device gets slice `i`.
 
 # %%
 def pmap_body(p, x, y):  # runs on each device: x (8, 64), y (8,), p one full copy of the parameters
@@ -133,12 +135,12 @@ def pmap_body(p, x, y):  # runs on each device: x (8, 64), y (8,), p one full co
     return sgd(p, grads), jax.lax.pmean(loss, axis_name="data")
 
 
-pmap_step = jax.pmap(pmap_body, axis_name="data")
-
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
-split_data = NamedSharding(mesh, P("data"))  # slice i of the leading axis on device i
+on_mesh = mesh.devices.tolist()  # for pmap: the mesh's devices, in the mesh's order
+pmap_step = jax.pmap(pmap_body, axis_name="data", devices=on_mesh)
+split_data = NamedSharding(mesh, P("data"))  # slice i of the leading axis on the mesh's device i
 params_stacked = jax.device_put({k: np.stack([a] * 8) for k, a in params.items()}, split_data)
-x_stacked = jax.device_put(x.reshape(8, 8, 64), split_data)  # device i gets examples 8i .. 8i+7
+x_stacked = jax.device_put(x.reshape(8, 8, 64), split_data)  # the i-th device gets examples 8i .. 8i+7
 y_stacked = jax.device_put(y.reshape(8, 8), split_data)
 
 pmap_params, pmap_losses = train(pmap_step, params_stacked, x_stacked, y_stacked)
@@ -146,7 +148,11 @@ pmap_losses = np.array([np.asarray(loss) for loss in pmap_losses])  # (5 steps, 
 print("w1 comes back as", pmap_params["w1"].shape, "(one copy per device)")
 print("pmap losses:", np.round(pmap_losses[:, 0], 4))
 
-pmap_copy = jax.tree.map(lambda a: np.asarray(a)[0], pmap_params)  # device 0's copy
+pmap_copy = jax.tree.map(lambda a: np.asarray(a)[0], pmap_params)  # the first device's copy
+by_default = jax.pmap(lambda a: a)(np.zeros(8, np.float32)).sharding.mesh.device_ids.tolist()
+print("pmap's devices by default:", by_default, "| given the mesh's:",
+      pmap_params["w1"].sharding.mesh.device_ids.tolist())
+assert by_default == sorted(by_default) and pmap_params["w1"].sharding.mesh.devices.tolist() == on_mesh
 for a in jax.tree.leaves(pmap_params):  # the 8 copies stayed identical
     assert_same(np.asarray(a), np.broadcast_to(np.asarray(a)[0], a.shape), exact=True)
 assert_same(pmap_losses[:, 0], ref_losses)
@@ -340,7 +346,7 @@ assert raised == ["device_put_replicated", "device_put_sharded"]
 # %%
 b2_repl = jax.device_put(params["b2"], NamedSharding(mesh, P()))  # was: device_put_replicated
 b2_stacked = jax.device_put(np.stack([params["b2"]] * 8), NamedSharding(mesh, P("data")))  # for pmap
-b2_out = jax.pmap(lambda b: b + 1)(b2_stacked)
+b2_out = jax.pmap(lambda b: b + 1, devices=on_mesh)(b2_stacked)
 for name, arr in (("replicated", b2_repl), ("for pmap", b2_stacked), ("from pmap", b2_out)):
     print(f"{name:<11}{type_string(arr):<16} per device {shard_table(arr).shard_shapes}")
 assert b2_repl.sharding.is_fully_replicated and shard_table(b2_stacked).shard_shapes == {(1, 10)}
@@ -540,13 +546,13 @@ def pmap_fsdp_body(shards, x, y):  # shards: this device's 1/8 of w1, b1, w2, an
     return sgd(shards, grads), jax.lax.pmean(loss, "data")
 
 
-shards_stacked = jax.device_put({  # split by hand: device i holds rows 8i..8i+7 of w1, and so on
+shards_stacked = jax.device_put({  # split by hand: the i-th device holds rows 8i..8i+7 of w1, and so on
     "w1": params["w1"].reshape(8, 8, 256),
     "b1": params["b1"].reshape(8, 32),
     "w2": params["w2"].reshape(8, 32, 10),
     "b2": np.stack([params["b2"]] * 8),
 }, split_data)
-pmap_fsdp = jax.pmap(pmap_fsdp_body, axis_name="data")
+pmap_fsdp = jax.pmap(pmap_fsdp_body, axis_name="data", devices=on_mesh)
 _, pmap_fsdp_losses = train(pmap_fsdp, shards_stacked, x_stacked, y_stacked)
 pmap_fsdp_comm = collectives(pmap_fsdp.lower(shards_stacked, x_stacked, y_stacked).compile())
 
