@@ -60,7 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 from utils import NOT_ANSWERED, collectives, draw_mesh, format_bytes, memory_per_device, quiet, tpu_compiler_available
 
-assert jax.device_count() == 8
+assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
 CPU = jax.default_backend() == "cpu"  # the CPU program's side of each comparison is asserted under `if CPU:`
 GiB = 2**30
 

@@ -67,7 +67,7 @@ from utils import (
 )
 from utils.course import ROOT
 
-assert jax.device_count() == 8
+assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
 CPU = jax.default_backend() == "cpu"
 RTOL = 1e-5 if CPU else 1e-2  # the workers below run on CPU; this kernel's reference may not
 

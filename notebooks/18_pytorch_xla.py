@@ -63,7 +63,7 @@ if importlib.util.find_spec("torch_xla") is None:
         "`pip install -r requirements-xla.txt` (Python 3.10 to 3.13), then restart the kernel."
     )
 
-assert jax.device_count() == 8
+assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
 # torch_xla runs on the CPU below. Where JAX has 8 accelerators instead, its programs are another compiler's:
 # the asserts that compare compiled programs across the two frameworks run only when JAX is on the CPU too.
 CPU = jax.default_backend() == "cpu"

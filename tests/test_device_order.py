@@ -4,7 +4,8 @@ On a TPU v5e-8 or v6e-8 host ``jax.make_mesh`` lays the chips out as a ring, ``[
 for every mesh shape, where the CPU keeps id order. ``tests/tpu_device_order/sitecustomize.py`` gives the
 8 simulated CPU devices that order (in the process it starts in and in every process, notebook kernel
 included, started with the same environment). Every notebook then runs top to bottom under it and must
-pass: an expectation that types device ids instead of reading them off the mesh fails here.
+pass: an expectation that types device ids instead of reading them off the mesh fails here. The exercise
+checkers meet the same order in ``tests/test_exercises.py`` (``test_checkers_follow_the_mesh_not_the_device_ids``).
 """
 
 import json
@@ -25,10 +26,7 @@ HOOK = Path(__file__).parent / "tpu_device_order"
 V5E = [0, 1, 2, 3, 7, 6, 5, 4]  # jax.make_mesh on a TPU v5e-8 (and v6e-8) host, flat, whatever the shape
 SHAPES = {(8,): ("a",), (4, 2): ("a", "b"), (2, 4): ("a", "b"), (2, 2, 2): ("a", "b", "c")}
 WITH_MESHES = [p for p in notebooks() if "make_mesh(" in p.read_text() and not needs_torch_xla(p)]
-# Checkers that still type device ids (owned elsewhere; each fails under the v5e order). Remove an entry
-# once its checker reads the ids off the mesh.
-CHECKERS_NOT_YET = ("ex02_partitionspec and rows_32_64", "ex06_shard_map and ring_source",
-                    "ex18_pytorch_xla and spec_from_string")
+
 
 
 def _env(order: str = "v5e") -> dict[str, str]:
@@ -80,14 +78,3 @@ def test_notebook_passes_with_the_v5e_device_order(path, monkeypatch):
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     printed = "".join(o.get("text", "") for o in nb.cells[-1].get("outputs", []))
     assert printed.strip() == f"probe {V5E}"
-
-
-def test_exercise_checkers_pass_with_the_v5e_device_order():
-    deselect = " and not ".join(f"({name})" for name in CHECKERS_NOT_YET)
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_exercises.py",
-         "-k", f"(reference_solution or wrong_answers) and not {deselect}"],
-        env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stdout[-3000:]
-    for name in ("device_at", "auto_mesh", "model_group"):  # notebook 01's checkers, which read the mesh
-        assert f"[ex01_meshes.{name}] PASSED" in out.stdout, name

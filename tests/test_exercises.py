@@ -283,7 +283,6 @@ def test_right_answers_written_another_way_are_accepted(qualname):
 # Every checker must then still accept its solution, unless the answer names devices: those must follow the mesh.
 PHYSICAL_ORDER = (0, 1, 2, 3, 7, 6, 5, 4)
 ON_PHYSICAL_ORDER = {
-    "ex01_meshes.device_at": 6,  # mesh position (2, 1)
     "ex02_partitionspec.rows_32_64": {5, 7},  # mesh positions (2, 0) and (3, 0)
     "ex06_shard_map.ring_source": 4,  # device 6 sits at (2, 1) and receives from (3, 1)
 }
