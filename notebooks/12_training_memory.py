@@ -307,17 +307,18 @@ for target in targets:
     for name, m in (("donated", donated), ("not donated", plain)):
         print(f"{target + ' ' + name:<21}{format_bytes(m.argument):>11}{format_bytes(m.output):>11}"
               f"{format_bytes(m.alias):>11}{format_bytes(m.temp):>13}{format_bytes(m.footprint):>14}")
-    assert plain.alias == 0 and abs(donated.alias - wide_state) < 2**10  # the whole state updated in place
+    assert abs(donated.alias - wide_state) < 2**12  # the whole state updated in place (TPU pads scalars)
+    assert plain.alias == 0 and plain.output >= wide_state  # the new state in buffers of its own
     saved_by_donation[target] = plain.footprint - donated.footprint
+print("donation saves:", {t: format_bytes(b) for t, b in saved_by_donation.items()})
 if CPU:  # the CPU compiler spends part of the saving on temporaries
     assert 0 < saved_by_donation["CPU"] < wide_state / 2
-if ok:  # the TPU program needs a whole second copy of the state without donation
-    assert abs(saved_by_donation["TPU v5e"] - wide_state) < 2**20
 
 # %% [markdown]
-# Without donation the old state (an argument) and the new state (an output) are both live: on the TPU,
-# the step needs a whole second copy of the 48 MiB state in HBM. The CPU backend's compiler spends part
-# of the saving on temporaries, so it saves less.
+# Donated, the outputs alias the whole 48 MiB state. Without donation nothing aliases: the new state
+# gets buffers of its own while the caller's old state stays allocated, two copies at the step's end.
+# What the total saves then depends on the compiler, which may spend the freed space on temporaries: a
+# whole state copy with recent libtpu versions, less on the CPU backend, nothing with some older ones.
 #
 # ## 3. Scan and remat: what each layer adds
 #
