@@ -533,7 +533,7 @@ if CPU:  # ZeRO-2 allocates the whole gradient less its slice
 # ZeRO-1 and 2 store the whole parameters (128 MiB) and 1/8 of Adam's moments; ZeRO-3 stores 1/8 of
 # everything. Memory falls at each stage on both targets. ZeRO-2 differs from ZeRO-1 only in the gradient's
 # layout, yet it needs 112 MiB less on the CPU backend, the whole gradient less the slice ZeRO-2 keeps
-# (ZeRO-1 holds it whole until Adam has read its slice), and more than that on the TPU. ZeRO-1 and 2
+# (ZeRO-1 holds it whole until Adam has read its slice). ZeRO-1 and 2
 # all-gather the updated parameters once per step, after the loop; ZeRO-3 gathers each layer's weights
 # inside it. On the CPU backend every gradient sum is an all-reduce (the partitioner's reduce-scatter
 # is an all-reduce and a `dynamic-slice`); the TPU compiler fuses the pair into a **reduce-scatter**
