@@ -4,15 +4,16 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/12_training_memory.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/12_training_memory.ipynb)
 #
 # This notebook teaches how to measure and cut the per-device memory of a sharded train step: what it
-# stores between steps, and what it allocates while it runs. You compile the steps of a stack of residual
-# blocks on 8 devices, read their memory and collectives, and apply the tools practitioners combine:
-# donation, a scan over layers with rematerialization, the three ZeRO stages, and mixed precision. Every
-# variant trains to the losses of a single-device reference.
+# stores between steps, and what it allocates while it runs. You train a stack of residual blocks on 8
+# devices, compile the same step for a wide model on this backend and for a TPU, read memory and
+# collectives, and apply the tools practitioners combine: donation, a scan over layers with
+# rematerialization, the three ZeRO stages, and mixed precision. Every variant trains to the losses of a
+# single-device reference.
 #
 # **You will learn**
 # - what a step without `donate_argnums` holds: two copies of the state;
-# - why FSDP's working memory grows by a whole layer per layer when the layers are unrolled, how `nnx.scan`
-#   over layers stops that, and what `nnx.remat` with a policy saves on top;
+# - what `nnx.remat` saves per layer at a realistic size, and why layers are scanned, not unrolled: one
+#   program for every depth;
 # - ZeRO-1, 2 and 3 as three sharding rules for parameters, gradients and optimizer state, with the memory
 #   and collectives of each compiled step, and the reduce-scatter a TPU compiles;
 # - what mixed precision with float32 master weights stores per parameter (no less than float32), and how
@@ -40,6 +41,7 @@ SETUP = setup_devices(8)
 # %%
 import io
 import re
+import time
 from contextlib import redirect_stdout
 from typing import Any, NamedTuple
 
@@ -53,7 +55,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, draw_shardings, format_bytes, memory_per_device, quiet, shard_table,
+from utils import (NOT_ANSWERED, collectives, format_bytes, memory_per_device, quiet, shard_table,
                    tpu_compiler_available, type_string)
 
 assert jax.device_count() == 8
@@ -66,32 +68,38 @@ RTOL = 1e-5 if CPU else 1e-2
 # %% [markdown]
 # ## 1. A stack of identical blocks, created sharded
 #
-# The model is `L` residual blocks, `x + relu(x @ up) @ down`, of width 128 and hidden size 512.
-# `nnx.vmap` creates the `L` blocks at once, so each weight is **stacked** on a leading layer axis: `up`
-# is one `(L, 128, 512)` array. `nnx.scan` runs the blocks in a loop over that axis; `scan=False` unrolls
-# the loop (`unroll=True`) into `L` copies of the block in the program; `policy` wraps the block in
-# `nnx.remat` (section 3). The loss is the mean squared error to a fixed random linear map; Adam, learning
-# rate 1e-3.
+# The model is `L` residual blocks, `x + relu(x @ up) @ down`. `nnx.vmap` creates the `L` blocks at once,
+# so each weight is **stacked** on a leading layer axis: `up` is one `(L, width, hidden)` array. `nnx.scan`
+# runs the blocks in a loop over that axis; `scan=False` unrolls the loop into `L` copies of the block;
+# `policy` wraps the block in `nnx.remat` (section 3). The loss is the mean squared error to a fixed random
+# linear map; Adam, learning rate 1e-3. The gradient is `jax.value_and_grad` of the parameters split off
+# the model (`nnx.split`, then `nnx.merge` inside the loss); section 3 shows why not `nnx.value_and_grad`.
+#
+# Two sizes: width 128 and hidden size 512 to train on 8 CPU devices, and a **wide** model (1024, 8192;
+# one layer's kernels are 64 MiB), only compiled, to measure memory at a size that matters.
 
 # %%
-D, H = 128, 512  # width, hidden size
+D, H = 128, 512  # width, hidden size of the model that trains
+WIDE = dict(width=1024, hidden=8192)  # compiled only, never allocated
+TOKENS = 8 * 1024  # the wide model's batch: 1,024 tokens per device
 
 
 class Block(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-        self.up = nnx.Linear(D, H, use_bias=False, rngs=rngs)
-        self.down = nnx.Linear(H, D, use_bias=False, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    def __init__(self, width: int, hidden: int, rngs: nnx.Rngs):
+        self.up = nnx.Linear(width, hidden, use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(hidden, width, use_bias=False, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
     def __call__(self, x):
         return x + self.down(jax.nn.relu(self.up(x)))
 
 
 class Stack(nnx.Module):
-    def __init__(self, layers: int, *, scan=True, policy=jax.checkpoint_policies.nothing_saveable, rngs: nnx.Rngs):
+    def __init__(self, layers: int, *, width=D, hidden=H, scan=True, policy=jax.checkpoint_policies.nothing_saveable,
+                 rngs: nnx.Rngs):
         @nnx.split_rngs(splits=layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make(rngs):
-            return Block(rngs)
+            return Block(width, hidden, rngs)
 
         self.blocks = make(rngs)  # every weight gets a leading layer axis
         self.scan, self.policy = scan, policy
@@ -115,8 +123,14 @@ def loss_fn(model, x, y):
     return jnp.mean((model(x).astype(jnp.float32) - y) ** 2)
 
 
+def param_grad(model, x, y):
+    """The loss and its gradient with respect to the model's parameters (an nnx.State, as the optimizer wants)."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p, rest), x, y))(params)
+
+
 def train_step(model, optimizer, x, y):
-    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+    loss, grads = param_grad(model, x, y)
     optimizer.update(model, grads)
     return loss
 
@@ -126,10 +140,10 @@ x = rng.standard_normal((512, D), dtype=np.float32)
 y = x @ rng.standard_normal((D, D), dtype=np.float32) / np.float32(D**0.5)
 
 # %% [markdown]
-# Where each array lives is a rule, as in notebook 10; it needs no path here, since the stacked kernels
-# are the only 3-D leaves. A stacked kernel is either split on its rows over the mesh axis `data`,
-# `P(None, 'data')`, or whole; the step counters are whole. Splitting the rows, not the layer axis, gives
-# every device a slice of every layer, so each layer can be gathered when the loop reaches it. The three
+# Where each array lives is a rule, as in notebook 10: a stacked kernel (the only 3-D leaves) is either
+# split on its rows over the mesh axis `data`, `P(None, 'data')`, or whole; the step counters are whole.
+# Splitting the rows, not the layer axis, gives every device a slice of every layer, so each layer can be
+# gathered when the loop reaches it. The three
 # ZeRO stages (section 4) are three choices of what to split; ZeRO-3 splits parameters, gradients and
 # optimizer state alike, which is FSDP. `make_step` pins the gradients and the new state to their
 # stage's layout with `with_sharding_constraint`, and donates the state.
@@ -156,11 +170,11 @@ def pin(obj, split, mesh):
     nnx.update(obj, jax.lax.with_sharding_constraint(state, layout(split, mesh, state)))
 
 
-def make_step(stage, mesh, donate=True):
+def make_step(stage, mesh, donate=True, grad=param_grad):
     split_params, split_grads, split_opt = ZERO[stage]
 
     def step(model, optimizer, x, y):
-        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+        loss, grads = grad(model, x, y)
         grads = jax.lax.with_sharding_constraint(grads, layout(split_grads, mesh, grads))
         optimizer.update(model, grads)
         pin(model, split_params, mesh)
@@ -196,11 +210,56 @@ def abstract(stage, mesh, make=create, **options):
 
 
 # %% [markdown]
+# The wide model is compiled for two targets: this backend's 8 devices, and a TPU v5e of 8 chips
+# (`v5e:2x4`), which needs the TPU compiler (libtpu) but no TPU (notebook 15 explains). The TPU programs
+# ask for the compiler's least effort, `O0`: its default effort fuses more and needs less HBM, but takes
+# about 10 s a program. On a TPU, `memory_per_device(...).footprint` is the chip's HBM: arguments +
+# outputs + temporaries − aliased, an upper bound on what is live at once; what the compiler keeps in
+# the chip's 128 MiB of on-chip VMEM is reported apart (`vmem`).
+
+# %%
+ok, why = tpu_compiler_available()
+print(why)
+mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+targets = {jax.default_backend().upper(): mesh}
+if ok:
+    with quiet():  # libtpu's start-up warnings
+        topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
+    targets["TPU v5e"] = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
+
+
+def compile_wide(stage, target, layers=2, donate=True, grad=param_grad, make=create, dtype=jnp.float32, **options):
+    """The stage's step for the wide model, compiled for a target from abstract state; also its compile seconds."""
+    where = targets[target]
+    data = NamedSharding(where, P("data"))
+    x_wide, y_wide = (jax.ShapeDtypeStruct((TOKENS, WIDE["width"]), t, sharding=data) for t in (dtype, jnp.float32))
+    lowered = make_step(stage, where, donate, grad).lower(
+        *abstract(stage, where, make, layers=layers, **WIDE, **options), x_wide, y_wide)
+    tpu = where.devices.flat[0].platform == "tpu"
+    jax.config.update("jax_optimization_level", "O0" if tpu else "UNKNOWN")
+    try:
+        start = time.perf_counter()
+        with quiet():
+            return lowered.compile(), time.perf_counter() - start
+    finally:
+        jax.config.update("jax_optimization_level", "UNKNOWN")
+
+
+def hbm_of(target, variant, layers=2):
+    """Memory per device (HBM on a TPU) of a wide program compiled below."""
+    return memory_per_device(wide[target, variant, layers][0]).footprint
+
+
+def stored(tree):
+    """Bytes per device of the arrays (or abstract arrays) in `tree`, from their shardings."""
+    return sum(np.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+
+
+# %% [markdown]
 # Create the FSDP (ZeRO-3) state on 8 devices with the compiled constructor of notebook 10, and, as the
 # reference, a copy of the same initial state on one device, trained 5 steps with the plain step:
 
 # %%
-mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 batch = NamedSharding(mesh, P("data"))
 x_d, y_d = jax.device_put(x, batch), jax.device_put(y, batch)
 
@@ -214,12 +273,11 @@ ref_model, ref_optimizer = nnx.merge(graphdef, jax.tree.map(lambda a: jnp.copy(j
                                                             state))
 
 n_params = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
-state_bytes = sum(shard_table(leaf).bytes_per_device[0] for leaf in jax.tree.leaves(state))
 print("parameters:", n_params, "| init program,", init)
 print("up kernel:", type_string(model.blocks.up.kernel[...]), " Adam mu:",
       type_string(optimizer.opt_state[0].mu["blocks"]["up"]["kernel"][...]))
 assert init.output + init.temp < 3 * 4 * n_params / 4  # no device ever held it all
-assert state_bytes == 3 * 4 * n_params // 8 + 8  # parameters, mu, nu (4 bytes each), split 8 ways; 2 counters
+assert stored(state) == 3 * 4 * n_params // 8 + 8  # parameters, mu, nu (4 bytes each), split 8 ways; 2 counters
 
 ref_step = nnx.jit(train_step, donate_argnums=(0, 1))
 ref_losses = [float(ref_step(ref_model, ref_optimizer, x, y)) for _ in range(5)]
@@ -230,38 +288,44 @@ assert ref_losses[-1] < 0.8 * ref_losses[0]
 # ## 2. Donation: the step holds one copy of the state, not two
 #
 # Every step in this notebook donates the model and optimizer (`donate_argnums=(0, 1)`, notebook 07): the
-# new state is written into the old state's buffers. Compile the FSDP step once without it, to see what
-# that saves. `memory_analysis()` counts, per device, the arguments, the outputs, the temporaries, and the
-# output bytes that alias (reuse) an argument; what is live at the peak is at most arguments + outputs +
-# temporaries − aliased.
+# new state is written into the old state's buffers. Compile the wide 2-layer FSDP step with and without
+# it. `memory_per_device` reads, per device, the arguments, outputs, temporaries, and the output bytes
+# that alias (reuse) an argument.
 
 # %%
-steps = {stage: make_step(stage, mesh) for stage in ZERO}
-compiled = {"ZeRO-3": steps["ZeRO-3"].lower(model, optimizer, x_d, y_d).compile()}
-donated = memory_per_device(compiled["ZeRO-3"])
-plain = memory_per_device(make_step("ZeRO-3", mesh, donate=False).lower(model, optimizer, x_d, y_d).compile())
+wide = {}  # (target, variant, layers) -> (compiled program, compile seconds)
+for target in targets:
+    wide[target, "ZeRO-3", 2] = compile_wide("ZeRO-3", target)
+    wide[target, "not donated", 2] = compile_wide("ZeRO-3", target, donate=False)
+wide_state = stored(abstract("ZeRO-3", mesh, layers=2, **WIDE))
 
-print(f"{'':<13}{'arguments':>11}{'outputs':>11}{'aliased':>11}{'temporaries':>13}{'live':>10}")
-for name, m in (("donated", donated), ("not donated", plain)):
-    print(f"{name:<13}{format_bytes(m.argument):>11}{format_bytes(m.output):>11}{format_bytes(m.alias):>11}"
-          f"{format_bytes(m.temp):>13}{format_bytes(m.total):>10}")
-assert plain.alias == 0 and plain.argument + plain.output >= 2 * state_bytes  # two copies of the state
-if CPU:  # exact byte counts of the CPU compiler
-    assert donated.alias == state_bytes  # the whole state is updated in place
-    assert 0 < plain.total - donated.total < state_bytes and plain.temp < donated.temp
+print(f"state: {format_bytes(wide_state)} per device")
+print(f"{'':<21}{'arguments':>11}{'outputs':>11}{'aliased':>11}{'temporaries':>13}{'at most live':>14}")
+saved_by_donation = {}
+for target in targets:
+    donated, plain = (memory_per_device(wide[target, v, 2][0]) for v in ("ZeRO-3", "not donated"))
+    for name, m in (("donated", donated), ("not donated", plain)):
+        print(f"{target + ' ' + name:<21}{format_bytes(m.argument):>11}{format_bytes(m.output):>11}"
+              f"{format_bytes(m.alias):>11}{format_bytes(m.temp):>13}{format_bytes(m.footprint):>14}")
+    assert abs(donated.alias - wide_state) < 2**12  # the whole state updated in place (TPU pads scalars)
+    assert plain.alias == 0 and plain.output >= wide_state  # the new state in buffers of its own
+    saved_by_donation[target] = plain.footprint - donated.footprint
+print("donation saves:", {t: format_bytes(b) for t, b in saved_by_donation.items()})
+if CPU:  # the CPU compiler spends part of the saving on temporaries
+    assert 0 < saved_by_donation["CPU"] < wide_state / 2
 
 # %% [markdown]
-# Without donation the old state (an argument, 384 KiB of it) and the new state (an output) are both
-# live: two copies of everything a device stores. With it, the whole 384 KiB aliases. On the CPU backend
-# the compiler spends part of the saving on temporaries, so the total (last column) falls by less
-# than the 384 KiB here, where the temporaries dominate; in a large model the state is most of the memory.
+# Donated, the outputs alias the whole 48 MiB state. Without donation nothing aliases: the new state
+# gets buffers of its own while the caller's old state stays allocated, two copies at the step's end.
+# What the total saves then depends on the compiler, which may spend the freed space on temporaries: a
+# whole state copy with recent libtpu versions, less on the CPU backend, nothing with some older ones.
 #
-# ## 3. Scan and remat: what FSDP's gathered weights cost per layer
+# ## 3. Scan and remat: what each layer adds
 #
-# Notebook 10 found that FSDP's temporaries are not divided by the device count: each device gathers
-# every weight whole. How much of that stays live depends on what the backward pass needs. First, what
-# one block saves for it under three remat policies, from `jax.ad_checkpoint.print_saved_residuals`
-# (tracing only, no compilation; 64 examples, one device's share of the batch):
+# Notebook 10 found that FSDP gathers every weight whole on each device. How much of that, and of the
+# activations, stays live depends on what the backward pass needs. First, what one block saves for it,
+# with and without `jax.checkpoint` (remat) and its policies (`print_saved_residuals` lists the saved
+# arrays):
 
 # %%
 def block_loss(x, up, down):
@@ -284,71 +348,112 @@ assert len(saved["no remat"]) == 6  # relu's output, its mask, and a broadcast, 
 assert saved["no remat"][:3] == saved["nothing_saveable"] and all("[64,512]" in s for s in saved["no remat"][3:])
 
 # %% [markdown]
-# Every policy saves the block's inputs, weights included. Inside a scan, a weight input is the layer's
-# weight as it is stored, split 8 ways: each device saves its **slice**, not the gathered weight. Without remat
-# the block also keeps three `[64, 512]` activations; `dots_saveable` keeps one, the matmul's output, and
-# recomputes the relu; `nothing_saveable` keeps none and recomputes the whole block in the backward pass.
+# Every policy saves the block's inputs; inside a scan the weights saved are the stored slices. Without
+# remat the block also keeps three `[tokens, hidden]` activations; `dots_saveable` keeps one, the
+# matmul's output, and recomputes the relu; `nothing_saveable` keeps none and recomputes the whole block
+# in the backward pass.
 #
-# Now compile the FSDP step for 2 and 4 layers: unrolled, scanned, and scanned with `nothing_saveable`
-# remat (the `Stack` default), from abstract state (`jax.ShapeDtypeStruct` with shardings: nothing is
-# allocated). The table shows the **working memory**: what the step allocates beyond its arguments
-# (`footprint − argument`, from `memory_per_device`).
+# Now compile the wide FSDP step for 2 and 4 layers: unrolled, scanned, and scanned with
+# `nothing_saveable` remat (the `Stack` default). The table gives each program's memory per device and
+# what each layer adds, the matrix products in its compiled text, and its compile time.
 
 # %%
-layer_bytes = 2 * D * H * 4  # one block's two kernels, whole, float32
+layer_bytes = 2 * WIDE["width"] * WIDE["hidden"] * 4  # one block's two kernels, whole, float32
+activation = TOKENS // 8 * WIDE["hidden"] * 4  # one [tokens, hidden] float32 activation per device
 variants = {"unrolled": dict(scan=False, policy=None), "scan": dict(policy=None), "scan + remat": {}}
-working = {}
-for name, options in variants.items():
-    for layers in (2, 4):
-        if name == "scan + remat" and layers == 2:
-            c = compiled["ZeRO-3"]  # the step compiled above
-        else:
-            c = steps["ZeRO-3"].lower(*abstract("ZeRO-3", mesh, layers=layers, **options), x_d, y_d).compile()
-        compiled[name, layers] = c
-        m = memory_per_device(c)
-        working[name, layers] = m.footprint - m.argument
+for target in targets:
+    for name, options in variants.items():
+        for layers in (2, 4):
+            if (target, name, layers) != (target, "scan + remat", 2):
+                wide[target, name, layers] = compile_wide("ZeRO-3", target, layers, **options)
+    wide[target, "scan + remat", 2] = wide[target, "ZeRO-3", 2]
 
 print(f"one layer's kernels: {format_bytes(layer_bytes)} whole, {format_bytes(layer_bytes / 8)} per device")
-print(f"{'':<14}{'L = 2':>11}{'L = 4':>11}{'per layer':>11}")
-growth = {}
-for name in variants:
-    growth[name] = (working[name, 4] - working[name, 2]) / 2
-    print(f"{name:<14}{format_bytes(working[name, 2]):>11}{format_bytes(working[name, 4]):>11}"
-          f"{format_bytes(growth[name]):>11}")
-assert growth["unrolled"] >= layer_bytes  # each layer adds at least its whole weights
-assert growth["scan + remat"] < growth["scan"] < growth["unrolled"]
-assert growth["scan + remat"] < layer_bytes / 2  # what still grows is per-device: slices, saved inputs
-unrolled_comm = collectives(compiled["unrolled", 2])
-if CPU:
-    assert growth["unrolled"] == 2 * layer_bytes + 16  # gathered weights + the whole gradient
-    assert abs(growth["scan"] - 256 * 2**10) < 2**10 and abs(growth["scan + remat"] - 160 * 2**10) < 2**10
-    (whole_gradient,) = [op for op in unrolled_comm.ops if op.kind == "all-reduce"]
-    assert whole_gradient.result_bytes == 2 * layer_bytes + 4  # both layers' gradients (and the loss) at once
+MATMUL = re.compile(r" (?:dot|convolution)\(|custom_call_target=\"[^\"]*gemm")  # CPU and TPU; GPU libraries
+growth, matmuls = {}, {}
+for target in targets:
+    print(f"{target:<14}{'L = 2':>11}{'L = 4':>11}{'per layer':>11}{'matmuls':>10}{'compile s':>12}")
+    for name in variants:
+        (c2, s2), (c4, s4) = wide[target, name, 2], wide[target, name, 4]
+        hbm = [memory_per_device(c).footprint for c in (c2, c4)]
+        growth[target, name] = (hbm[1] - hbm[0]) / 2
+        matmuls[target, name] = [len(MATMUL.findall(c.as_text())) for c in (c2, c4)]
+        print(f"{name:<14}{format_bytes(hbm[0]):>11}{format_bytes(hbm[1]):>11}{format_bytes(growth[target, name]):>11}"
+              f"{'{} → {}'.format(*matmuls[target, name]):>10}{s2:>6.1f} {s4:>5.1f}")
+    assert growth[target, "scan + remat"] + activation / 2 <= growth[target, "scan"] <= growth[target, "unrolled"]
+    assert matmuls[target, "scan"][0] == matmuls[target, "scan"][1]  # one loop body for every depth
+    assert matmuls[target, "unrolled"][1] >= matmuls[target, "unrolled"][0] + 2 * 4  # 2 forward, 2+ backward
+if CPU:  # the CPU compiler keeps each layer's gathered kernels
+    assert growth["CPU", "unrolled"] - growth["CPU", "scan"] >= layer_bytes
+if ok:  # the TPU compiler does not
+    assert growth["TPU v5e", "unrolled"] - growth["TPU v5e", "scan"] < layer_bytes
 
 # %% [markdown]
-# Unrolled, every layer adds 1.0 MiB per device: its two kernels gathered whole (512 KiB) and, on the CPU
-# backend, their whole gradient, which one all-reduce sums for all layers at once. Scanned, a layer adds
-# 256 KiB on the CPU backend; with remat, 160 KiB: less than half a layer's whole kernels. What still grows with depth is
-# per-device data, such as each layer's 64 KiB of weight slices, their gradients, and the activations
-# saved for the device's 64 examples. The collectives of the scanned step:
+# Remat pays at this size: `nothing_saveable` saves each layer tens of MiB per device on both targets (at
+# least half a `[1024, 8192]` activation), for one more forward pass of compute. What each layer still adds
+# is per-device: its share of the parameters and Adam's moments, its gradient slice, and its saved input.
+#
+# Unrolling costs the CPU backend a whole layer's gathered kernels (64 MiB) per layer, on top of the
+# scanned step: the CPU compiler keeps them live. The TPU compiler frees them sooner: its unrolled step
+# adds less than that per layer (how much depends on size and compiler effort). On either backend, the
+# case for scanning layers is the program: the scanned step is one loop body, the same for every depth,
+# so its compile time stays flat; the unrolled program holds a copy of the block's matrix products per
+# layer, and compiles slower with every layer added.
+#
+# > **Gotcha.** Differentiate the split parameter state, not the model. `nnx.value_and_grad` over a model
+# > whose scan wraps `nnx.remat` makes the forward loop carry out a copy of every layer's weight slices.
 
 # %%
-scan_comm = collectives(compiled["scan + remat", 2])
+def nnx_grad(model, x, y):
+    return nnx.value_and_grad(loss_fn)(model, x, y)
+
+
+UP_SLICES = "f32[2,128,8192]"  # a device's slices of the wide `up` kernel, both layers
+
+
+def forward_loop(compiled):
+    """The forward layer loop's `while` line in the compiled program text."""
+    (line,) = [line for line in compiled.as_text().splitlines() if " while(" in line and "jvp()/while" in line
+               and UP_SLICES in line]
+    return line
+
+
+target = jax.default_backend().upper()
+wide[target, "nnx grad", 2] = compile_wide("ZeRO-3", target, grad=nnx_grad)
+for name in ("nnx grad", "ZeRO-3"):
+    loop = forward_loop(wide[target, name, 2][0])
+    print(f"{name:<9}", re.sub(r"\{[^}]*\}", "", loop.split(" while(")[0]).strip())
+    assert loop.count(UP_SLICES) == (2 if name == "nnx grad" else 1)
+copy_cost = memory_per_device(wide[target, "nnx grad", 2][0]).footprint - hbm_of(target, "ZeRO-3")
+print("the copy costs", format_bytes(copy_cost))
+if CPU:  # on the CPU backend, one more slice of every layer's kernels
+    assert copy_cost == 2 * layer_bytes // 8
+
+# %% [markdown]
+# `f32[2,128,8192]` is the device's slices of `up` for both layers, `f32[2,1024,1024]` those of `down`,
+# `f32[2,1024,1024]` also the saved layer inputs. With `nnx.value_and_grad` each slice appears twice in the loop
+# state. On the CPU backend that copy costs one more slice of every layer's kernels. `param_grad` above
+# avoids it, so every figure in the tables above is the step's own.
+#
+# The collectives of the wide scanned step and of its unrolled twin:
+
+# %%
+scan_comm, unrolled_comm = collectives(wide[target, "scan + remat", 2][0]), collectives(wide[target, "unrolled", 2][0])
 print(scan_comm)
 gathers = [op for op in scan_comm.ops if op.kind == "all-gather"]
-assert len(gathers) == 4 and all(op.in_loop for op in gathers)  # up and down, in the forward and backward loops
+# up and down, in the forward and in the backward loop (a compiler may combine several arrays in one op)
+assert sum(len(op.shapes) for op in gathers) == 4 and all(op.in_loop for op in gathers)
 gradient_sums = [op for op in scan_comm.ops if op.kind in ("all-reduce", "reduce-scatter") and op.result_bytes > 4]
 assert len(gradient_sums) == 1 and gradient_sums[0].in_loop  # the gradient, summed one layer at a time
-assert not any(op.in_loop for op in unrolled_comm.ops) and unrolled_comm.count("all-gather") >= 4  # no loop
+unrolled_gathers = [op for op in unrolled_comm.ops if op.kind == "all-gather"]
+assert not any(op.in_loop for op in unrolled_comm.ops) and sum(len(op.shapes) for op in unrolled_gathers) >= 4
 if CPU:
     assert sum(op.result_bytes for op in gathers) == 2 * layer_bytes  # each layer's kernels whole, twice
 
 # %% [markdown]
 # `(in loop)` marks a collective in a `while` loop's body: it runs once per layer. The forward loop gathers
 # `up` and `down`; the backward loop gathers them again, because the scan saved only the slices; the
-# gradient's sum (an all-reduce on CPU) is in the backward loop too, one layer at a time. So the scan
-# bounds the gathered weights to one layer, and remat bounds the activations saved per layer: with both,
-# what grows with depth is divided by the device count.
+# gradient's sum (an all-reduce on CPU) is in the backward loop too, one layer at a time.
 #
 # ## 4. ZeRO-1, 2 and 3: three rules
 #
@@ -361,20 +466,19 @@ if CPU:
 # | ZeRO-2 | whole | split | split | reduce-scatter gradients, all-gather the new parameters |
 # | ZeRO-3 (FSDP) | split | split | split | all-gather each layer's weights, reduce-scatter gradients |
 #
-# Each stage is a row of `ZERO`; for the `up` kernel:
+# Each stage is a row of `ZERO`; what one device holds of the `up` kernel `(2, 128, 512)`:
 
 # %%
-up_shape = (2, D, H)
-panels = {}
+up = jax.ShapeDtypeStruct((2, D, H), jnp.float32)
+print(f"{'':<8}{'parameters':>15}{'gradients':>15}{'Adam mu, nu':>15}")
 for stage, splits in ZERO.items():
-    for what, split in zip(("parameters", "gradients", "Adam mu, nu"), splits, strict=True):
-        panels[f"{stage} {what}"] = (up_shape, layout(split, mesh, jax.ShapeDtypeStruct(up_shape, jnp.float32)))
-assert panels["ZeRO-3 parameters"][1].shard_shape(up_shape) == (2, 16, 512)  # 1/8 of every layer's rows
-draw_shardings(panels, ncols=3)
+    shards = [layout(split, mesh, up).shard_shape(up.shape) for split in splits]
+    print(f"{stage:<8}" + "".join(f"{s!s:>15}" for s in shards))
+assert layout(True, mesh, up).shard_shape(up.shape) == (2, 16, 512)  # 1/8 of every layer's rows
 
 # %% [markdown]
-# Build each stage's state from the same initial state (ZeRO-1 and 2 gather the parameters whole),
-# compile its step, read what it stores and allocates, and train it 5 steps:
+# Build each stage's state from the same initial state (ZeRO-1 and 2 gather the parameters whole), and
+# train it 5 steps:
 
 # %%
 states = {"ZeRO-3": (model, optimizer)}
@@ -382,90 +486,62 @@ for stage in ("ZeRO-1", "ZeRO-2"):
     m, o = build()
     nnx.update(m, jax.device_put(nnx.state(m), NamedSharding(mesh, P())))
     states[stage] = (m, o)
-    compiled[stage] = steps[stage].lower(m, o, x_d, y_d).compile()
-
-
-def summary(comm):
-    """'1 all-reduce in loop, 2 all-gather': how many of each kind, in the layer loop or not (the loss aside)."""
-    ops = [(op.kind, op.in_loop) for op in comm.ops if op.result_bytes > 4]
-    return ", ".join(f"{ops.count(k)} {k[0]}{' in loop' if k[1] else ''}" for k in dict.fromkeys(ops))
-
-
-print(f"{'':<8}{'stored':>11}{'working':>10}   collectives")
-stored, work, comms = {}, {}, {}
-for stage in ZERO:
-    mem, comms[stage] = memory_per_device(compiled[stage]), collectives(compiled[stage])
-    stored[stage] = sum(shard_table(leaf).bytes_per_device[0] for leaf in jax.tree.leaves(nnx.state(states[stage])))
-    work[stage] = mem.footprint - mem.argument
-    print(f"{stage:<8}{format_bytes(stored[stage]):>11}{format_bytes(work[stage]):>10}   {summary(comms[stage])}")
-
-params_bytes = 4 * n_params
-assert stored["ZeRO-1"] == stored["ZeRO-2"] == params_bytes + 2 * params_bytes // 8 + 8
-assert stored["ZeRO-3"] == state_bytes
-assert work["ZeRO-1"] > work["ZeRO-2"] > work["ZeRO-3"]
-for stage in ("ZeRO-1", "ZeRO-2"):  # the updated parameters, gathered whole once per step, after the loop
-    assert sorted(op.shapes for op in comms[stage].ops if op.kind == "all-gather") == [((2, 128, 512),),
-                                                                                      ((2, 512, 128),)]
-    assert not any(op.in_loop for op in comms[stage].ops if op.kind == "all-gather")
-assert all(op.in_loop for op in comms["ZeRO-3"].ops if op.kind == "all-gather")
-if CPU:  # the CPU compiler writes every gradient sum as an all-reduce
-    assert [(op.kind, op.result_type) for op in comms["ZeRO-1"].ops] == [
-        (op.kind, op.result_type) for op in comms["ZeRO-2"].ops]
-    assert all(op.kind != "reduce-scatter" for stage in ZERO for op in comms[stage].ops)
-    saving = work["ZeRO-1"] - work["ZeRO-2"]
-    print("ZeRO-2 allocates", format_bytes(saving), "less than ZeRO-1")
-    assert abs(saving - (params_bytes - params_bytes // 8)) < 128  # the whole gradient, less ZeRO-2's slice
-
+steps = {stage: make_step(stage, mesh) for stage in ZERO}
 losses = {stage: [float(steps[stage](*states[stage], x_d, y_d)) for _ in range(5)] for stage in ZERO}
 for stage in ZERO:
     print(f"{stage} losses:", np.round(losses[stage], 5))
     np.testing.assert_allclose(losses[stage], ref_losses, rtol=RTOL)
 
 # %% [markdown]
-# All three train to the reference's losses. ZeRO-1 and 2 store the whole parameters (1.0 MiB) and 1/8
-# of Adam's moments; ZeRO-3 stores 1/8 of everything. ZeRO-1 and 2 all-gather the updated parameters once
-# per step, after the loop; ZeRO-3 gathers each layer's weights inside it instead. The working memory falls
-# at each stage. ZeRO-2 differs from ZeRO-1 only in the gradient's layout, yet on the CPU backend it
-# allocates 895.9 KiB less: the whole gradient (1.0 MiB) less the slice ZeRO-2 keeps. ZeRO-1 holds the
-# gradient whole until Adam has read its slice.
-#
-# The two CPU programs have the same collectives, though: on the CPU backend the partitioner's
-# reduce-scatter is an all-reduce followed by a `dynamic-slice`. The TPU compiler fuses that pair. Compile
-# the three steps for a TPU v5e of 8 chips (`v5e:2x4`), which needs the TPU compiler but no TPU:
+# All three train to the reference's losses. Compile the three wide steps for both targets, and read
+# what each stores, its memory per device, and its collectives:
 
 # %%
-ok, why = tpu_compiler_available()
-print(why)
-if ok:
-    with quiet():  # libtpu's start-up warnings
-        topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
-    tpu_mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
-    tpu_x = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(tpu_mesh, P("data")))
-    tpu_steps = {stage: make_step(stage, tpu_mesh) for stage in ZERO}
-    tpu, summed = {}, {}
+for target in targets:
+    for stage in ("ZeRO-1", "ZeRO-2"):
+        wide[target, stage, 2] = compile_wide(stage, target)
+stored_wide = {stage: stored(abstract(stage, mesh, layers=2, **WIDE)) for stage in ZERO}
+hbm = {(t, s): hbm_of(t, s) for t in targets for s in ZERO}
+print(f"{'':<8}{'stored':>11}" + "".join(f"{t:>12}" for t in targets))
+for stage in ZERO:
+    print(f"{stage:<8}{format_bytes(stored_wide[stage]):>11}" + "".join(f"{format_bytes(hbm[t, stage]):>12}"
+                                                                       for t in targets))
+for target in targets:
+    comms = {stage: collectives(wide[target, stage, 2][0]) for stage in ZERO}
     for stage in ZERO:
-        with quiet():
-            tpu[stage] = tpu_steps[stage].lower(*abstract(stage, tpu_mesh), tpu_x, tpu_x).compile()
-        gradient = [op for op in collectives(tpu[stage]).ops if op.in_loop and op.kind != "all-gather"]
-        print(f"{stage}: {memory_per_device(tpu[stage]).footprint / 2**20:.1f} MiB per chip; the gradient's sum: "
-              f"{gradient[0].kind} {gradient[0].result_type} (ring estimate "
-              f"{format_bytes(gradient[0].estimated_bytes)})")
-        assert len(gradient) == 1 and gradient[0].kind == ("all-reduce" if stage == "ZeRO-1" else "reduce-scatter")
-        summed[stage] = gradient[0]
-    for stage in ("ZeRO-2", "ZeRO-3"):  # each chip's slices; half the ring estimate of ZeRO-1's all-reduce
-        assert sorted(summed[stage].shapes) == [(16, 512), (64, 128)]
-        assert 2 * summed[stage].estimated_bytes == summed["ZeRO-1"].estimated_bytes
-    assert memory_per_device(tpu["ZeRO-1"]).footprint > memory_per_device(tpu["ZeRO-2"]).footprint > \
-        memory_per_device(tpu["ZeRO-3"]).footprint
+        sums = [op for op in comms[stage].ops if op.in_loop and op.kind != "all-gather"]
+        print(f"{target} {stage}: the gradient's sum in the loop:", ", ".join(f"{op.kind} {op.result_type}"
+                                                                            for op in sums))
+        if target == "TPU v5e":  # fused into a reduce-scatter where the gradient is split
+            assert {op.kind for op in sums} == {"all-reduce" if stage == "ZeRO-1" else "reduce-scatter"}
+            assert stage == "ZeRO-1" or sorted(s for op in sums for s in op.shapes) == [(128, 8192), (1024, 1024)]
+    for stage in ("ZeRO-1", "ZeRO-2"):  # the updated parameters, gathered whole once per step, after the loop
+        gathered = [op for op in comms[stage].ops if op.kind == "all-gather"]
+        assert sorted(s for op in gathered for s in op.shapes) == [(2, 1024, 8192), (2, 8192, 1024)]
+        assert not any(op.in_loop for op in gathered)
+    assert all(op.in_loop for op in comms["ZeRO-3"].ops if op.kind == "all-gather")
+    if target == "CPU":  # the CPU compiler writes every gradient sum as an all-reduce
+        assert all(op.kind != "reduce-scatter" for stage in ZERO for op in comms[stage].ops)
+params_bytes = 4 * WIDE["width"] * WIDE["hidden"] * 2 * 2
+assert stored_wide["ZeRO-1"] == stored_wide["ZeRO-2"] == params_bytes + 2 * params_bytes // 8 + 8
+for t in targets:  # memory falls from stage to stage
+    assert hbm[t, "ZeRO-1"] > hbm[t, "ZeRO-2"] > hbm[t, "ZeRO-3"]
+if CPU:  # ZeRO-2 allocates the whole gradient less its slice
+    assert abs(hbm["CPU", "ZeRO-1"] - hbm["CPU", "ZeRO-2"] - (params_bytes - params_bytes // 8)) < 2**10
 
 # %% [markdown]
-# On the TPU, ZeRO-1 sums each layer's two kernel gradients with an all-reduce; ZeRO-2 and 3 with one
-# fused **reduce-scatter** that hands each chip its `[64,128]` and `[16,512]` slices, for half the bytes
-# sent by the ring estimate. The memory per chip falls from stage to stage, as on the CPU.
+# ZeRO-1 and 2 store the whole parameters (128 MiB) and 1/8 of Adam's moments; ZeRO-3 stores 1/8 of
+# everything. Memory falls at each stage on both targets. ZeRO-2 differs from ZeRO-1 only in the gradient's
+# layout, yet it needs 112 MiB less on the CPU backend, the whole gradient less the slice ZeRO-2 keeps
+# (ZeRO-1 holds it whole until Adam has read its slice). ZeRO-1 and 2
+# all-gather the updated parameters once per step, after the loop; ZeRO-3 gathers each layer's weights
+# inside it. On the CPU backend every gradient sum is an all-reduce (the partitioner's reduce-scatter
+# is an all-reduce and a `dynamic-slice`); the TPU compiler fuses the pair into a **reduce-scatter**
+# that hands each chip its slices, wherever the gradient is split.
 #
 # ## 5. Mixed precision: bf16 parameters, float32 master weights
 #
-# The usual recipe computes the forward and backward passes with bf16 parameters (so activations and
+# A common recipe computes the forward and backward passes with bf16 parameters (so activations and
 # gradients are bf16), and keeps a **float32 master copy** of the parameters, with Adam's moments, for the
 # update: in bf16, `1 + 0.001` is `1`, so small updates would vanish. The master copy is a few lines of
 # Optax, a transformation that runs Adam on it:
@@ -538,14 +614,19 @@ fp32 = {"parameters": bytes_per_param(nnx.state(model)), "Adam mu + nu": bytes_p
 print("float32:", sum(fp32.values()), "bytes per parameter; mixed precision:", sum(accounting.values()))
 assert sum(fp32.values()) == sum(accounting.values()) == 16
 
+# Flax's own idiom: float32 parameters, bf16 computation (dtype); the layer casts its kernel for the matmul
+layer = nnx.Linear(D, H, param_dtype=jnp.float32, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+assert layer.kernel[...].dtype == jnp.float32 and layer(x_bf16[:8]).dtype == jnp.bfloat16
+
 # %% [markdown]
-# The same 16 bytes: the master copy costs what the bf16 parameters and gradient save. What bf16 saves is
-# in the step, in what it computes with and moves (below, the gradient's reduce-scatter on a TPU); what
-# divides the 16 bytes is ZeRO, here ZeRO-3 on 8 devices: 2 bytes per parameter per device. Train the
-# mixed-precision model 5 steps with the same ZeRO-3 step, from the same float32 initial weights:
+# The same 16 bytes: the master copy costs what the bf16 parameters and gradient save. In JAX the usual
+# way is the last two lines, `param_dtype=float32, dtype=bfloat16` in every Flax layer (MaxText calls
+# them `weight_dtype` and `dtype`): float32 parameters and gradients, bf16 matmuls, no master copy, also
+# 16 bytes. What bf16 saves is in the step, in what it computes with and moves; what divides the 16 bytes
+# is ZeRO. Train the master-weight model 5 steps with the same ZeRO-3 step, from the same initial weights:
 
 # %%
-compiled["mixed"] = steps["ZeRO-3"].lower(mixed_model, mixed_optimizer, x_bf16, y_d).compile()
+compiled = {"mixed": steps["ZeRO-3"].lower(mixed_model, mixed_optimizer, x_bf16, y_d).compile()}
 mixed_losses = [float(steps["ZeRO-3"](mixed_model, mixed_optimizer, x_bf16, y_d)) for _ in range(5)]
 difference = np.max(np.abs(np.array(mixed_losses) / np.array(ref_losses) - 1))
 print("mixed precision:", np.round(mixed_losses, 4))
@@ -558,23 +639,33 @@ if CPU:  # the CPU compiler sums the bf16 gradients in float32
 
 # %% [markdown]
 # Within bf16's tolerance. On the CPU backend the compiler converts the bf16 gradients and weights to
-# float32 before its collectives (the last assert). The TPU program
-# moves the 2-byte gradient as it is: compile the mixed-precision ZeRO-3 step for `v5e:2x4` next to the
-# float32 one.
+# float32 before its collectives (the last assert). Compile this mixed-precision step for the TPU, at
+# the compiler's default effort, next to the float32 one:
 
 # %%
 if ok:
+    tpu = targets["TPU v5e"]
+    tpu_x = jax.ShapeDtypeStruct(x.shape, jnp.float32, sharding=NamedSharding(tpu, P("data")))
+    tpu_bf16 = jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=tpu_x.sharding)
     with quiet():
-        tpu["mixed"] = tpu_steps["ZeRO-3"].lower(
-            *abstract("ZeRO-3", tpu_mesh, make=lambda: to_mixed(create()[0])),
-            jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=tpu_x.sharding), tpu_x).compile()
+        compiled["TPU ZeRO-3"] = make_step("ZeRO-3", tpu).lower(*abstract("ZeRO-3", tpu), tpu_x, tpu_x).compile()
+        compiled["TPU mixed"] = make_step("ZeRO-3", tpu).lower(
+            *abstract("ZeRO-3", tpu, make=lambda: to_mixed(create()[0])), tpu_bf16, tpu_x).compile()
     scatter = {}
     for name in ("ZeRO-3", "mixed"):
-        (scatter[name],) = [op for op in collectives(tpu[name]).ops if op.kind == "reduce-scatter"]
-        print(f"{name:<7} gradient reduce-scatter: {scatter[name].result_type:<28}"
-              f"{scatter[name].result_bytes:>7,} bytes per chip per layer")
+        ops = collectives(compiled["TPU " + name]).ops
+        (scatter[name],) = [op for op in ops if op.kind == "reduce-scatter"]
+        gather_types = {op.result_type.split("[")[0] for op in ops if op.kind == "all-gather"}
+        print(f"{name:<7} all-gathers {gather_types}, gradient reduce-scatter {scatter[name].result_type}: "
+              f"{format_bytes(scatter[name].result_bytes)} per chip per layer")
+        assert gather_types == {"bf16"}  # the float32 step too gathers its weights in bf16
     assert scatter["mixed"].result_type.startswith("bf16") and scatter["ZeRO-3"].result_type.startswith("f32")
     assert 2 * scatter["mixed"].result_bytes == scatter["ZeRO-3"].result_bytes
+
+# %% [markdown]
+# The float32 step already gathers its weights in bf16: the TPU multiplies float32 at bf16 precision by
+# default, so it converts the weights before sending them. bf16 parameters save on the TPU only the
+# gradient's reduce-scatter, half the bytes.
 
 # %% [markdown]
 # ## Exercises
@@ -609,15 +700,18 @@ ex.zero_specs.check(answer_2);
 # %% [markdown]
 # ## Takeaways
 # - Donate the state in every train step: without `donate_argnums` the old and the new state are both live.
-# - Unrolled, FSDP's working memory grows by more than a layer's whole weights per layer: the gathered
-#   weights are not divided by the device count. A scan over stacked layers gathers one layer at a time,
-#   in the forward and again in the backward loop (`in_loop` collectives).
-# - Remat with a policy (`nothing_saveable`, `dots_saveable`) decides which activations the scan saves
-#   per layer; with the scan, what grows with depth is divided by the device count.
+# - A scan over stacked layers is one program for every depth, with flat compile time; it gathers one
+#   layer at a time, in the forward and again in the backward loop. How much memory unrolling costs
+#   depends on the compiler: a whole layer per layer on the CPU backend, less on a TPU.
+# - Remat with a policy (`nothing_saveable`, `dots_saveable`) decides which activations are saved per
+#   layer; at realistic token counts it saves tens of MiB per layer. Differentiate the split parameters
+#   with `jax.value_and_grad`, or check the loop for copies.
+# - Measure a TPU's memory in HBM (`footprint`), at a size above its on-chip VMEM.
 # - ZeRO-1, 2, 3 split the optimizer state, then the gradients, then the parameters: three sharding rules,
-#   the same losses. On the CPU backend a reduce-scatter is an all-reduce and a slice; a TPU fuses it.
+#   the same losses, less memory at each stage. On the CPU backend a reduce-scatter is an all-reduce and a
+#   slice; a TPU fuses it.
 # - Mixed precision with float32 master weights stores 2 + 4 + 4 + 4 bytes per parameter and a 2-byte
-#   gradient: 16, like float32. It saves in the step (a bf16 gradient moves half the bytes); ZeRO divides
-#   the 16 bytes.
+#   gradient: 16, like float32 and like Flax's `param_dtype`/`dtype` idiom. It saves in the step; on a
+#   TPU, which already gathers weights in bf16, only the gradient's reduce-scatter. ZeRO divides the 16.
 #
 # **Next:** [13 · Sequence parallelism, gradient accumulation, and what comes next](13_sequence_batch.ipynb)
