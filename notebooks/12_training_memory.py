@@ -213,9 +213,10 @@ def abstract(stage, mesh, make=create, **options):
 # The wide model is compiled for two targets: this backend's 8 devices, and a TPU v5e of 8 chips
 # (`v5e:2x4`), which needs the TPU compiler (libtpu) but no TPU (notebook 15 explains). The TPU programs
 # ask for the compiler's least effort, `O0`: its default effort fuses more and needs less HBM, but takes
-# about 10 s a program. On a TPU, `memory_per_device(...).footprint` is the chip's HBM: arguments +
-# outputs + temporaries − aliased, an upper bound on what is live at once; what the compiler keeps in
-# the chip's 128 MiB of on-chip VMEM is reported apart (`vmem`).
+# about 10 s a program. On a TPU, `memory_per_device(...).footprint` is the chip's HBM: the bytes the
+# compiler allocated there (jax 0.12), or arguments + outputs + temporaries − aliased, an estimate (jax
+# 0.10). What it keeps in the chip's 128 MiB of on-chip VMEM is not in it (`utils.memory_spaces` reads
+# both from the compiler's own report; notebook 15 shows that report).
 
 # %%
 ok, why = tpu_compiler_available()
