@@ -215,8 +215,7 @@ def abstract(stage, mesh, make=create, **options):
 # ask for the compiler's least effort, `O0`: its default effort fuses more and needs less HBM, but takes
 # about 10 s a program. On a TPU, `memory_per_device(...).footprint` is the chip's HBM: the bytes the
 # compiler allocated there (jax 0.12), or arguments + outputs + temporaries − aliased, an estimate (jax
-# 0.10). What it keeps in the chip's 128 MiB of on-chip VMEM is not in it (`utils.memory_spaces` reads
-# both from the compiler's own report; notebook 15 shows that report).
+# 0.10). The chip's on-chip VMEM is not in it (`memory_spaces` reads both from the compiler's report).
 
 # %%
 ok, why = tpu_compiler_available()
