@@ -67,12 +67,10 @@ ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance
 # Tensor parallelism splits the work *inside* its regions (the column-parallel then row-parallel pair of
 # notebook 08), but between them, where the layer norm, the residual add and dropout run, every device
 # of the `model` axis holds the same full activation. Sequence parallelism splits those along the
-# sequence dimension instead. This is Megatron-style sequence parallelism (Korthikanti et al., 2022,
-# "Reducing Activation Recomputation in Large Transformer Models"). Inside attention it leaves the
-# queries, keys, values and scores split by heads, each device seeing every token: that is what context
-# parallelism (section 4) splits. DeepSpeed-Ulysses, also called sequence parallelism, is another
-# scheme: it keeps the sequence split everywhere and switches attention to a split by heads with two
-# all-to-alls per layer.
+# sequence dimension instead: Megatron-style sequence parallelism (Korthikanti et al., 2022). Inside
+# attention, queries, keys and values stay split by heads over every token; context parallelism
+# (section 4) splits those too. DeepSpeed-Ulysses, also called sequence parallelism, keeps the
+# sequence split everywhere and switches attention to a split by heads with all-to-alls.
 #
 # The block: a pre-norm feed-forward layer, `x + down(gelu(up(norm(x))))`, on an 8-device `model` axis,
 # for 4 sequences of 128 tokens of width 64. `between` is the layout of the activations outside the
@@ -321,12 +319,10 @@ for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params)
 # %% [markdown]
 # The same loss and the same parameters after the update.
 #
-# These memory figures are the CPU compiler's, at a toy size. On a TPU a program this small lives
-# mostly in the chip's on-chip VMEM (128 MiB on a v5e), and the HBM figures of the three steps differ
-# by a few KiB in either order. So compile the comparison for a TPU v5e at a size where it matters:
-# the same MLP made `2048 -> 16384 -> 2048` (256 MiB of float32 weights) and a global batch of 32,768
-# (4,096 examples per chip, a 256 MiB hidden activation each, 32 MiB per micro-batch). Only types are
-# compiled; nothing is allocated. `footprint` is each chip's HBM; `vmem` the on-chip part, apart:
+# The memory figures above are the CPU compiler's, at a toy size; on a TPU a program this small lives
+# mostly in on-chip VMEM (128 MiB on a v5e), and its HBM figures come in another order. Compile for a
+# TPU v5e at a size that matters: the MLP made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768
+# examples (a 256 MiB hidden activation per chip). Nothing is allocated. `footprint` is HBM:
 
 # %%
 acc_ops = collectives(compiled_steps["strided"])
@@ -363,13 +359,10 @@ if TPU_OK:
     assert tpu_consecutive.kinds == {"all-gather"}  # consecutive micro-batches: gathered on TPU too
 
 # %% [markdown]
-# At this size the strided step needs less HBM than the whole batch at once, by more than a quarter of
-# the 256 MiB hidden activation: it keeps one micro-batch's activations instead of the whole batch's,
-# and pays for a gradient accumulator the size of the weights. The gradient all-reduce differs between
-# backends. On the CPU it sits in the loop body: it runs once per micro-batch, 8 times the whole-batch
-# step's traffic by the ring estimate. The TPU compiler moves it after the loop and sums the
-# accumulated gradients once; only the scalar loss is reduced per micro-batch. Consecutive
-# micro-batches are gathered on the TPU as well.
+# The strided step needs less HBM than the whole batch: it keeps one micro-batch's activations, and
+# pays for an accumulator the size of the weights. On the CPU the gradient all-reduce sits in the loop
+# body, once per micro-batch; the TPU compiler moves it after the loop. Consecutive micro-batches are
+# gathered on the TPU too.
 #
 # Under FSDP (notebook 10) the weights are sharded, and each micro-batch needs them whole. Shard the
 # MLP's kernels over `data` and compile the strided step:
@@ -385,13 +378,10 @@ if CPU:  # the CPU compiler's choice
     assert not any(op.in_loop for op in weight_gathers)  # once, before the loop
 
 # %% [markdown]
-# The CPU compiler gathers each kernel once, before the loop, and keeps it whole through all 8
-# micro-batches: few gathers, but for the whole loop every device holds the whole weights that FSDP
-# had split. The other choice, which FSDP implementations make to keep memory down, is to gather inside
-# the loop, once per micro-batch: 8 times the gather traffic. Accumulation then trades those gathers
-# for memory. Keep the accumulator laid out like the parameters' shards, so that it costs 1/8 of the
-# gradient, and in float32 even when the gradients are bf16: a sum of many small micro-batch
-# gradients loses its low bits in bf16.
+# The CPU compiler gathers each kernel once, before the loop, and holds it whole through all 8
+# micro-batches. FSDP implementations that must save memory gather inside the loop instead, once per
+# micro-batch: 8 times the traffic. Keep the accumulator sharded like the parameters, and float32 even
+# when the gradients are bf16: a sum of many small gradients loses its low bits in bf16.
 
 # %% [markdown]
 # ## 3. One strategy on an Explicit mesh
@@ -531,7 +521,7 @@ assert (str(jax.typeof(kernel2)), str(jax.typeof(mu1))) == ("float32[256@model,1
 # |---|---|---|---|
 # | **pipeline** | the layers, into consecutive stages; micro-batches (section 2) flow through them | `stage` | collective-permute: each stage sends its activations to the next (and gradients back) |
 # | **expert** | the experts of a mixture-of-experts layer, whole experts per device | `expert` | all-to-all: every device sends each token to its expert's device, and the results back |
-# | **context** | the sequence, *inside* attention too | `context` (or `sequence`) | ring attention: collective-permutes pass key/value blocks around a ring of devices; or one all-gather of the keys and values over `context` (Llama 3's form), simpler, at the memory of the whole sequence's keys and values |
+# | **context** | the sequence, *inside* attention too | `context` (or `sequence`) | ring attention: collective-permutes pass key/value blocks around a ring; or an all-gather of keys and values (Llama 3), simpler, holding them whole |
 #
 # Both collectives are cheap to show with `jax.shard_map` (notebook 06). First an expert-style
 # dispatch: each of 8 devices holds 8 blocks of tokens, block *e* routed to expert *e*, which lives on
