@@ -14,7 +14,7 @@
 #   before any array exists;
 # - how to create a model and its optimizer already sharded, so that no device ever holds the whole model;
 # - what FSDP divides by the device count (the stored parameters and Adam state) and what it does not
-#   (the step's temporaries), from `memory_analysis()`;
+#   (the step's temporaries), from `memory_analysis()`: on the CPU, and in a TPU's HBM at a real size;
 # - which collectives the FSDP step contains, and why FSDP saves memory, not communication;
 # - that FSDP gives the same losses as data parallelism and as a single device.
 
@@ -298,10 +298,11 @@ if CPU:  # the CPU compiler's temporaries
 
 # %% [markdown]
 # The arguments, what a device stores between steps (its share of the model and Adam state, donated and
-# so aliased, plus 8 examples), shrink as devices are added. The temporaries, what the step allocates
-# while it runs, stay at about twice the model size on every mesh, as large as data parallelism's: on
-# the CPU backend each device gathers every kernel whole (the next section lists the all-gathers) and
-# receives the whole summed gradient. So the peak of a step is not divided by the device count. To hold
+# so aliased, plus its examples), shrink as devices are added. The temporaries, what the step allocates
+# while it runs, do not. On the CPU backend they stay at about twice the model size on every mesh, as
+# large as data parallelism's: each device gathers every kernel whole (the next section lists the
+# all-gathers) and receives the whole summed gradient. These are the CPU compiler's buffers for a
+# 75 KiB model; section 5 measures the step on a TPU at a size where memory matters. To hold
 # only one layer's gathered weights at a time, a deep model is written as a `jax.lax.scan` over its
 # layers with rematerialisation (`jax.checkpoint`), so that each layer is gathered, used and dropped in
 # turn, in the forward and again in the backward pass; this two-layer MLP has neither.
@@ -391,6 +392,60 @@ else:
 # array, so read the program rather than assume. And the all-gathers move **bf16**, half the bytes: a
 # float32 matmul on TPU multiplies in bf16 by default, so the compiler converts its operands before
 # gathering them.
+
+# %% [markdown]
+# **The memory on a TPU, at a real size.** The CPU table above is for a 75 KiB model. On a TPU a
+# program that small lives mostly in the chip's on-chip VMEM (128 MiB on a v5e), so its figures say
+# little about HBM. Widen the same two layers to `2048 -> 16384 -> 2048` (256 MiB of float32
+# weights, 768 MiB with Adam's moments) with a global batch of 16,384 (a 128 MiB hidden activation
+# per chip), and compile the FSDP and the data-parallel step for the 8 chips. `footprint` is each
+# chip's HBM; the on-chip VMEM is reported apart:
+
+# %%
+if ok:
+    class WideMLP(MLP):  # the same two layers, wider
+        def __init__(self, rngs):
+            self.linear1 = nnx.Linear(2048, 16384, rngs=rngs)
+            self.linear2 = nnx.Linear(16384, 2048, rngs=rngs)
+
+    def create_wide():
+        model = WideMLP(nnx.Rngs(0))
+        return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    wide_graphdef, wide_state = nnx.split(nnx.eval_shape(create_wide))
+    wide_param_bytes = 4 * (2 * 2048 * 16384 + 16384 + 2048)
+
+    def wide_step(state, x, y):
+        model, optimizer = nnx.merge(wide_graphdef, state)
+        loss = train_step(model, optimizer, x, y)
+        return nnx.state((model, optimizer)), loss
+
+    wide_batch = [jax.ShapeDtypeStruct(shape, dtype, sharding=tpu_batch)
+                  for shape, dtype in (((16384, 2048), jnp.float32), ((16384,), jnp.int32))]
+    wide_plans = {"FSDP": jax.tree_util.tree_map_with_path(partial(fsdp_rule, mesh=tpu_mesh), wide_state),
+                  "data parallel": jax.tree.map(lambda _: NamedSharding(tpu_mesh, P()), wide_state)}
+    wide = {}
+    for name, plan in wide_plans.items():
+        structs = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), wide_state, plan)
+        program = jax.jit(wide_step, donate_argnums=0, out_shardings=(plan, NamedSharding(tpu_mesh, P()))).lower(
+            structs, *wide_batch).compile()
+        wide[name] = memory_per_device(program)
+        del program  # free each compiled program before the next
+    print(f"TPU v5e, 8 chips{'':<3}{'state':>11}{'temporaries':>13}{'HBM':>11}{'VMEM':>9}")
+    for name, mem in wide.items():
+        print(f"{name:<19}{format_bytes(mem.alias):>11}{format_bytes(mem.temp):>13}{format_bytes(mem.footprint):>11}"
+              f"{format_bytes(mem.vmem):>9}")
+    assert 6 * wide["FSDP"].alias < wide["data parallel"].alias  # the stored state (donated): about 1/8
+    assert wide["FSDP"].temp > wide_param_bytes  # the working memory: more than the whole float32 model ...
+    assert wide["FSDP"].temp > wide["data parallel"].temp  # ... and more than data parallelism's
+    assert wide["FSDP"].footprint < wide["data parallel"].footprint  # in all, still less HBM
+
+# %% [markdown]
+# The state column is the donated parameters and Adam state: FSDP stores about 1/8 of data
+# parallelism's, as on the CPU. The temporaries are not divided: FSDP's are larger than the whole
+# float32 model and larger than data parallelism's: each chip rebuilds every weight whole, and what
+# else stays alive is the compiler's choice, not the CPU's. In all, FSDP still needs less HBM per chip
+# here, because data parallelism's copies of the state dominate. Read the TPU program at your sizes.
 
 # %% [markdown]
 # A reduce-scatter delivers only each device's block of the sum. `jax.lax.psum_scatter` inside
@@ -520,7 +575,8 @@ ex.gradient_traffic.check(answer_3);
 # - Create the model sharded: `nnx.jit` the constructor with `with_sharding_constraint` to the plan, and
 #   the init program never holds the whole model on any device.
 # - What a device stores shrinks with the device count; the step's temporaries do not, because each
-#   device gathers every weight whole.
+#   device gathers every weight whole: on the CPU about twice the model on every mesh; on a TPU at a
+#   real size more than the whole model and more than data parallelism's, in HBM.
 # - The step all-gathers the weights and reduce-scatters the gradients (on the CPU backend: an all-reduce
 #   and a slice; on TPU a fused reduce-scatter, where the compiler chooses it). That is data
 #   parallelism's traffic or more: FSDP saves memory, not communication.

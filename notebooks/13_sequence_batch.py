@@ -64,11 +64,13 @@ ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance
 # %% [markdown]
 # ## 1. Sequence parallelism: split what tensor parallelism replicates
 #
-# Notebook 14 shows it at scale: on a `(1, 64)` mesh every device holds the whole batch's activations.
 # Tensor parallelism splits the work *inside* its regions (the column-parallel then row-parallel pair of
 # notebook 08), but between them, where the layer norm, the residual add and dropout run, every device
 # of the `model` axis holds the same full activation. Sequence parallelism splits those along the
-# sequence dimension instead.
+# sequence dimension instead: Megatron-style sequence parallelism (Korthikanti et al., 2022). Inside
+# attention, queries, keys and values stay split by heads over every token; context parallelism
+# (section 4) splits those too. DeepSpeed-Ulysses, also called sequence parallelism, keeps the
+# sequence split everywhere and switches attention to a split by heads with all-to-alls.
 #
 # The block: a pre-norm feed-forward layer, `x + down(gelu(up(norm(x))))`, on an 8-device `model` axis,
 # for 4 sequences of 128 tokens of width 64. `between` is the layout of the activations outside the
@@ -151,13 +153,13 @@ if TPU_OK:
         topology = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
 
 
-def on_tpu(f, axis, args, specs):
+def on_tpu(f, axis, args, specs, **jit_options):
     """Compile f(mesh) for the 8 TPU chips on one mesh axis, for inputs shaped like args and laid out by specs."""
     tpu_mesh = jax.make_mesh((len(topology.devices),), (axis,), axis_types=(AxisType.Auto,), devices=topology.devices)
     structs = jax.tree.map(lambda s, a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(tpu_mesh, s)),
                            specs, args, is_leaf=lambda s: isinstance(s, P))
     with quiet():
-        return jax.jit(f(tpu_mesh)).lower(*structs).compile()
+        return jax.jit(f(tpu_mesh), **jit_options).lower(*structs).compile()
 
 
 if TPU_OK:
@@ -197,9 +199,9 @@ if TPU_OK:
 
 # %%
 class MLP(nnx.Module):
-    def __init__(self, rngs):
-        self.linear1 = nnx.Linear(64, 256, rngs=rngs)
-        self.linear2 = nnx.Linear(256, 10, rngs=rngs)
+    def __init__(self, rngs, sizes=(64, 256, 10)):  # sizes: for a wider copy at the end of this section
+        self.linear1 = nnx.Linear(sizes[0], sizes[1], rngs=rngs)
+        self.linear2 = nnx.Linear(sizes[1], sizes[2], rngs=rngs)
 
     def __call__(self, x, out_sharding=None):  # out_sharding: for section 3
         return self.linear2(jax.nn.relu(self.linear1(x)), out_sharding=out_sharding)
@@ -221,27 +223,30 @@ def fresh_model():
     return nnx.merge(graphdef, jax.tree.map(jnp.copy, params0))
 
 
-def loss_fn(params, x, y):
-    return cross_entropy(nnx.merge(graphdef, params)(x), y)
+def make_steps(graphdef):
+    """The whole-batch step and the accumulating step, for a model split into graphdef and params."""
+    def loss_fn(params, x, y):
+        return cross_entropy(nnx.merge(graphdef, params)(x), y)
+
+    def big_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def accumulating_step(params, opt_state, x, y, *, split):
+        def one(total, batch):  # one micro-batch: add its gradient to the running total
+            loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+            return jax.tree.map(jnp.add, total, grads), loss
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        total, losses = jax.lax.scan(one, zeros, (split(x), split(y)))  # split: (N, ...) -> (MICRO, N // MICRO, ...)
+        updates, opt_state = tx.update(jax.tree.map(lambda g: g / MICRO, total), opt_state)
+        return optax.apply_updates(params, updates), opt_state, losses.mean()
+
+    return big_step, accumulating_step
 
 
-def big_step(params, opt_state, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    updates, opt_state = tx.update(grads, opt_state)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-
-def accumulating_step(params, opt_state, x, y, *, split):
-    def one(total, batch):  # one micro-batch: add its gradient to the running total
-        loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
-        return jax.tree.map(jnp.add, total, grads), loss
-
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    total, losses = jax.lax.scan(one, zeros, (split(x), split(y)))  # split: (N, ...) -> (MICRO, N // MICRO, ...)
-    updates, opt_state = tx.update(jax.tree.map(lambda g: g / MICRO, total), opt_state)
-    return optax.apply_updates(params, updates), opt_state, losses.mean()
-
-
+big_step, accumulating_step = make_steps(graphdef)
 dp_mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 state0 = jax.device_put((params0, tx.init(params0)), NamedSharding(dp_mesh, P()))  # replicated
 x_dp, y_dp = jax.device_put((x_big, y_big), NamedSharding(dp_mesh, P("data")))
@@ -277,7 +282,7 @@ assert shard_table(jax.jit(strided)(x_dp)).shard_shapes == {(MICRO, N // MICRO /
 # the two splits) and compare what each device holds and sends:
 
 # %%
-donated = {"donate_argnums": (0, 1)}  # every step updates its parameters and Adam state in place
+donated = {"donate_argnums": (0, 1)}  # every step updates its parameters (and optimizer state) in place
 programs = {"whole batch": jax.jit(big_step, **donated),
             "consecutive": jax.jit(partial(accumulating_step, split=consecutive), **donated),
             "strided": jax.jit(partial(accumulating_step, split=strided), **donated)}
@@ -289,17 +294,17 @@ for name, compiled in compiled_steps.items():
           + ", ".join(f"{op.kind}{' (in loop)' if op.in_loop else ''} {op.result_type}" for op in ops.ops))
 
 footprint = {name: memory_per_device(c).footprint for name, c in compiled_steps.items()}
-assert footprint["strided"] < footprint["whole batch"]
-if CPU:  # what the CPU compiler does with consecutive micro-batches (the TPU's, below)
+if CPU:  # the CPU compiler's program at this toy size (the TPU's, at a real size, further down)
     assert collectives(compiled_steps["consecutive"]).kinds == {"all-gather"}  # no gradient all-reduce
-    assert footprint["consecutive"] > footprint["whole batch"]
+    assert footprint["consecutive"] > footprint["whole batch"] > footprint["strided"]
 
 # %% [markdown]
-# With consecutive rows the compiler gathers the examples onto every device, every device then computes every micro-batch, and there is no gradient all-reduce
-# left to do: data parallelism is gone, and the step needs more memory than the whole batch at once.
-# The fix is the strided split: micro-batch *m* takes rows *m*, *m* + 8, ..., so each device's 1,024
-# rows give 128 to each micro-batch, the types read `f32[8,1024@data,64]`, and nothing moves. Its
-# footprint is the smallest: only one micro-batch's activations are alive at a time.
+# With consecutive rows the compiler gathers the examples onto every device, every device then
+# computes every micro-batch, and there is no gradient all-reduce left to do: data parallelism is gone,
+# and on the CPU backend the step needs more memory than the whole batch at once. The fix is the
+# strided split: micro-batch *m* takes rows *m*, *m* + 8, ..., so each device's 1,024 rows give 128 to
+# each micro-batch, the types read `f32[8,1024@data,64]`, and nothing moves. Its CPU footprint is the
+# smallest: only one micro-batch's activations are alive at a time.
 #
 # Does it give the whole batch's update? Run both from the same state:
 
@@ -312,8 +317,12 @@ for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params)
     np.testing.assert_allclose(acc, whole, rtol=RTOL, atol=ATOL)
 
 # %% [markdown]
-# The same loss and the same parameters after the update. One difference between backends is where the
-# gradient all-reduce sits. Compile the two accumulating steps for the TPU too:
+# The same loss and the same parameters after the update.
+#
+# The memory figures above are the CPU compiler's, at a toy size; on a TPU a program this small lives
+# mostly in on-chip VMEM (128 MiB on a v5e), and its HBM figures come in another order. Compile for a
+# TPU v5e at a size that matters: the MLP made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768
+# examples (a 256 MiB hidden activation per chip). Nothing is allocated. `footprint` is HBM:
 
 # %%
 acc_ops = collectives(compiled_steps["strided"])
@@ -324,20 +333,55 @@ if CPU:  # the CPU compiler sums the gradients across devices inside the loop: o
     assert [(op.kind, op.in_loop, op.result_bytes) for op in collectives(compiled_steps["whole batch"]).ops] == [
         ("all-reduce", False, gradient_bytes)]  # the same sum, once per step
 if TPU_OK:
+    WIDE, N_WIDE = (2048, 16384, 2048), 32768
+    wide_graphdef, wide_params = nnx.split(nnx.eval_shape(lambda: MLP(nnx.Rngs(0), WIDE)))
+    wide_big, wide_accumulating = make_steps(wide_graphdef)
+    wide_args = (wide_params, jax.eval_shape(tx.init, wide_params),
+                 jax.ShapeDtypeStruct((N_WIDE, WIDE[0]), jnp.float32), jax.ShapeDtypeStruct((N_WIDE,), jnp.int32))
+    wide_specs = (*jax.tree.map(lambda _: P(), wide_args[:2]), P("data"), P("data"))
+    hidden = N_WIDE // 8 * WIDE[1] * 4  # one chip's hidden activation for its whole share of the batch
+    tpu_memory, tpu_ops = {}, {}
+    for name, step in (("whole batch", wide_big), ("strided", partial(wide_accumulating, split=strided))):
+        program = on_tpu(lambda m, f=step: f, "data", wide_args, wide_specs, **donated)
+        tpu_memory[name], tpu_ops[name] = memory_per_device(program), collectives(program)
+        del program  # free each compiled program before the next
+    print(f"\nTPU v5e, MLP {WIDE}, {N_WIDE:,} examples: hidden activation {format_bytes(hidden)} per chip")
+    for name, mem in tpu_memory.items():
+        print(f"{name:<13} HBM {format_bytes(mem.footprint):>10}   (VMEM apart: {format_bytes(mem.vmem)})")
+    print("strided, TPU:", tpu_ops["strided"], sep="\n")
+    assert tpu_memory["strided"].footprint < tpu_memory["whole batch"].footprint - hidden // 4  # in HBM
+    grads_ops = [op for op in tpu_ops["strided"].ops if op.result_bytes > 4]
+    assert grads_ops and all((op.kind, op.in_loop) == ("all-reduce", False) for op in grads_ops)  # after the loop
+    assert all(op.result_bytes <= 4 for op in tpu_ops["strided"].ops if op.in_loop)  # per micro-batch: the loss
     state_specs = jax.tree.map(lambda _: P(), state0)
-    tpu_acc, tpu_consecutive = (
-        collectives(on_tpu(lambda m, f=programs[name]: f, "data", (*state0, x_big, y_big),
-                           (*state_specs, P("data"), P("data")))) for name in ("strided", "consecutive"))
-    print("\nTPU v5e:", tpu_acc, sep="\n")
-    grads_ops = [op for op in tpu_acc.ops if op.result_bytes > 4]
-    assert [(op.kind, op.in_loop) for op in grads_ops] == [("all-reduce", False)]  # once, after the loop
-    assert all(op.result_bytes <= 4 for op in tpu_acc.ops if op.in_loop)  # per micro-batch: the scalar loss only
-    assert tpu_consecutive.kinds == {"all-gather"}  # consecutive micro-batches: gathered here too
+    tpu_consecutive = collectives(on_tpu(lambda m: programs["consecutive"], "data", (*state0, x_big, y_big),
+                                         (*state_specs, P("data"), P("data"))))
+    assert tpu_consecutive.kinds == {"all-gather"}  # consecutive micro-batches: gathered on TPU too
 
 # %% [markdown]
-# On the CPU backend the gradient all-reduce sits in the loop body: it runs once per micro-batch, 8
-# times the whole-batch step's traffic by the ring estimate. The TPU compiler moves it after the loop
-# and sums the accumulated gradients once; only the scalar loss is reduced per micro-batch.
+# The strided step needs less HBM than the whole batch: it keeps one micro-batch's activations, and
+# pays for an accumulator the size of the weights. On the CPU the gradient all-reduce sits in the loop
+# body, once per micro-batch; the TPU compiler moves it after the loop. Consecutive micro-batches are
+# gathered on the TPU too.
+#
+# Under FSDP (notebook 10) the weights are sharded, and each micro-batch needs them whole. Shard the
+# MLP's kernels over `data` and compile the strided step:
+
+# %%
+fsdp_state = jax.device_put(state0, jax.tree.map(lambda a: NamedSharding(dp_mesh, P("data") if a.ndim == 2 else P()),
+                                                 state0))
+fsdp_ops = collectives(programs["strided"].lower(*fsdp_state, x_dp, y_dp).compile())
+print(fsdp_ops)
+weight_gathers = [op for op in fsdp_ops.ops if op.kind == "all-gather"]
+assert {op.shapes for op in weight_gathers} == {((64, 256),), ((256, 10),)}  # each kernel, whole
+if CPU:  # the CPU compiler's choice
+    assert not any(op.in_loop for op in weight_gathers)  # once, before the loop
+
+# %% [markdown]
+# The CPU compiler gathers each kernel once, before the loop, and holds it whole through all 8
+# micro-batches. FSDP implementations that must save memory gather inside the loop instead, once per
+# micro-batch: 8 times the traffic. Keep the accumulator sharded like the parameters, and float32 even
+# when the gradients are bf16: a sum of many small gradients loses its low bits in bf16.
 
 # %% [markdown]
 # ## 3. One strategy on an Explicit mesh
@@ -477,7 +521,7 @@ assert (str(jax.typeof(kernel2)), str(jax.typeof(mu1))) == ("float32[256@model,1
 # |---|---|---|---|
 # | **pipeline** | the layers, into consecutive stages; micro-batches (section 2) flow through them | `stage` | collective-permute: each stage sends its activations to the next (and gradients back) |
 # | **expert** | the experts of a mixture-of-experts layer, whole experts per device | `expert` | all-to-all: every device sends each token to its expert's device, and the results back |
-# | **context** (ring attention) | the sequence, *inside* attention too | `context` (or `sequence`) | collective-permute: key/value blocks travel around a ring of devices |
+# | **context** | the sequence, *inside* attention too | `context` (or `sequence`) | ring attention: collective-permutes pass key/value blocks around a ring; or an all-gather of keys and values (Llama 3), simpler, holding them whole |
 #
 # Both collectives are cheap to show with `jax.shard_map` (notebook 06). First an expert-style
 # dispatch: each of 8 devices holds 8 blocks of tokens, block *e* routed to expert *e*, which lives on
@@ -596,7 +640,7 @@ ex.row_parallel_out.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - Sequence parallelism pins the activations between tensor-parallel regions to
+# - Sequence parallelism (Megatron-style) pins the activations between tensor-parallel regions to
 #   `P(None, 'model', None)`: 1/8 of the bytes here, and the all-reduce becomes an all-gather and a
 #   reduce-scatter, no more traffic by the ring estimate (the CPU backend spells the reduce-scatter as
 #   an all-reduce and a `dynamic-slice`).
@@ -604,9 +648,12 @@ ex.row_parallel_out.check(answer_3);
 #   batch's update, one micro-batch's activations at a time. Split strided
 #   (`reshape(-1, n, ...).swapaxes(0, 1)`); consecutive rows gather the batch and undo data
 #   parallelism. The CPU backend all-reduces the gradients per micro-batch, the TPU compiler once.
+#   Under FSDP the weights are gathered whole, before the loop (CPU) or once per micro-batch; keep
+#   the accumulator sharded and float32.
 # - On an Explicit mesh, `jax.make_mesh`'s default, `jax.typeof` shows every layout while tracing and
 #   the row-parallel layer needs `out_sharding=P('data', None)`; it trains to one device's losses.
 # - Pipeline parallelism adds a `stage` axis and collective-permutes; expert parallelism an `expert`
-#   axis and all-to-alls; context parallelism a `context` axis and a ring of collective-permutes.
+#   axis and all-to-alls; context parallelism a `context` axis and a ring of collective-permutes, or
+#   an all-gather of the keys and values.
 #
 # **Next:** [14 · Choosing a mesh shape](14_mesh_shape.ipynb)

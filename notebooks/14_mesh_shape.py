@@ -276,12 +276,14 @@ if CPU:
 # %% [markdown]
 # - Under the 2-D table only `model` divides the state: `data` repeats it. With FSDP the `data` axis
 #   divides it too, so pure FSDP holds 1/64 of everything, the least of all.
-# - FSDP's temporaries still hold whole weights, gathered before use, and on the CPU backend the whole
+# - On the CPU backend, FSDP's temporaries hold whole weights, gathered before use, and the whole
 #   summed gradient: more than the whole parameters (the last assert), far more than its state. Adding
-#   `model` (FSDP x TP) divides those as well: the smallest footprint here.
-# - Pure tensor parallelism holds little state, but every device computes on all 64 sequences, and
-#   those activations cost more than the state it saved: more `model` past the middle means more
-#   memory.
+#   `model` (FSDP x TP) divides those as well: the smallest CPU footprint here.
+# - Pure tensor parallelism holds little state, but every device computes on all 64 sequences; on the
+#   CPU backend those activations cost more than the state it saved.
+#
+# The temporaries and footprints are the CPU compiler's, at a toy size: section 5 shows that the TPU
+# compiler assigns its buffers differently. Only the state column is the same on every backend.
 #
 # ## 4. Communication per step
 
@@ -312,7 +314,9 @@ if CPU:
 # The bytes are ring-formula estimates from each collective's result size and group, not
 # measurements, and they leave out time. A gradient all-reduce needs only gradients already computed,
 # so a program that sums each layer's gradients separately can overlap that with the rest of the
-# backward pass; a tensor-parallel all-reduce sits between two matmuls, and the second waits for it.
+# backward pass. A tensor-parallel all-reduce sits between two matmuls, and the second waits for it,
+# unless the compiler splits the matmul into pieces and sends one piece while it computes the next
+# (collective matmul, which XLA can do on TPU): harder to hide, not impossible.
 # This program sums all gradients in **one** combined all-reduce, and in the CPU compiler's schedule it
 # comes after the step's last matmul:
 
@@ -340,14 +344,19 @@ if CPU:
 #
 # Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU
 # (notebook 15). Here is the FSDP x TP step for a `v5e:8x8` slice beside the CPU's; compiling the other
-# rows too would not fit this notebook's time budget. On TPU, `memory_per_device` counts each chip's
-# HBM, and `footprint` uses the compiler's `peak`, which includes buffers that `temp` leaves out.
+# rows too would not fit this notebook's time budget. On TPU, `footprint` is each chip's HBM
+# (arguments + outputs + temporaries, less the donated buffers); `vmem` is what the compiler placed in
+# the chip's on-chip memory (128 MiB on a v5e), reported apart. At this toy size much of the program
+# fits there.
 
 # %%
 def matrix_gathers(c):
-    """(dtype, shape) of every all-gather whose result is a matrix: the weights FSDP rebuilds."""
-    return {(op.result_type.split("[")[0], op.shapes[0]) for op in c.ops
-            if op.kind == "all-gather" and len(op.shapes[0]) == 2}
+    """(dtype, sorted shape) of every float matrix the all-gathers produce: the weights FSDP rebuilds.
+
+    Each array of a combined gather is read with its own dtype; the sorted shape ignores a transposed layout."""
+    return {(dtype, tuple(sorted(int(d) for d in dims.split(","))))
+            for op in c.ops if op.kind == "all-gather"
+            for dtype, dims in re.findall(r"(\w+)\[(\d+,\d+)\]", op.result_type) if dtype.startswith(("f", "bf"))}
 
 
 ok, why = tpu_compiler_available()
@@ -362,10 +371,11 @@ else:
     col = {side: collectives(c) for side, c in sides.items()}
     gathered = {side: matrix_gathers(col[side]) for side in sides}
     kinds = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-    print(f"{'FSDP x TP (8, 8)':<17}{'arguments':>11}{'footprint':>11}" + "".join(f"{k:>19}" for k in kinds)
+    print(f"{'FSDP x TP (8, 8)':<17}{'arguments':>11}{'footprint':>11}{'VMEM':>10}" + "".join(f"{k:>19}" for k in kinds)
           + "   matrices gathered as")
     for side in sides:
         print(f"{side:<17}{format_bytes(mem[side].argument):>11}{format_bytes(mem[side].footprint):>11}"
+              f"{format_bytes(mem[side].vmem) if mem[side].vmem is not None else '-':>10}"
               + "".join(f"{col[side].count(k):>19}" for k in kinds)
               + f"   {sorted({dtype for dtype, _ in gathered[side]})}")
     for side in sides:  # where they agree: the residual stream, summed over `model`
@@ -391,14 +401,15 @@ else:
 #   writes that as a full all-reduce and a slice (notebook 10); the TPU compiler can fuse such a pair
 #   into one reduce-scatter, and how many it fuses depends on its version (its column above).
 # - **Buffer assignment.** Each compiler decides its own temporaries, and here the TPU program needs
-#   less at its peak. Plan a TPU job's memory from the TPU program, not from the CPU's.
+#   less HBM. Plan a TPU job's memory from the TPU program at its real size, not from the CPU's.
 #
 # ## 6. A rule of thumb, from the table
 #
 # > **You will see this online:** "More data parallelism → better batch throughput; more model
 # > parallelism → larger models fit."
 #
-# Half of that is a memory claim, and the tables above measure memory:
+# Half of that is a memory claim. The state is the same on every backend; the footprints below are
+# the CPU compiler's, at this toy size:
 
 # %%
 print(f"2-D table, model axis 1 -> 8 -> 64: footprint {format_bytes(footprint['data'])} -> "
@@ -410,18 +421,20 @@ if CPU:
 assert 60 * held["FSDP"] < held["data"]  # more data parallelism, less memory, once parameters are sharded over it
 
 # %% [markdown]
-# Past the middle, more model parallelism needed *more* memory, not less (every device computes on the
-# whole batch); and a data axis that also shards the parameters divides the state by 64. Throughput
-# cannot be measured on simulated devices. What the tables support instead:
+# A data axis that also shards the parameters divides the state by 64, on any backend. On the CPU
+# compiler, past the middle, more model parallelism needed *more* memory, not less (every device
+# computes on the whole batch); whether that holds on a TPU depends on what its compiler keeps in HBM
+# at your sizes, so read it from a TPU compile. Throughput cannot be measured on simulated devices.
+# What the tables support:
 #
 # 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every
 #    device and keeps the batch split; it pays with weight gathers on top of the gradient sum.
 # 2. **Add a `model` axis when FSDP alone stops helping**: when its temporaries (whole gathered
 #    weights, whole gradients) dominate, or when the batch per device reaches its floor. Pure FSDP on 64
 #    devices has one sequence per device and cannot run a smaller global batch at all (section 7). FSDP x
-#    TP on `(8, 8)` has 8 sequences per device and the smallest footprint here.
+#    TP on `(8, 8)` has 8 sequences per device and the smallest CPU footprint here.
 # 3. **Keep `model` small**, at most the number of heads: its all-reduces carry activations several
-#    times per layer, between matmuls that wait for them. Pure tensor parallelism has the largest ring estimate.
+#    times per layer, between matmuls that wait for them unless a collective matmul hides them. Pure tensor parallelism has the largest ring estimate.
 # 4. **Among layouts that fit, prefer fewer collectives and fewer bytes.** Pure data parallelism has one
 #    collective per step, but only fits when the whole state and a gradient fit on one device.
 #
@@ -507,10 +520,12 @@ ex.divisibility.check(answer_3);
 #   `memory_per_device` and `collectives`.
 # - Without FSDP only the `model` axis divides the state; with FSDP the `data` axis divides it by every
 #   device. Activations shrink with `data` and grow back when `model` takes over the whole batch.
-# - Shard the state over `data` first, add `model` when gathered weights or the batch per device
+# - Footprints other than the state are the compiler's choices: the CPU's here, at a toy size. Shard
+#   the state over `data` first, add `model` when gathered weights or the batch per device
 #   become the limit, and keep `model` at most the number of heads.
 # - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
-#   all-reduce after the last matmul, and tensor-parallel all-reduces always sit between matmuls.
+#   all-reduce after the last matmul, and tensor-parallel all-reduces sit between matmuls (collective
+#   matmul can overlap them on TPU).
 # - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
 #   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
 # - An axis wider than what it splits fails loudly for the batch (`IndivisibleError`) and silently
