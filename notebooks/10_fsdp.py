@@ -399,7 +399,7 @@ else:
 # little about HBM. Widen the same two layers to `2048 -> 16384 -> 2048` (256 MiB of float32
 # weights, 768 MiB with Adam's moments) with a global batch of 16,384 (a 128 MiB hidden activation
 # per chip), and compile the FSDP and the data-parallel step for the 8 chips. `footprint` is each
-# chip's HBM; the on-chip VMEM is reported apart:
+# chip's HBM (the on-chip VMEM is not in it):
 
 # %%
 if ok:
@@ -431,10 +431,9 @@ if ok:
             structs, *wide_batch).compile()
         wide[name] = memory_per_device(program)
         del program  # free each compiled program before the next
-    print(f"TPU v5e, 8 chips{'':<3}{'state':>11}{'temporaries':>13}{'HBM':>11}{'VMEM':>9}")
+    print(f"TPU v5e, 8 chips{'':<3}{'state':>11}{'temporaries':>13}{'HBM':>11}")
     for name, mem in wide.items():
-        print(f"{name:<19}{format_bytes(mem.alias):>11}{format_bytes(mem.temp):>13}{format_bytes(mem.footprint):>11}"
-              f"{format_bytes(mem.vmem):>9}")
+        print(f"{name:<19}{format_bytes(mem.alias):>11}{format_bytes(mem.temp):>13}{format_bytes(mem.footprint):>11}")
     assert 6 * wide["FSDP"].alias < wide["data parallel"].alias  # the stored state (donated): about 1/8
     assert wide["FSDP"].temp > wide_param_bytes  # the working memory: more than the whole float32 model ...
     assert wide["FSDP"].temp > wide["data parallel"].temp  # ... and more than data parallelism's

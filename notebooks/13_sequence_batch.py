@@ -347,7 +347,7 @@ if TPU_OK:
         del program  # free each compiled program before the next
     print(f"\nTPU v5e, MLP {WIDE}, {N_WIDE:,} examples: hidden activation {format_bytes(hidden)} per chip")
     for name, mem in tpu_memory.items():
-        print(f"{name:<13} HBM {format_bytes(mem.footprint):>10}   (VMEM apart: {format_bytes(mem.vmem)})")
+        print(f"{name:<13} HBM {format_bytes(mem.footprint):>10}")
     print("strided, TPU:", tpu_ops["strided"], sep="\n")
     assert tpu_memory["strided"].footprint < tpu_memory["whole batch"].footprint - hidden // 4  # in HBM
     grads_ops = [op for op in tpu_ops["strided"].ops if op.result_bytes > 4]

@@ -345,9 +345,8 @@ if CPU:
 # Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU
 # (notebook 15). Here is the FSDP x TP step for a `v5e:8x8` slice beside the CPU's; compiling the other
 # rows too would not fit this notebook's time budget. On TPU, `footprint` is each chip's HBM
-# (arguments + outputs + temporaries, less the donated buffers); `vmem` is what the compiler placed in
-# the chip's on-chip memory (128 MiB on a v5e), reported apart. At this toy size much of the program
-# fits there.
+# (what the compiler allocated there); what it placed in the chip's on-chip VMEM (128 MiB on a v5e) is
+# not in it, and at this toy size much of the program fits there.
 
 # %%
 def matrix_gathers(c):
@@ -371,11 +370,10 @@ else:
     col = {side: collectives(c) for side, c in sides.items()}
     gathered = {side: matrix_gathers(col[side]) for side in sides}
     kinds = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-    print(f"{'FSDP x TP (8, 8)':<17}{'arguments':>11}{'footprint':>11}{'VMEM':>10}" + "".join(f"{k:>19}" for k in kinds)
+    print(f"{'FSDP x TP (8, 8)':<17}{'arguments':>11}{'footprint':>11}" + "".join(f"{k:>19}" for k in kinds)
           + "   matrices gathered as")
     for side in sides:
         print(f"{side:<17}{format_bytes(mem[side].argument):>11}{format_bytes(mem[side].footprint):>11}"
-              f"{format_bytes(mem[side].vmem) if mem[side].vmem is not None else '-':>10}"
               + "".join(f"{col[side].count(k):>19}" for k in kinds)
               + f"   {sorted({dtype for dtype, _ in gathered[side]})}")
     for side in sides:  # where they agree: the residual stream, summed over `model`
