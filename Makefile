@@ -3,11 +3,15 @@
 # `make PYTHON=python3.11 test` selects the 3.11 line (jax 0.10.2). Each line has its own environment,
 # synced exactly from uv.lock (packages the lock does not name are removed).
 PYTHON ?= python3.13 python3.12 python3
+# help and clean need no Python; every other target does, and is refused here without one.
+NO_PYTHON_GOALS := help clean clean-xla
+ifneq ($(filter-out $(NO_PYTHON_GOALS),$(or $(MAKECMDGOALS),help)),)
 PY := $(shell tools/find-python $(PYTHON))
 ifeq ($(PY),)
 $(error no supported Python (3.11 to 3.13) among [$(PYTHON)]; pass PYTHON=/path/to/python3.12)
 endif
 PYVER := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+endif
 VENV ?= $(if $(filter 3.11,$(PYVER)),.venv-py3.11,.venv)
 BIN := $(VENV)/bin
 # uv, pinned, bootstrapped with pip into .uv/ the first time: nothing but Python and make is needed.
@@ -19,17 +23,23 @@ export JAX_NUM_CPU_DEVICES ?= 8
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONHASHSEED := 0
 
-.PHONY: help env lab test test-units test-notebooks lint sync strip bench book clean requirements
+.PHONY: help env lab test test-slow test-units test-notebooks lint sync strip bench book clean requirements
 help:
-	@echo "make lab        JupyterLab on notebooks/ (creates $(VENV) from uv.lock on first use)"
-	@echo "make test       unit tests, ruff, and every notebook through pytest --nbmake (no torch download)"
-	@echo "make PYTHON=python3.11 test   the same on the Python 3.11 line (jax 0.10.2)"
-	@echo "make test-xla / lab-xla       notebook 18 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
-	@echo "make book       the executed book (Sphinx + MyST-NB) in build/book/html"
-	@echo "make bench      wall time and peak memory of each notebook against 30 s / 1 GB"
-	@echo "make sync       pair notebooks with their .py sources (jupytext) and strip outputs"
-	@echo "make lock       re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
+	@echo "make lab            JupyterLab on notebooks/ (builds the environment from uv.lock on first use)"
+	@echo "make test           unit tests, ruff, and every notebook through pytest --nbmake (no torch download)"
+	@echo "make test-slow      the slow checks: every notebook with a TPU host's device order and without"
+	@echo "                    libtpu, a Colab-like runtime (needs PyPI), the compiler's memory report, the book"
+	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
+	@echo "make test-units     tests/ only;  make test-notebooks   notebooks/ only"
+	@echo "make env            build or re-sync the environment;  make lint   ruff"
+	@echo "make sync           pair notebooks with their .py sources (jupytext) and strip outputs;  make strip"
+	@echo "make book           the executed book (Sphinx + MyST-NB) in build/book/html"
+	@echo "make bench          wall time and peak memory of each notebook against 30 s / 1 GB"
+	@echo "make lock           re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
 	@echo "make requirements   rewrite requirements.txt (pip's view of uv.lock) and binder/requirements.txt"
+	@echo "make env-xla / test-xla / lab-xla / bench-xla / clean-xla"
+	@echo "                    notebook 18 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
+	@echo "make clean          remove the environments, caches and the built book (needs no Python, as help)"
 
 $(UV):
 	@echo ">> bootstrapping uv $(UV_VERSION) into .uv/ (once)"
@@ -48,11 +58,15 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: env
 	@echo ">> Python $(PYVER), $(VENV): unit tests (ruff included), then every notebook through nbmake"
-	@$(BIN)/python -m pytest; rc=$$?; \
+	@$(BIN)/python -m pytest -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo ">> pytest collected no tests: nothing was checked, which counts as a failure"; fi; \
 	if [ $$rc -eq 0 ] && [ ! -x $(XLA_BIN)/python ]; then \
 	  echo ">> notebook 18 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
 	exit $$rc
+
+test-slow: env
+	@echo ">> Python $(PYVER), $(VENV): the slow checks (make help says which)"
+	$(BIN)/python -m pytest -m slow
 
 test-units: env
 	$(BIN)/python -m pytest tests
@@ -102,7 +116,8 @@ book: env
 	@echo ">> the book is in build/book/html: open build/book/html/index.html"
 
 clean:
-	rm -rf .venv .venv-py3.11 .uv .pytest_cache build
+	rm -rf .venv .venv-py3.11 .uv .pytest_cache .ruff_cache build
+	find . -name __pycache__ -o -name .ipynb_checkpoints | grep -v '^./.venv' | xargs rm -rf
 
 # PyTorch/XLA side by side: notebook 18 runs torch 2.9.0 + torch-xla 2.9.0 next to jax 0.10.2, in its own
 # environment .venv-xla on Python 3.11 (the lock's xla group). On x86_64 PyPI serves torch's CUDA build:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from utils.course import (
-    BRANCH,
     REPO,
     ROOT,
     badges_markdown,
@@ -22,10 +21,10 @@ from utils.course import (
 
 
 def test_urls_use_the_one_repository_constant():
-    assert colab_url("00_setup.ipynb") == (
-        f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/notebooks/00_setup.ipynb")
+    assert colab_url("00_setup.ipynb") == (  # the addresses Colab and Binder answer, written out once
+        "https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/00_setup.ipynb")
     assert binder_url("00_setup.ipynb") == (
-        f"https://mybinder.org/v2/gh/{REPO}/{BRANCH}?urlpath=lab/tree/notebooks/00_setup.ipynb")
+        "https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/00_setup.ipynb")
     badges = badges_markdown("00_setup.ipynb")
     assert colab_url("00_setup.ipynb") in badges and binder_url("00_setup.ipynb") in badges
 

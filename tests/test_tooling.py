@@ -196,3 +196,26 @@ def test_make_lock_rewrites_the_requirements_too():
     assert "$(UV) lock" in lock and "requirements" in lock
     recipe = re.search(r"^requirements: .*\n((?:\t.*\n)+)", MAKEFILE, re.M)[1]
     assert "$(UV) --quiet $(REQUIREMENTS_EXPORT)" in recipe and "-m utils.launch" in recipe
+
+
+def _make(*args, **env):
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=60)
+
+
+def test_make_help_lists_every_target():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = {t for line in re.findall(r"^\.PHONY:(.*)$", makefile, re.MULTILINE) for t in line.split()}
+    shown = _make("help").stdout
+    assert {"test", "test-slow", "clean", "lint", "test-xla"} <= targets
+    missing = sorted(t for t in targets if not re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", shown))
+    assert not missing, f"make help does not name {missing}"
+
+
+def test_help_and_clean_need_no_python_and_other_targets_say_so():
+    no_python = {"PYTHON": "no-such-python"}
+    assert _make("help", **no_python).returncode == 0
+    dry = _make("-n", "clean", **no_python)
+    assert dry.returncode == 0 and ".ruff_cache" in dry.stdout and "__pycache__" in dry.stdout
+    refused = _make("-n", "env", **no_python)
+    assert refused.returncode != 0 and "no supported Python" in refused.stderr
