@@ -24,7 +24,7 @@ help:
 	@echo "make lab        JupyterLab on notebooks/ (creates $(VENV) from uv.lock on first use)"
 	@echo "make test       unit tests, ruff, and every notebook through pytest --nbmake (no torch download)"
 	@echo "make PYTHON=python3.11 test   the same on the Python 3.11 line (jax 0.10.2)"
-	@echo "make test-xla / lab-xla       notebook 18 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
+	@echo "make test-xla / lab-xla       notebook 19 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
 	@echo "make book       the executed book (Sphinx + MyST-NB) in build/book/html"
 	@echo "make bench      wall time and peak memory of each notebook against 30 s / 1 GB"
 	@echo "make sync       pair notebooks with their .py sources (jupytext) and strip outputs"
@@ -50,7 +50,7 @@ test: env
 	@$(BIN)/python -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo ">> pytest collected no tests: nothing was checked, which counts as a failure"; fi; \
 	if [ $$rc -eq 0 ] && [ ! -x $(XLA_BIN)/python ]; then \
-	  echo ">> notebook 18 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
+	  echo ">> notebook 19 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
 	exit $$rc
 
 test-units: env
@@ -78,14 +78,14 @@ bench: env
 	$(BIN)/python tools/bench.py
 
 # The book: every notebook executed into a Sphinx book (MyST-NB, sphinx-book-theme) in build/book/html; it
-# reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 18
+# reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 19
 # is executed there first, into the same cache; otherwise its page shows its code without outputs.
 book: env
 	@if [ -x $(XLA_BIN)/python ]; then \
-	  echo ">> notebook 18 (PyTorch/XLA): executed in $(XLA_VENV) into the book's cache"; \
+	  echo ">> notebook 19 (PyTorch/XLA): executed in $(XLA_VENV) into the book's cache"; \
 	  $(XLA_RUN) $(XLA_BIN)/python docs/execute_cached.py || exit 1; \
 	else \
-	  echo ">> no $(XLA_VENV): notebook 18 goes into the book without outputs ('make env-xla' creates it)"; \
+	  echo ">> no $(XLA_VENV): notebook 19 goes into the book without outputs ('make env-xla' creates it)"; \
 	fi
 	$(BIN)/sphinx-build -W --keep-going -b html -d build/book/doctrees docs build/book/html
 	@echo ">> the book is in build/book/html: open build/book/html/index.html"
@@ -93,7 +93,7 @@ book: env
 clean:
 	rm -rf .venv .venv-py3.11 .uv .pytest_cache build
 
-# PyTorch/XLA side by side: notebook 18 runs torch 2.9.0 + torch-xla 2.9.0 next to jax 0.10.2, in its own
+# PyTorch/XLA side by side: notebook 19 runs torch 2.9.0 + torch-xla 2.9.0 next to jax 0.10.2, in its own
 # environment .venv-xla on Python 3.11 (the lock's xla group). On x86_64 PyPI serves torch's CUDA build:
 # about 4 GB to download and 8 GB on disk, although no GPU is needed. `make test` never needs it.
 XLA_PYTHON ?= python3.11
@@ -110,14 +110,14 @@ env-xla: $(UV)
 	$(call SYNC,$(XLA_VENV),$$xpy) --group xla
 
 test-xla: env-xla
-	@echo ">> $(XLA_VENV): notebook 18 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
-	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/18_pytorch_xla.ipynb tests/test_exercises.py -k 18_pytorch_xla
+	@echo ">> $(XLA_VENV): notebook 19 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
+	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/19_pytorch_xla.ipynb tests/test_exercises.py -k 19_pytorch_xla
 
 bench-xla: env-xla
-	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/18_pytorch_xla.ipynb
+	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/19_pytorch_xla.ipynb
 
 lab-xla: env-xla
-	@echo ">> starting JupyterLab on notebooks/ with $(XLA_VENV): open 18_pytorch_xla.ipynb (Ctrl-C to stop)"
+	@echo ">> starting JupyterLab on notebooks/ with $(XLA_VENV): open 19_pytorch_xla.ipynb (Ctrl-C to stop)"
 	cd notebooks && $(XLA_RUN) ../$(XLA_BIN)/jupyter lab $(LAB_ARGS)
 
 clean-xla:
