@@ -569,4 +569,4 @@ ex.which_generations.check(answer_3);
 # - A 2.7B-parameter model does not fit 64 v5e chips under data parallelism; split over `(16, 4)` with
 #   FSDP and TP it fits, if the layers are rematerialised.
 #
-# **Next:** [17 · pmap vs SPMD](17_pmap_vs_spmd.ipynb)
+# **Next:** [16 · Step time: compute, memory and communication](16_step_time.ipynb)
