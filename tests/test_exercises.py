@@ -263,6 +263,8 @@ ALSO_RIGHT = {
                                              [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
     "ex14_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
     "ex14_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
+    "ex16_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
+    "ex16_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
     "ex17_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex17_pmap_vs_spmd"].migrate_to_jit.solution)],
     "ex17_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
     "ex19_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
