@@ -78,8 +78,8 @@ def costs(compiled):
 # - communication: bytes sent / link bandwidth: ICI between the chips of a slice, the data-centre
 #   network (DCN) between slices.
 #
-# Perfect overlap gives the largest, none their sum; both are estimates that assume peak rates. The
-# figures per chip, as published (read 2026-11-25):
+# Perfect overlap gives the largest, none their sum; both assume peak rates. The figures per chip, as
+# published (read 2026-11-25):
 #
 # | chip | bf16 peak | HBM bandwidth | ICI, both directions, per chip | DCN per chip | source |
 # |---|---|---|---|---|---|
@@ -277,8 +277,8 @@ else:
 # **TP.** Per block, each chip all-reduces the block's output in the forward pass and its input gradient
 # in the backward pass, `[t, d]` in bf16 each, `2 x 2td` bytes per ring; it computes `6 x 3 d d_ff x t / M`
 # FLOPs on an axis of `M` chips. The `t` cancels: they hide when **d_ff / M > (4/9) C/W**, whatever the
-# batch. A v5e's `C/W = 1970` asks for `d_ff / M` above 875; 8-way TP of this block gives 1,792, and
-# 16-way would not hide. This is why TP stays within a few chips, and why it is chosen for memory, not
+# batch. A v5e's `C/W = 1970` asks for `d_ff / M` above 875; 8-way TP of this block gives 1,792, 16-way
+# sits at the edge and 32-way would not hide. So TP axes stay small, and TP is chosen for memory, not
 # bytes.
 #
 # Check both on the compiled programs: FSDP's bytes are fixed and its compute grows with the batch, so
@@ -370,7 +370,7 @@ else:
 #
 # Compile that FF block for a `v5e:16x16` the same way, with `jax.checkpoint` for full remat, and estimate
 # the step; add what the block leaves out (attention's projections and scores, the output layer) by
-# formula, as MaxText itself counts its FLOPs.
+# formula. MFU counts the model's FLOPs (6 per parameter per token, plus attention's), not recomputation.
 
 # %%
 MT_D, MT_FF, MT_ATTN, MT_LAYERS, MT_VOCAB, MT_SEQ, MT_BATCH = 4096, 28672, 64 * 128, 32, 32000, 2048, 6
@@ -411,9 +411,9 @@ else:
 #
 # ## 5. A profiler trace
 #
-# `jax.profiler.trace` records what every device ran, when, and for how long. Record two steps of a
-# small data-parallel train step on the 8 CPU devices, into a temporary folder; `create_perfetto_trace=True`
-# also writes the trace as `perfetto_trace.json.gz`, which Python can read.
+# `jax.profiler.trace` records what every device ran, when, and for how long. Record two steps of a small
+# data-parallel train step on the 8 CPU devices into a temporary folder; `create_perfetto_trace=True` also
+# writes `perfetto_trace.json.gz`, plain JSON.
 
 # %%
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
