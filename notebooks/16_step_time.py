@@ -58,6 +58,7 @@ from jax.sharding import PartitionSpec as P
 from utils import NOT_ANSWERED, collectives, quiet, tpu_compiler_available
 
 assert jax.device_count() == 8
+CPU = jax.default_backend() == "cpu"  # the trace's structure is asserted for the CPU runtime's trace
 ok, why = tpu_compiler_available()
 
 
@@ -129,19 +130,19 @@ if ok:
         one = jax.sharding.SingleDeviceSharding(chip[0])
         x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=one) for s in ((1024, D), (D, F)))
         found = costs(jax.jit(jnp.matmul).lower(x, w).compile())
-    print(f"TPU compiler, B = 1024: {found['flops']:.3g} FLOPs, {found['bytes accessed']:.3g} bytes")
+    print(f"TPU compiler, B = 1024: {found['flops']:.3g} FLOPs, {found['bytes accessed']:.3g} bytes, "
+          f"{found['bytes accessed'] / (2 * (1024 * D + D * F + 1024 * F)):.1f} x the formula's")
     assert found["flops"] == 2 * 1024 * D * F
-    assert found["bytes accessed"] >= 2 * (1024 * D + D * F + 1024 * F)  # re-reads counted: see below
+    assert found["bytes accessed"] >= 2 * (1024 * D + D * F + 1024 * F)  # at least every operand once
 else:
     print(why)
 
 # %% [markdown]
-# The FLOPs agree exactly. The bytes do not: the TPU compiler's `bytes accessed` counts what each piece
-# of the matmul reads, so a weight read again for each block of rows counts again. It is an upper bound
-# on HBM traffic, and so is the `memory` time below. Below about 240 rows a v5e waits on its memory;
-# above, on its matrix units. Training batches have
-# thousands of tokens per chip, so their matmuls are compute-bound and the question becomes
-# communication.
+# The FLOPs agree exactly. The bytes do not: the TPU compiler's `bytes accessed` is about four times one
+# read of each operand and one write of the result. It counts traffic as the compiled program moves it,
+# which the formula does not, so take the `memory` times below as rough. Below about 240 rows a v5e
+# waits on its memory; above, on its matrix units. Training batches have thousands of tokens per chip, so
+# their matmuls are compute-bound and the question becomes communication.
 #
 # ## 2. Five strategies at real size
 #
@@ -247,7 +248,7 @@ else:
     print(why)
 
 # %% [markdown]
-# Every figure is an estimate: `compute` assumes the matrix units at peak, `memory` HBM at full bandwidth,
+# All estimates: `compute` assumes the matrix units at peak, `memory` HBM at full bandwidth,
 # `comm` rings at full link speed. None counts attention (its projections and `S x S` scores add about a
 # quarter again), the optimizer update, the embedding or the loss.
 #
@@ -439,8 +440,9 @@ sums = [e for e in ops if e["args"]["hlo_op"].startswith("all-reduce")]
 print(f"{len(ops)} operations on the devices' timelines, {len(sums)} of them all-reduces, on devices "
       f"{sorted({int(e['args']['device_ordinal']) for e in sums})}")
 assert {"perfetto_trace.json.gz"} <= set(written) and any(n.endswith(".xplane.pb") for n in written)
-assert len(sums) == 2 * 8  # one gradient all-reduce per step on each of the 8 devices
-assert {e["args"]["hlo_module"] for e in sums} == {sums[0]["args"]["hlo_module"]}  # all from the train step
+if CPU:
+    assert len(sums) == 2 * 8  # one gradient all-reduce per step on each of the 8 devices
+    assert {e["args"]["hlo_module"] for e in sums} == {sums[0]["args"]["hlo_module"]}  # all from the train step
 
 # %% [markdown]
 # The trace holds one timeline per device, with the gradient's all-reduce once per step. Durations vary
