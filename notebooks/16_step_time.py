@@ -362,16 +362,17 @@ else:
 #
 # ## 4. Held against a measurement
 #
-# MaxText, Google's reference JAX trainer, publishes measurements with their configurations. Its TPU v5e table (`MaxText/configs/v5e/README.md` in AI-Hypercomputer/maxtext, read
-# 2026-11-25 at commit `0ed7bd5`) gives a 16-billion-parameter model **120 TFLOP/s per chip, 61.10%
-# MFU, on one v5e-256**. The configuration (`MaxText/configs/v5e/16b.sh` and `configs/base.yml`):
+# MaxText, Google's reference JAX trainer, publishes measurements with configurations. Its TPU
+# v5e table (`MaxText/configs/v5e/README.md` in AI-Hypercomputer/maxtext, read 2026-11-25 at commit
+# `0ed7bd5`) gives a 16-billion-parameter model **120 TFLOP/s per chip, 61.10% MFU, on one v5e-256**.
+# The configuration (`16b.sh` beside it at `0777510`, `configs/base.yml` at `000e935`):
 # `global_parameter_scale=16` (`d = 4096`, 64 heads of 128, `d_ff = 28672`, gated, 32 layers, 32,000
 # tokens of vocabulary), `per_device_batch_size=6` of 2,048 tokens, FSDP over all 256 chips
 # (`ici_fsdp_parallelism=-1`), `remat_policy=full` (the backward pass recomputes the forward).
 #
-# Compile that FF block for a `v5e:16x16` the same way, with `jax.checkpoint` for full remat, and estimate
-# the step; add what the block leaves out (attention's projections and scores, the output layer) by
-# formula. MFU counts the model's FLOPs (6 per parameter per token, plus attention's), not recomputation.
+# Compile that FF block for a `v5e:16x16`, with `jax.checkpoint` for full remat, and estimate the step;
+# add what the block leaves out (attention's projections and scores, the output layer) by formula. MFU
+# counts the model's FLOPs (6 per parameter per token, plus attention's), not recomputation.
 
 # %%
 MT_D, MT_FF, MT_ATTN, MT_LAYERS, MT_VOCAB, MT_SEQ, MT_BATCH = 4096, 28672, 64 * 128, 32, 32000, 2048, 6
