@@ -250,7 +250,7 @@ else:
 # %% [markdown]
 # All estimates: `compute` assumes the matrix units at peak, `memory` HBM at full bandwidth,
 # `comm` rings at full link speed. None counts attention (its projections and `S x S` scores add about a
-# quarter again), the optimizer update, the embedding or the loss.
+# third again), the optimizer update, the embedding or the loss.
 #
 # The compiler gives FLOPs and bytes per chip (`cost_analysis()`) and the collectives (`collectives()`)
 # directly. Where the program has no loop, its FLOPs agree with `6NT` within 1%.
@@ -483,8 +483,8 @@ ex.crossover_tokens.check(answer_2);
 # ## Takeaways
 # - A step takes at least the largest of FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth and bytes sent /
 #   link bandwidth, per chip; at most their sum. Each is an estimate that assumes peak rates.
-# - A matmul's intensity is about its rows per weight: above about 240 tokens a v5e is compute-bound in
-#   memory, above about 2,000 in its links.
+# - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
+#   2,000 to outrun its links.
 # - Compile one layer, not a scanned stack: `cost_analysis()` counts a loop's body once. Check its FLOPs
 #   against `6 x parameters x tokens`; do not trust `optimal_seconds` on a training step.
 # - FSDP's collectives hide above about `(2/3) C/W` tokens per chip; TP's when `d_ff / M` is above about
