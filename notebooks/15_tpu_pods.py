@@ -717,4 +717,4 @@ ex.which_generations.check(answer_3);
 # - An 8B model with float32 master weights and Adam moments (90 GiB of state) fits no chip under data
 #   parallelism; on 256 v5e chips it fits split by FSDP x TP, and only with its layers rematerialised.
 #
-# **Next:** [16 · pmap vs SPMD](16_pmap_vs_spmd.ipynb)
+# **Next:** [16 · Step time: compute, memory and communication](16_step_time.ipynb)

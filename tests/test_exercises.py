@@ -160,7 +160,7 @@ def test_reveal_prints_the_solution(qualname, exercise, capsys):
     assert "reference solution" in out and len(out.splitlines()) >= 2
 
 
-# Notebook 18's checkers compute torch_xla's spec strings without torch_xla (exercises.ex18_pytorch_xla.spec_string),
+# Notebook 19's checkers compute torch_xla's spec strings without torch_xla (exercises.ex19_pytorch_xla.spec_string),
 # so they run everywhere. Where torch_xla is installed (.venv-xla: `make test-xla`), hold them to what it prints.
 SPEC_STRING_CASES = [
     ((8, 8, 16), (None, "data", "model")),
@@ -172,7 +172,7 @@ SPEC_STRING_CASES = [
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchax, inside torch_xla, imports old JAX names
-def test_ex18_pytorch_xla_spec_strings_are_what_torch_xla_prints():
+def test_ex19_pytorch_xla_spec_strings_are_what_torch_xla_prints():
     import os
 
     os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -184,7 +184,7 @@ def test_ex18_pytorch_xla_spec_strings_are_what_torch_xla_prints():
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
-    from exercises import ex18_pytorch_xla as ex18
+    from exercises import ex19_pytorch_xla as ex19
 
     shardy = jax.config.jax_use_shardy_partitioner  # every mark_sharding switches it off: restore it after
     try:
@@ -193,9 +193,9 @@ def test_ex18_pytorch_xla_spec_strings_are_what_torch_xla_prints():
         for shape, spec in SPEC_STRING_CASES:
             t = torch.zeros(shape).to(torch_xla.device())
             xs.mark_sharding(t, mesh, spec)
-            assert torch_xla._XLAC._get_xla_sharding_spec(t) == ex18.spec_string(spec, shape), (shape, spec)
-        assert ex18.spec_string(ex18.spec_from_string.solution, (8, 16)) == ex18._TARGET
-        assert ex18.spec_string((None, "model"), (8, 16)) == ex18.string_from_spec.solution
+            assert torch_xla._XLAC._get_xla_sharding_spec(t) == ex19.spec_string(spec, shape), (shape, spec)
+        assert ex19.spec_string(ex19.spec_from_string.solution, (8, 16)) == ex19._TARGET
+        assert ex19.spec_string((None, "model"), (8, 16)) == ex19.string_from_spec.solution
     finally:
         jax.config.update("jax_use_shardy_partitioner", shardy)
 
@@ -263,10 +263,12 @@ ALSO_RIGHT = {
                                              [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
     "ex14_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
     "ex14_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
-    "ex16_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex16_pmap_vs_spmd"].migrate_to_jit.solution)],
-    "ex16_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
-    "ex18_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
-    "ex18_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
+    "ex16_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
+    "ex16_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
+    "ex17_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex17_pmap_vs_spmd"].migrate_to_jit.solution)],
+    "ex17_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
+    "ex19_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
+    "ex19_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
                                           " {devices=[1,2,4]0,2,4,6,1,3,5,7  last_tile_dim_replicate} "],
 }
 

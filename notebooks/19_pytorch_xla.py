@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 18 · PyTorch/XLA side by side
+# # 19 · PyTorch/XLA side by side
 #
 # *Runs locally only:* `make lab-xla` (PyTorch/XLA needs its own environment, about 4 GB).
 #
@@ -599,7 +599,7 @@ assert xr.addressable_device_count() == 1  # in SPMD mode: the one logical devic
 # **Loading data.** `MpDeviceLoader` wraps a `DataLoader` and sends each batch to the devices already
 # sharded by `input_sharding`: a `ShardingSpec(mesh, spec)`, or a dict of them for a dict batch.
 # `minibatch=True` says each process loaded only its part of the global batch, as
-# `jax.make_array_from_process_local_data` does (notebook 17).
+# `jax.make_array_from_process_local_data` does (notebook 18).
 
 # %%
 import torch_xla.distributed.parallel_loader as pl
@@ -715,7 +715,7 @@ for name, param in restored.named_parameters():
 # kernel `w2`, shape `(64, 8)`, the same layout?
 
 # %%
-from exercises import ex18_pytorch_xla as ex
+from exercises import ex19_pytorch_xla as ex
 
 answer_1 = NOT_ANSWERED  # e.g. P(...)
 ex.linear_weight_spec.check(answer_1);

@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 17 · Multi-host SPMD: one script on every host
+# # 18 · Multi-host SPMD: one script on every host
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_multihost.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/18_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/18_multihost.ipynb)
 #
 # This notebook teaches multi-host SPMD as it is really run: one script, started as one process per
 # host, all driving one global mesh. You run such a script, a file of this repository, as two processes
@@ -380,7 +380,7 @@ for i, r in results["device_put"].items():  # both processes raise AssertionErro
 #
 # ## 8. Porting multi-host `pmap` code
 #
-# Multi-host `pmap` code (notebook 16) hands each process's **own** arrays to `pmap`, with a leading axis of
+# Multi-host `pmap` code (notebook 17) hands each process's **own** arrays to `pmap`, with a leading axis of
 # `jax.local_device_count()`, and gets per-process arrays back. `jit` takes **global** arrays.
 # `multihost_utils.host_local_array_to_global_array(x_local, mesh, P('data'))` makes the global array from
 # what pmap code already has, and `global_array_to_host_local_array` goes back, so a port can proceed one
@@ -475,7 +475,7 @@ assert still_running([out.pid for out in failure.outputs]) == []  # nothing left
 # `(start, stop)` ranges.
 
 # %%
-from exercises import ex17_multihost as ex
+from exercises import ex18_multihost as ex
 
 answer_1 = NOT_ANSWERED  # e.g. [(0, 8), (40, 48)]
 ex.rows_of_host.check(answer_1);
@@ -519,4 +519,4 @@ ex.which_hang.check(answer_3);
 # - A worker that raises must exit at once, past JAX's shutdown barrier; a launcher must watch every
 #   worker, stop all at the first failure and say which one failed and why.
 #
-# **Next:** [18 · PyTorch/XLA side by side](18_pytorch_xla.ipynb)
+# **Next:** [19 · PyTorch/XLA side by side](19_pytorch_xla.ipynb)

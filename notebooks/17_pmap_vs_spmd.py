@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 16 · pmap vs SPMD
+# # 17 · pmap vs SPMD
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/16_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/16_pmap_vs_spmd.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_pmap_vs_spmd.ipynb)
 #
 # `jax.pmap` is now `jax.jit` wrapped around `jax.shard_map`, and this notebook teaches you to replace
 # it with those two. You write one data-parallel step three ways and get the same numbers
@@ -632,7 +632,7 @@ if CPU:  # the CPU compiler's programs
 # `jax.jit(new_step)`, compares the new weight with pmap's, and counts the collectives.
 
 # %%
-from exercises import ex16_pmap_vs_spmd as ex
+from exercises import ex17_pmap_vs_spmd as ex
 
 answer_1 = NOT_ANSWERED  # e.g. (my_step, P(...), P(...)), with def my_step(w, x, y): ...
 ex.migrate_to_jit.check(answer_1);
@@ -663,4 +663,4 @@ ex.pmean_factor.check(answer_2);
 #   impossible) with `pmap`. Which collectives `jit` produces depends on the compiler: compile for your
 #   target and read them.
 #
-# **Next:** [17 · Multi-host SPMD: two processes, one mesh](17_multihost.ipynb)
+# **Next:** [18 · Multi-host SPMD: two processes, one mesh](18_multihost.ipynb)

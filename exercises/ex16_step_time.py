@@ -1,0 +1,91 @@
+"""Exercises of notebook 16: a step's compute time, and the batch above which communication hides."""
+
+from __future__ import annotations
+
+from utils.exercises import Exercise, plain
+
+# Exercise 1: 1.3e9 parameters, 64 x 2,048 tokens over 8 GPUs, float32 without tensor cores (67 TFLOP/s)
+_N, _TOKENS, _GPUS, _F32, _BF16 = 1.3e9, 64 * 2048, 8, 67e12, 989e12
+_COMPUTE = 6 * _N * _TOKENS / _GPUS / _F32  # about 1.91 s
+
+
+def _number(answer: object, what: str) -> float:
+    answer = plain(answer)
+    assert isinstance(answer, (int, float)) and not isinstance(answer, bool), f"give {what} as a number; got {answer!r}"
+    assert answer > 0, f"{what} is positive; got {answer!r}"
+    return float(answer)
+
+
+def _near(a: float, b: float, tolerance: float) -> bool:
+    return abs(a / b - 1) <= tolerance
+
+
+def _check_compute_seconds(answer: object) -> None:
+    s = _number(answer, "the seconds")
+    assert not _near(s, 2 * _N * _TOKENS / _GPUS / _F32, 0.03), (
+        "that is the forward pass alone (2 FLOPs per parameter per token): the backward pass does twice as much"
+    )
+    assert not _near(s, 4 * _N * _TOKENS / _GPUS / _F32, 0.03), (
+        "the backward pass computes two gradients per matmul (inputs and weights): 4 FLOPs, not 2, so 6 in all"
+    )
+    assert not _near(s, _COMPUTE * _F32 / _BF16, 0.03), (
+        "989 TFLOP/s is the bf16 tensor-core peak; this step runs in float32 without tensor cores, at 67"
+    )
+    assert not _near(s, _COMPUTE * _GPUS, 0.03), "each GPU computes its own 1/8 of the batch: divide by 8"
+    assert _near(s, _COMPUTE, 0.03), (
+        f"{s:.3g} s is not it: 6 x parameters x tokens per GPU, divided by the peak FLOP/s"
+    )
+
+
+compute_seconds = Exercise(
+    title="Exercise 1: one step's compute time",
+    checker=_check_compute_seconds,
+    solution=_COMPUTE,
+    wrong=(
+        2 * _N * _TOKENS / _GPUS / _F32,
+        4 * _N * _TOKENS / _GPUS / _F32,
+        _COMPUTE * _F32 / _BF16,
+        _COMPUTE * _GPUS,
+        1.0,
+    ),
+    hint="6 x 1.3e9 x (64 x 2048 / 8) FLOPs per GPU, divided by 67e12 FLOP/s",
+    explanation=(
+        "About 1.91 s: 6 x 1.3e9 x 16,384 = 1.28e14 FLOPs per GPU at 67 TFLOP/s. In bf16 on the tensor cores the "
+        "same step would take 0.13 s, which is why nobody trains in plain float32."
+    ),
+)
+
+
+# Exercise 2: DP all-reduce of N bf16 gradients over a ring of 16 v6e chips against a 4N-FLOPs-per-token backward
+_C, _W, _RING = 918e12, 800e9 / 4, 16
+_CROSSOVER = 2 * (_RING - 1) / _RING * 2 / 4 * _C / _W  # bytes per parameter sent / FLOPs per parameter per token
+
+
+def _check_crossover_tokens(answer: object) -> None:
+    t = _number(answer, "the tokens per chip")
+    assert not _near(t, _CROSSOVER / 2, 0.03), (
+        "a ring all-reduce is a reduce-scatter and then an all-gather: each chip sends (n-1)/n of the bytes twice"
+    )
+    assert not _near(t, _CROSSOVER * 16 / 15, 0.03), (
+        "close: a ring of 16 sends (n-1)/n = 15/16 of the array in each of its two phases, not all of it"
+    )
+    assert not _near(t, _CROSSOVER * 4 / 6, 0.03), (
+        "the all-reduce overlaps the backward pass, 4N FLOPs per token, not 6N"
+    )
+    assert not _near(t, _CROSSOVER * 2, 0.03), "the gradients are bf16 here: 2 bytes each, not 4"
+    assert _near(t, _CROSSOVER, 0.03), (
+        f"{t:,.0f} is not it: bytes sent = 2 x 15/16 x 2N; time = bytes / W; the backward pass = 4N x tokens / C"
+    )
+
+
+crossover_tokens = Exercise(
+    title="Exercise 2: tokens per chip for the all-reduce to hide",
+    checker=_check_crossover_tokens,
+    solution=_CROSSOVER,
+    wrong=(_CROSSOVER / 2, _CROSSOVER * 16 / 15, _CROSSOVER * 4 / 6, _CROSSOVER * 2, 1000),
+    hint="set 2 x (15/16) x 2N / W equal to 4N x t / C and solve for t; N cancels",
+    explanation=(
+        "About 4,300 tokens per chip: t = (2 x 15/16 x 2 / 4) x C/W = 0.94 x 4,590. A v6e computes 4.6 times "
+        "faster than a v5e but sends only twice as fast, so it needs more tokens per chip to hide the same sum."
+    ),
+)

@@ -1,0 +1,496 @@
+# %% [markdown]
+# # 16 · Step time: compute, memory and communication
+#
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/16_step_time.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/16_step_time.ipynb)
+#
+# This notebook teaches you to estimate how long a training step will take before you run it, from the
+# compiled program and three published numbers per chip. Notebooks 07 to 15 counted bytes; divided by a
+# bandwidth they become seconds, as FLOPs do divided by a peak rate. You will compile one
+# layer of an 8-billion-parameter transformer for a TPU v5e slice under five strategies, estimate each
+# one's time, find when communication hides behind compute, hold an estimate against a published
+# measurement, and record a profiler trace.
+#
+# **You will learn**
+# - the roofline: compute, memory and communication time per chip, and what makes a matmul
+#   compute-bound (arithmetic intensity);
+# - how to read FLOPs, bytes and collectives from `compiled.cost_analysis()` and `collectives()`, and
+#   where the compiler's figures mislead (loops, `optimal_seconds`);
+# - when a collective hides behind compute, the per-device batch below which FSDP's gathers dominate,
+#   and the width below which tensor parallelism's sums do;
+# - how far such an estimate is from a measured step, and why;
+# - how to record a trace with `jax.profiler.trace` and find the collectives in it.
+
+# %%
+# Setup (the same cell opens every notebook; notebook 00 explains it).
+import subprocess
+import sys
+from pathlib import Path
+
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
+    url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
+    subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
+    git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
+    assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
+    course = Path(tmp).rename("spmd-course")
+sys.path[:0] = [str(course.resolve())] if course else []
+from utils import launch, setup_devices
+
+launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the memory in use. Elsewhere: nothing.
+SETUP = setup_devices(8)
+
+# %%
+import gzip
+import json
+import math
+import re
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from utils import NOT_ANSWERED, collectives, quiet, tpu_compiler_available
+
+assert jax.device_count() == 8
+CPU = jax.default_backend() == "cpu"  # the trace's structure is asserted for the CPU runtime's trace
+ok, why = tpu_compiler_available()
+
+
+def costs(compiled):
+    """`compiled.cost_analysis()` as one dict (a list of one dict on older JAX)."""
+    found = compiled.cost_analysis()
+    return found[0] if isinstance(found, list) else found
+
+
+# %% [markdown]
+# ## 1. The roofline
+#
+# A step does three kinds of work on each chip: arithmetic, reading and writing its memory (HBM), and
+# sending data to other chips. Each has a peak rate, so each gives a lower bound on the time:
+#
+# - compute: FLOPs / peak FLOP/s;
+# - memory: bytes read and written in HBM / HBM bandwidth;
+# - communication: bytes sent / link bandwidth: ICI between the chips of a slice, the data-centre
+#   network (DCN) between slices.
+#
+# Perfect overlap gives the largest, none their sum; both assume peak rates. The figures per chip, as
+# published (read 2026-11-25):
+#
+# | chip | bf16 peak | HBM bandwidth | ICI, both directions, per chip | DCN per chip | source |
+# |---|---|---|---|---|---|
+# | TPU v5e | 197 TFLOP/s | 819 GB/s | 400 GB/s over 4 ports | 2 x 100 Gb/s per 8-chip host | [cloud.google.com/tpu/docs/v5e](https://cloud.google.com/tpu/docs/v5e) |
+# | TPU v5p | 459 TFLOP/s | 2,765 GB/s | 1,200 GB/s over 6 ports | 50 Gb/s | [cloud.google.com/tpu/docs/v5p](https://cloud.google.com/tpu/docs/v5p) |
+# | TPU v6e | 918 TFLOP/s | 1,638 GB/s | 800 GB/s over 4 ports | | [cloud.google.com/tpu/docs/v6e](https://cloud.google.com/tpu/docs/v6e) |
+# | H100 SXM | 989 TFLOP/s (1,979 with 2:4 sparsity) | 3,350 GB/s | NVLink 900 GB/s | | [NVIDIA H100 datasheet](https://www.nvidia.com/en-us/data-center/h100/) |
+#
+# A collective along one mesh axis of a TPU torus uses that axis's two links, one per direction, so a
+# chip sends at its ICI figure divided by its port count (v5e: 400 / 4 = 100 GB/s). An H100 sends half
+# its NVLink figure. Float32 matmuls run much slower on an H100 (67 TFLOP/s without tensor cores); a TPU
+# multiplies float32 in bf16 passes by default.
+
+# %%
+CHIPS = {  # peak bf16 FLOP/s, HBM bytes/s, bytes/s one chip sends along one mesh axis: the table above
+    "v5e": (197e12, 819e9, 400e9 / 4),
+    "v5p": (459e12, 2765e9, 1200e9 / 6),
+    "v6e": (918e12, 1638e9, 800e9 / 4),
+    "H100": (989e12, 3350e9, 900e9 / 2),
+}
+print(f"{'chip':<6}{'FLOPs per HBM byte':>20}{'FLOPs per ICI byte':>20}")
+for chip, (flops, hbm, link) in CHIPS.items():
+    print(f"{chip:<6}{flops / hbm:>20.0f}{flops / link:>20.0f}")
+assert round(CHIPS["v5e"][0] / CHIPS["v5e"][1]) == 241 and round(CHIPS["v5e"][0] / CHIPS["v5e"][2]) == 1970
+
+# %% [markdown]
+# These ratios are the chip's **critical intensities**. A v5e does 241 FLOPs in the time it reads one
+# byte of HBM, and 1,970 in the time it sends one byte to a neighbour. A piece of work whose **arithmetic
+# intensity** (FLOPs per byte moved) is above the first is compute-bound in memory; above the second, in
+# communication too.
+#
+# A bf16 matmul `[B, D] @ [D, F]` does `2BDF` FLOPs and moves `2(BD + DF + BF)` bytes. For `D` and `F`
+# much larger than `B`, its intensity is about `B`: the rows of the batch are what reuse each weight
+# once it is read. The TPU compiler counts the same, for one v5e chip:
+
+# %%
+D, F = 4096, 14336
+print(f"{'B':>6}{'FLOPs':>12}{'bytes':>12}{'intensity':>10}  on a v5e")
+for B in (64, 256, 1024, 4096):
+    flops, moved = 2 * B * D * F, 2 * (B * D + D * F + B * F)
+    bound = "compute-bound" if flops / moved > CHIPS["v5e"][0] / CHIPS["v5e"][1] else "memory-bound"
+    print(f"{B:>6}{flops:>12.3g}{moved:>12.3g}{flops / moved:>10.0f}  {bound}")
+    assert (flops / moved > 241) == (B >= 1024)
+if ok:
+    with quiet():
+        chip = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices[:1]
+        one = jax.sharding.SingleDeviceSharding(chip[0])
+        x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=one) for s in ((1024, D), (D, F)))
+        found = costs(jax.jit(jnp.matmul).lower(x, w).compile())
+    print(f"TPU compiler, B = 1024: {found['flops']:.3g} FLOPs, {found['bytes accessed']:.3g} bytes, "
+          f"{found['bytes accessed'] / (2 * (1024 * D + D * F + 1024 * F)):.1f} x the formula's")
+    assert found["flops"] == 2 * 1024 * D * F
+    assert found["bytes accessed"] >= 2 * (1024 * D + D * F + 1024 * F)  # at least every operand once
+else:
+    print(why)
+
+# %% [markdown]
+# The FLOPs agree exactly. The bytes do not: the TPU compiler's `bytes accessed` is about four times one
+# read of each operand and one write of the result. It counts traffic as the compiled program moves it,
+# which the formula does not, so take the `memory` times below as rough. Below about 240 rows a v5e
+# waits on its memory; above, on its matrix units. Training batches have thousands of tokens per chip, so
+# their matmuls are compute-bound and the question becomes communication.
+#
+# ## 2. Five strategies at real size
+#
+# The model: the feed-forward (FF) block of Llama 3 8B (`d = 4096`, `d_ff = 14336`, gated: three
+# matrices, 176 million parameters, 81% of a layer's), bf16, 32 layers. The slice: a v5e-8 (`v5e:2x4`).
+# The batch: 8 sequences of 2,048 tokens. A program that loops over layers misleads `cost_analysis()`,
+# which counts a loop's body once, and the whole step takes minutes to compile. So compile
+# **one block's forward and backward pass** per strategy, and multiply by the layer count.
+
+# %%
+D, FF, SEQ, LAYERS, BATCH = 4096, 14336, 2048, 32, 8
+SHAPES = {"w1": (D, FF), "w3": (D, FF), "w2": (FF, D)}
+P_BLOCK = sum(math.prod(s) for s in SHAPES.values())
+
+
+def ff_block(p, x):
+    return x + (jax.nn.silu(x @ p["w1"]) * (x @ p["w3"])) @ p["w2"]
+
+
+def block_step(p, x, dy, remat=False):
+    """One block's forward pass and its backward pass, dy being the gradient arriving from above.
+
+    With `remat`, the backward pass recomputes the block's forward pass instead of reading it back."""
+    y, pull = jax.vjp(jax.checkpoint(ff_block) if remat else ff_block, p, x)
+    dp, dx = pull(dy)
+    return y, dp, dx
+
+
+def specs(fsdp, tp):
+    """Weight specs: `tp` splits the hidden dimension (w1, w3 by columns, w2 by rows), `fsdp` the other."""
+    return {"w1": P(fsdp, tp), "w3": P(fsdp, tp), "w2": P(tp, fsdp)}
+
+
+STRATEGIES = {  # mesh, weight specs, batch spec
+    "DP": (((8,), ("data",)), specs(None, None), P("data")),
+    "FSDP": (((8,), ("data",)), specs("data", None), P("data")),
+    "TP": (((8,), ("model",)), specs(None, "model"), P()),
+    "2-D": (((4, 2), ("data", "model")), specs(None, "model"), P("data")),
+    "FSDP x TP": (((4, 2), ("data", "model")), specs("data", "model"), P("data")),
+}
+
+
+def compile_block(devices, mesh_shape, weight_specs, batch_spec, d=D, ff=FF, tokens=BATCH * SEQ, remat=False):
+    shape, names = mesh_shape
+    mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=devices)
+    sizes = {"w1": (d, ff), "w3": (d, ff), "w2": (ff, d)}
+    p = {k: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, weight_specs[k]))
+         for k, s in sizes.items()}
+    x = jax.ShapeDtypeStruct((tokens, d), jnp.bfloat16, sharding=NamedSharding(mesh, batch_spec))
+    out = (x.sharding, {k: v.sharding for k, v in p.items()}, x.sharding)
+    with quiet():
+        return jax.jit(partial(block_step, remat=remat), out_shardings=out).lower(p, x, x).compile(), mesh
+
+
+if ok:
+    with quiet():
+        v5e_8 = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices
+    blocks = {name: compile_block(v5e_8, *s) for name, s in STRATEGIES.items()}
+else:
+    print(why)
+
+# %% [markdown]
+# For each program: the compiler's FLOPs per chip beside the count `6 x parameters x tokens` (2 for the
+# forward matmuls, 4 for the backward's two), its HBM bytes, the ring estimate of what each chip sends
+# (`collectives()`), and the three times on a v5e, all times 32 layers. Then the compiler's own
+# estimate, `optimal_seconds`.
+
+# %%
+PEAK, HBM, LINK = CHIPS["v5e"]
+
+
+def estimate(compiled, mesh, p_block=P_BLOCK, layers=LAYERS, tokens=BATCH * SEQ, per_token=6):
+    """Seconds of compute, memory and communication per step: the compiled block's figures x layers.
+
+    `per_token`: FLOPs per parameter per token, 6 for a forward and a backward pass."""
+    found, sent = costs(compiled), collectives(compiled)
+    split = mesh.shape.get("data", 1) * mesh.shape.get("model", 1)
+    count = per_token * p_block * tokens / split
+    loops = any(op.in_loop for op in sent.ops)  # cost_analysis counts a loop's body once: use 6NT there
+    return {
+        "flops": found["flops"], "6NT": count, "loops": loops,
+        "compute": layers * (count if loops else found["flops"]) / PEAK,
+        "memory": layers * found["bytes accessed"] / HBM,
+        "comm": layers * sent.estimated_bytes / LINK,
+        "optimal": layers * found["optimal_seconds"],
+    }
+
+
+if ok:
+    est = {name: estimate(*blocks[name]) for name in STRATEGIES}
+    print(f"{'':<10}{'TFLOP/chip':>11}{'6NT':>7}{'compute':>9}{'memory':>8}{'comm':>8}  bound by"
+          f"{'optimal_seconds':>17}")
+    for name, e in est.items():
+        bound = max(("compute", "memory", "comm"), key=e.get)
+        print(f"{name:<10}{e['flops'] / 1e12:>11.2f}{e['6NT'] / 1e12:>7.2f}{e['compute']:>8.2f}s{e['memory']:>7.2f}s"
+              f"{e['comm']:>7.2f}s  {bound:<8}{e['optimal']:>16.2f}s" + ("  (loop inside)" if e["loops"] else ""))
+    for name, e in est.items():
+        if not e["loops"]:  # a program without loops: the compiler counts every matmul, 6NT within 1%
+            assert abs(e["flops"] / e["6NT"] - 1) < 0.01, name
+    assert all(max(("compute", "memory", "comm"), key=e.get) == "compute" for e in est.values())
+    assert est["TP"]["comm"] > est["DP"]["comm"] > est["FSDP"]["comm"]  # TP's activation sums send the most
+else:
+    print(why)
+
+# %% [markdown]
+# All estimates: `compute` assumes the matrix units at peak, `memory` HBM at full bandwidth,
+# `comm` rings at full link speed. None counts attention (its projections and `S x S` scores add about a
+# third again), the optimizer update, the embedding or the loss.
+#
+# The compiler gives FLOPs and bytes per chip (`cost_analysis()`) and the collectives (`collectives()`)
+# directly. Where the program has no loop, its FLOPs agree with `6NT` within 1%.
+# Where the TPU compiler split a gather into a loop of `collective-permute`s that overlap pieces of the
+# matmul (a *collective matmul*), `cost_analysis()` counts the loop's body once and reports fewer FLOPs:
+# trust `6NT` there. The compiler's own `optimal_seconds` is negative for some of these programs: use it
+# on simple programs only.
+#
+# The compute is the same, 2 TFLOP per chip per block: each strategy divides the same work by 8. What
+# each sends differs: DP all-reduces every gradient, FSDP gathers the bf16 weights and reduce-scatters
+# the gradients, TP all-reduces activations, and 2-D and FSDP x TP pay for both over smaller groups.
+#
+# ## 3. When communication hides
+#
+# A collective can run while the chip computes something it does not depend on. It costs nothing extra
+# if its time is below that compute:
+#
+# `bytes sent / W  <  FLOPs it can overlap / C`, with C the peak FLOP/s and W the link bandwidth.
+#
+# **FSDP.** Per block, each chip gathers the weights (`2N` bytes in bf16) and reduce-scatters the
+# gradients (`2N` more); the ring sends `(n-1)/n` of each. The compute is `6N x t` FLOPs for `t` tokens
+# per chip. So the gathers hide when `4N / W < 6Nt / C`, that is when **t > (2/3) C/W**, about 1,300
+# tokens per chip on a v5e. The per-device batch is what matters, not the model size.
+#
+# **TP.** Per block, each chip all-reduces the block's output in the forward pass and its input gradient
+# in the backward pass, `[t, d]` in bf16 each, `2 x 2td` bytes per ring; it computes `6 x 3 d d_ff x t / M`
+# FLOPs on an axis of `M` chips. The `t` cancels: they hide when **d_ff / M > (4/9) C/W**, whatever the
+# batch. A v5e's `C/W = 1970` asks for `d_ff / M` above 875; 8-way TP of this block gives 1,792, 16-way
+# sits at the edge and 32-way would not hide. So TP axes stay small, and TP is chosen for memory, not
+# bytes.
+#
+# Check both on the compiled programs: FSDP's bytes are fixed and its compute grows with the batch, so
+# they meet at the crossover.
+
+# %%
+if ok:
+    tokens = BATCH * SEQ // 8
+    crossover = tokens * est["FSDP"]["comm"] / est["FSDP"]["compute"]
+    print(f"FSDP: its collectives hide above about {crossover:,.0f} tokens per chip "
+          f"(the formula: {2 / 3 * PEAK / LINK:,.0f}); this batch has {tokens:,}")
+    tp_ratio = est["TP"]["compute"] / est["TP"]["comm"]
+    print(f"TP: compute / communication = {tp_ratio:.2f} at any batch (the formula: "
+          f"{FF / 8 / (4 / 9 * PEAK / LINK):.2f})")
+    assert 0.5 < crossover / (2 / 3 * PEAK / LINK) < 2
+    assert 0.5 < tp_ratio / (FF / 8 / (4 / 9 * PEAK / LINK)) < 2
+else:
+    print(why)
+
+# %% [markdown]
+# Close to the formulas, not equal: the compiler fuses and picks each collective's dtype. Hiding also needs the schedule to allow it. The compiled TPU program is scheduled: its
+# entry computation lists instructions in the order the chip runs them, and asynchronous collectives
+# appear as a `...-start` and a `...-done`. Whatever the chip runs between the two overlaps the transfer.
+# List, for each strategy, the asynchronous collectives and the matmuls (`convolution` fusions, and loops
+# that contain them) scheduled inside their windows:
+
+# %%
+INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = .*? ([a-z][\w-]*)\((.*)$", re.M)
+COLLECTIVE = re.compile(r" (all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)[\w-]*\(")
+
+
+def windows(compiled):
+    """For each asynchronous collective of the entry computation: (its kind, matmuls scheduled inside it).
+
+    The TPU compiler writes one either as an `...-start` / `...-done` pair, or as a pair of fusions named
+    `async-collective-start` / `async-collective-done` that wrap the collective."""
+    text = compiled.as_text()
+    comps = dict(re.findall(r"^(?:ENTRY )?%(\S+) .*?\{\n(.*?)\n\}", text, re.M | re.S))
+    entry = text[text.index("\nENTRY"):]
+    order = INSTR.findall(entry[: entry.index("\n}")])
+
+    def inside(rest):  # the text of the computations an instruction calls (fusions, loops)
+        return "".join(comps.get(c, "") for c in re.findall(r"(?:calls|body)=%([\w.-]+)", rest))
+
+    found = []
+    for i, (name, op, rest) in enumerate(order):
+        if not (op.endswith("-start") or name.startswith("async-collective-start")):
+            continue
+        kind = COLLECTIVE.search(f" {op}(") or COLLECTIVE.search(inside(rest))
+        if kind is None:  # an asynchronous copy or slice, not a collective
+            continue
+        uses = re.compile(rf"%{re.escape(name)}(?![\w.-])")
+        j = next((j for j in range(i + 1, len(order)) if "done" in order[j][0] + order[j][1] and uses.search(order[j][2])),
+                 None)
+        if j is None:  # finished inside a loop that takes it as an operand: not a window of the entry
+            continue
+        matmuls = sum(op2 in ("convolution", "dot") or "convolution" in inside(rest2) for _, op2, rest2 in order[i + 1 : j])
+        found.append((kind.group(1), matmuls))
+    return found
+
+
+if ok:
+    for name, (compiled, _) in blocks.items():
+        w = windows(compiled)
+        print(f"{name:<10} {len(w):>2} asynchronous collectives, {sum(n > 0 for _, n in w):>2} with matmuls inside"
+              + (": " + ", ".join(sorted({k for k, _ in w})) if w else ""))
+    assert any(n > 0 for _, n in windows(blocks["FSDP"][0]))  # FSDP's transfers overlap its matmuls
+    assert windows(blocks["DP"][0]) == []  # DP's gradient all-reduces run synchronously, after the matmuls
+else:
+    print(why)
+
+# %% [markdown]
+# The TPU compiler overlaps FSDP's traffic in its own way: it cuts a weight's gather into a ring of
+# `collective-permute`s, each started before a matmul on the piece already received and finished after
+# it (a *collective matmul*; the loops of section 2). DP, TP and 2-D programs have no asynchronous
+# collective at all with the default flags: their sums run after the matmuls that produce them, so their
+# `comm` adds to `compute` instead of hiding. MaxText's scripts turn on libtpu flags for this
+# (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
+# in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
+#
+# ## 4. Held against a measurement
+#
+# MaxText, Google's reference JAX trainer, publishes measurements with configurations. Its TPU
+# v5e table (`MaxText/configs/v5e/README.md` in AI-Hypercomputer/maxtext, read 2026-11-25 at commit
+# `0ed7bd5`) gives a 16-billion-parameter model **120 TFLOP/s per chip, 61.10% MFU, on one v5e-256**.
+# The configuration (`16b.sh` beside it at `0777510`, `configs/base.yml` at `000e935`):
+# `global_parameter_scale=16` (`d = 4096`, 64 heads of 128, `d_ff = 28672`, gated, 32 layers, 32,000
+# tokens of vocabulary), `per_device_batch_size=6` of 2,048 tokens, FSDP over all 256 chips
+# (`ici_fsdp_parallelism=-1`), `remat_policy=full` (the backward pass recomputes the forward).
+#
+# Compile that FF block for a `v5e:16x16`, with `jax.checkpoint` for full remat, and estimate the step;
+# add what the block leaves out (attention's projections and scores, the output layer) by formula. MFU
+# counts the model's FLOPs (6 per parameter per token, plus attention's), not recomputation.
+
+# %%
+MT_D, MT_FF, MT_ATTN, MT_LAYERS, MT_VOCAB, MT_SEQ, MT_BATCH = 4096, 28672, 64 * 128, 32, 32000, 2048, 6
+if ok:
+    with quiet():
+        v5e_256 = topologies.get_topology_desc(topology_name="v5e:16x16", platform="tpu").devices
+    mt_tokens = 256 * MT_BATCH * MT_SEQ
+    mt_block, mt_mesh = compile_block(v5e_256, ((256,), ("data",)), specs("data", None), P("data"), d=MT_D, ff=MT_FF,
+                                      tokens=mt_tokens, remat=True)
+    mt = estimate(mt_block, mt_mesh, p_block=3 * MT_D * MT_FF, layers=MT_LAYERS, tokens=mt_tokens, per_token=6 + 4 / 3)
+    t = MT_BATCH * MT_SEQ  # tokens per chip
+    block_flops = 6 * 3 * MT_D * MT_FF * t
+    other_flops = 6 * (4 * MT_D * MT_ATTN * MT_LAYERS + MT_D * MT_VOCAB) * t + 12 * MT_SEQ * MT_ATTN * MT_LAYERS * t
+    model_flops = MT_LAYERS * block_flops + other_flops  # per chip per step, forward and backward, no recompute
+    print(f"FF block, TFLOP per chip: compiler {mt['flops'] / 1e12:.1f}, (6 + 4/3) NT {mt['6NT'] / 1e12:.1f}")
+    if not mt["loops"]:
+        assert abs(mt["flops"] / mt["6NT"] - 1) < 0.01  # remat recomputes two of the three forward matmuls
+    step = max(mt["compute"], mt["memory"], mt["comm"]) + other_flops * 8 / 6 / PEAK  # the rest, remat: 8 per 6
+    measured = model_flops / (0.6110 * PEAK)
+    print(f"estimated step {step:.2f} s (FF blocks: compute {mt['compute']:.2f} s, memory {mt['memory']:.2f} s, "
+          f"communication {mt['comm']:.2f} s)")
+    print(f"measured step, from 61.10% MFU: {measured:.2f} s; estimate / measured = {step / measured:.2f}")
+    print(f"estimated MFU {model_flops / (step * PEAK):.0%} against the measured 61.10%")
+    assert mt["compute"] > mt["comm"] and mt["compute"] > mt["memory"]  # compute-bound: 12,288 tokens per chip
+    assert 0.5 < step / measured < 1
+else:
+    print(why)
+
+# %% [markdown]
+# Remat made the compiler recompute two of the block's three forward matmuls: the third one's output is
+# not needed by the backward pass, so the block costs `(6 + 4/3) NT`, not `8NT`. The estimate is below the
+# measurement, as it must be: it is a floor. With 12,288 tokens per chip, far above FSDP's crossover, the
+# step is compute-bound, and recomputation alone keeps a perfect run near 80% MFU. The rest: matmuls
+# below peak (the flash-attention kernel, small shapes, layouts), the elementwise work the roofline
+# ignores (norms, the softmax, the optimizer's update of 16 billion float32 weights), collectives that do
+# not fully hide, and the step's fixed overheads. The estimate finds the bound; the profiler finds
+# the rest.
+#
+# ## 5. A profiler trace
+#
+# `jax.profiler.trace` records what every device ran, when, and for how long. Record two steps of a small
+# data-parallel train step on the 8 CPU devices into a temporary folder; `create_perfetto_trace=True` also
+# writes `perfetto_trace.json.gz`, plain JSON.
+
+# %%
+mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+w = jax.device_put(jnp.ones((256, 256)), NamedSharding(mesh, P()))
+xb = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
+train_step = jax.jit(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w))
+train_step(w, xb).block_until_ready()  # compile before recording
+
+folder = Path(tempfile.mkdtemp())
+try:
+    with quiet(), jax.profiler.trace(folder, create_perfetto_trace=True):
+        for _ in range(2):
+            w = train_step(w, xb)
+        w.block_until_ready()
+    written = sorted(p.name for p in folder.rglob("*") if p.is_file())
+    (perfetto,) = folder.rglob("perfetto_trace.json.gz")
+    events = json.loads(gzip.decompress(perfetto.read_bytes()))["traceEvents"]
+finally:
+    shutil.rmtree(folder)
+print("written:", written)
+ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
+sums = [e for e in ops if e["args"]["hlo_op"].startswith("all-reduce")]
+print(f"{len(ops)} operations on the devices' timelines, {len(sums)} of them all-reduces, on devices "
+      f"{sorted({int(e['args']['device_ordinal']) for e in sums})}")
+assert {"perfetto_trace.json.gz"} <= set(written) and any(n.endswith(".xplane.pb") for n in written)
+if CPU:
+    assert len(sums) == 2 * 8  # one gradient all-reduce per step on each of the 8 devices
+    assert {e["args"]["hlo_module"] for e in sums} == {sums[0]["args"]["hlo_module"]}  # all from the train step
+
+# %% [markdown]
+# The trace holds one timeline per device, with the gradient's all-reduce once per step. Durations vary
+# from run to run and mean little on simulated devices, so nothing above depends on them; on a TPU or GPU
+# the same call records the accelerator's timeline. To look at it, keep the folder (pass your own path)
+# and drop `perfetto_trace.json.gz` on [ui.perfetto.dev](https://ui.perfetto.dev), or open the folder in
+# XProf (`xprof --logdir=FOLDER`, or TensorBoard's profile plugin) for its trace viewer and op profile.
+# Communication that hides shows as a collective beside a matmul; one that does not, as a gap in the
+# compute.
+#
+# ## Exercises
+#
+# Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
+# `ex.<name>.reveal()` for the reference answer.
+#
+# **Exercise 1: predict a step's compute time.** A 1.3-billion-parameter model trains with data
+# parallelism on 8 H100s, a global batch of 64 sequences of 2,048 tokens, in float32 without tensor
+# cores (67 TFLOP/s per GPU). How many seconds of compute does one step take per GPU, at peak?
+
+# %%
+from exercises import ex16_step_time as ex
+
+answer_1 = NOT_ANSWERED  # seconds, a float
+ex.compute_seconds.check(answer_1);
+
+# %% [markdown]
+# **Exercise 2: the crossover batch.** Under data parallelism on a v6e slice, each chip all-reduces
+# every gradient of an `N`-parameter model in bf16 over a ring of 16 chips, during a backward pass that
+# does `4N` FLOPs per token. Above how many tokens per chip does that all-reduce take less time than the
+# backward pass? Use section 1's figures for the v6e (918 TFLOP/s; 200 GB/s sent per chip).
+
+# %%
+answer_2 = NOT_ANSWERED  # tokens per chip
+ex.crossover_tokens.check(answer_2);
+
+# %% [markdown]
+# ## Takeaways
+# - A step takes at least the largest of FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth and bytes sent /
+#   link bandwidth, per chip; at most their sum. Each is an estimate that assumes peak rates.
+# - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
+#   2,000 to outrun its links.
+# - Compile one layer, not a scanned stack: `cost_analysis()` counts a loop's body once. Check its FLOPs
+#   against `6 x parameters x tokens`; do not trust `optimal_seconds` on a training step.
+# - FSDP's collectives hide above about `(2/3) C/W` tokens per chip; TP's when `d_ff / M` is above about
+#   `(4/9) C/W`, whatever the batch: keep TP axes small.
+# - A published 61% MFU sits under an estimate near 80% (full remat recomputes): the estimate finds the bound, the
+#   profiler finds the rest. `jax.profiler.trace(..., create_perfetto_trace=True)` gives a file for
+#   ui.perfetto.dev.
+#
+# **Next:** [17 · pmap vs SPMD](17_pmap_vs_spmd.ipynb)
