@@ -14,7 +14,7 @@
 # - the roofline: compute, memory and communication time per chip, and what makes a matmul
 #   compute-bound (arithmetic intensity);
 # - how to read FLOPs, bytes and collectives from `compiled.cost_analysis()` and `collectives()`, and
-#   where the compiler's figures mislead (loops, `optimal_seconds`);
+#   where the compiler's figures mislead (loops);
 # - when a collective hides behind compute, the per-device batch below which FSDP's gathers dominate,
 #   and the width below which tensor parallelism's sums do;
 # - how far such an estimate is from a measured step, and why;
@@ -150,7 +150,9 @@ else:
 # matrices, 176 million parameters, 81% of a layer's), bf16, 32 layers. The slice: a v5e-8 (`v5e:2x4`).
 # The batch: 8 sequences of 2,048 tokens. A program that loops over layers misleads `cost_analysis()`,
 # which counts a loop's body once, and the whole step takes minutes to compile. So compile
-# **one block's forward and backward pass** per strategy, and multiply by the layer count.
+# **one block's forward and backward pass** per strategy, and multiply by the layer count. The table uses
+# the compiler's least effort (`O0`, fast); section 3 checks that the default gives the same FLOPs and
+# collectives.
 
 # %%
 D, FF, SEQ, LAYERS, BATCH = 4096, 14336, 2048, 32, 8
@@ -185,7 +187,9 @@ STRATEGIES = {  # mesh, weight specs, batch spec
 }
 
 
-def compile_block(devices, mesh_shape, weight_specs, batch_spec, d=D, ff=FF, tokens=BATCH * SEQ, remat=False):
+def compile_block(devices, mesh_shape, weight_specs, batch_spec, d=D, ff=FF, tokens=BATCH * SEQ, remat=False,
+                  effort="O0"):
+    """One block's step, compiled for `devices`; `effort="O0"` is the compiler's least effort, None its default."""
     shape, names = mesh_shape
     mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=devices)
     sizes = {"w1": (d, ff), "w3": (d, ff), "w2": (ff, d)}
@@ -193,8 +197,12 @@ def compile_block(devices, mesh_shape, weight_specs, batch_spec, d=D, ff=FF, tok
          for k, s in sizes.items()}
     x = jax.ShapeDtypeStruct((tokens, d), jnp.bfloat16, sharding=NamedSharding(mesh, batch_spec))
     out = (x.sharding, {k: v.sharding for k, v in p.items()}, x.sharding)
-    with quiet():
-        return jax.jit(partial(block_step, remat=remat), out_shardings=out).lower(p, x, x).compile(), mesh
+    jax.config.update("jax_optimization_level", effort or "UNKNOWN")  # UNKNOWN: the compiler's default
+    try:
+        with quiet():
+            return jax.jit(partial(block_step, remat=remat), out_shardings=out).lower(p, x, x).compile(), mesh
+    finally:
+        jax.config.update("jax_optimization_level", "UNKNOWN")
 
 
 if ok:
@@ -252,12 +260,10 @@ else:
 # `comm` rings at full link speed. None counts attention (its projections and `S x S` scores add about a
 # third again), the optimizer update, the embedding or the loss.
 #
-# The compiler gives FLOPs and bytes per chip (`cost_analysis()`) and the collectives (`collectives()`)
-# directly. Where the program has no loop, its FLOPs agree with `6NT` within 1%.
-# Where the TPU compiler split a gather into a loop of `collective-permute`s that overlap pieces of the
-# matmul (a *collective matmul*), `cost_analysis()` counts the loop's body once and reports fewer FLOPs:
-# trust `6NT` there. The compiler's own `optimal_seconds` is negative for some of these programs: use it
-# on simple programs only.
+# The compiler gives FLOPs and bytes per chip (`cost_analysis()`) and the collectives directly; without
+# a loop its FLOPs match `6NT` within 1%. Where it split a gather into a loop of `collective-permute`s
+# overlapping pieces of the matmul (a *collective matmul*), `cost_analysis()` counts the loop's body
+# once: trust `6NT` there. `optimal_seconds` is the compiler's own guess.
 #
 # The compute is the same, 2 TFLOP per chip per block: each strategy divides the same work by 8. What
 # each sends differs: DP all-reduces every gradient, FSDP gathers the bf16 weights and reduce-scatters
@@ -300,11 +306,12 @@ else:
     print(why)
 
 # %% [markdown]
-# Close to the formulas, not equal: the compiler fuses and picks each collective's dtype. Hiding also needs the schedule to allow it. The compiled TPU program is scheduled: its
+# Close to the formulas, not equal: the compiler fuses and picks each collective's dtype. Hiding also
+# needs the schedule to allow it. The compiled TPU program is scheduled: its
 # entry computation lists instructions in the order the chip runs them, and asynchronous collectives
 # appear as a `...-start` and a `...-done`. Whatever the chip runs between the two overlaps the transfer.
-# List, for each strategy, the asynchronous collectives and the matmuls (`convolution` fusions, and loops
-# that contain them) scheduled inside their windows:
+# List, for DP and FSDP at the default effort, the asynchronous collectives and the matmuls
+# (`convolution` fusions, and loops that contain them) scheduled inside their windows:
 
 # %%
 INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = .*? ([a-z][\w-]*)\((.*)$", re.M)
@@ -342,12 +349,15 @@ def windows(compiled):
 
 
 if ok:
-    for name, (compiled, _) in blocks.items():
+    scheduled = {name: compile_block(v5e_8, *STRATEGIES[name], effort=None) for name in ("DP", "FSDP")}
+    for name, (compiled, mesh) in scheduled.items():
         w = windows(compiled)
         print(f"{name:<10} {len(w):>2} asynchronous collectives, {sum(n > 0 for _, n in w):>2} with matmuls inside"
               + (": " + ", ".join(sorted({k for k, _ in w})) if w else ""))
-    assert any(n > 0 for _, n in windows(blocks["FSDP"][0]))  # FSDP's transfers overlap its matmuls
-    assert windows(blocks["DP"][0]) == []  # DP's gradient all-reduces run synchronously, after the matmuls
+        full, fast = estimate(compiled, mesh), est[name]
+        assert full["flops"] == fast["flops"] and full["comm"] == fast["comm"], name  # O0 changed neither
+    assert any(n > 0 for _, n in windows(scheduled["FSDP"][0]))  # FSDP's transfers overlap its matmuls
+    assert windows(scheduled["DP"][0]) == []  # DP's gradient all-reduces run synchronously, after the matmuls
 else:
     print(why)
 
@@ -486,7 +496,7 @@ ex.crossover_tokens.check(answer_2);
 # - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
 #   2,000 to outrun its links.
 # - Compile one layer, not a scanned stack: `cost_analysis()` counts a loop's body once. Check its FLOPs
-#   against `6 x parameters x tokens`; do not trust `optimal_seconds` on a training step.
+#   against `6 x parameters x tokens`.
 # - FSDP's collectives hide above about `(2/3) C/W` tokens per chip; TP's when `d_ff / M` is above about
 #   `(4/9) C/W`, whatever the batch: keep TP axes small.
 # - A published 61% MFU sits under an estimate near 80% (full remat recomputes): the estimate finds the bound, the
