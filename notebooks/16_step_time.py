@@ -36,7 +36,7 @@ if course is None and "google.colab" in sys.modules:  # a notebook alone on Cola
 sys.path[:0] = [str(course.resolve())] if course else []
 from utils import launch, setup_devices
 
-launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows the memory in use. Elsewhere: nothing.
+launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
 
 # %%
