@@ -52,7 +52,7 @@ from jax.sharding import PartitionSpec as P
 from utils import (NOT_ANSWERED, collectives, draw_permute, draw_shardings, format_bytes, memory_per_device, quiet,
                    shard_table, tpu_compiler_available, type_string)
 
-assert jax.device_count() == 8
+assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
 CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
 # On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
 # TPUs (bf16 passes) multiply float32 at lower precision by default, and summing in another order then
@@ -373,7 +373,8 @@ fsdp_state = jax.device_put(state0, jax.tree.map(lambda a: NamedSharding(dp_mesh
 fsdp_ops = collectives(programs["strided"].lower(*fsdp_state, x_dp, y_dp).compile())
 print(fsdp_ops)
 weight_gathers = [op for op in fsdp_ops.ops if op.kind == "all-gather"]
-assert {op.shapes for op in weight_gathers} == {((64, 256),), ((256, 10),)}  # each kernel, whole
+# each kernel, whole, whether gathered alone or in one combined gather (as a GPU compiler writes it)
+assert {s for op in weight_gathers for s in op.shapes} == {(64, 256), (256, 10)}
 if CPU:  # the CPU compiler's choice
     assert not any(op.in_loop for op in weight_gathers)  # once, before the loop
 
