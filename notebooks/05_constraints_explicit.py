@@ -12,6 +12,8 @@
 # **You will learn**
 # - why `jax.device_put` inside `jit` does not reshard on Auto axes, and what does:
 #   `jax.lax.with_sharding_constraint` and `jax.jit(..., out_shardings=...)`;
+# - how to see the layout of a value inside `jit` (`jax.debug.inspect_array_sharding`, the lowered
+#   program's `sdy` annotations), and how to pin only some dimensions (`P.UNCONSTRAINED`);
 # - how one constraint fixes a poor plan of the compiler, and how a waypoint avoids a full copy of an
 #   array on every device;
 # - Explicit axes: the sharding in the type (`f32[128@data,512]`), `jax.reshard`, and `out_sharding=` for
@@ -39,6 +41,8 @@ launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memor
 SETUP = setup_devices(8)
 
 # %%
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,6 +131,52 @@ np.testing.assert_array_equal(fixed, 2 * X)
 draw_shardings({"1: x": x, "2: process_fixed(x)": fixed})
 
 # %% [markdown]
+# **Reading the two programs.** In the lowered program (before partitioning) the argument carries its
+# layout as `sdy.sharding`, and the request is an `sdy.sharding_constraint`; `{}` is a dimension left
+# whole. The compiled program moves `x` with a collective-permute, then an all-gather. The permute's
+# `source_target_pairs` say who sends its block to whom, numbering devices by their place in the mesh
+# (`mesh.devices.flat`), not by id:
+
+# %%
+requests = [line.strip() for line in lowered.as_text().splitlines() if "sdy.sharding" in line]
+print(*requests, sep="\n")
+assert any('sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>' in line for line in requests)  # x as it arrives
+assert any("sdy.sharding_constraint" in line and '[{"model"}, {}]' in line for line in requests)  # the request
+
+(permute,) = [op for op in collectives(compiled).ops if op.kind == "collective-permute"]
+pairs_text = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", compiled.as_text()).group(1)
+send = {int(s): int(t) for s, t in re.findall(r"\{(\d+),(\d+)\}", pairs_text)}
+place = mesh.devices.flat  # place k in the program is the device mesh.devices.flat[k]
+cycles, left = [], set(send)
+while left:  # follow each block until it comes back to where it started
+    cycle = [min(left)]
+    while send[cycle[-1]] != cycle[0]:
+        cycle.append(send[cycle[-1]])
+    cycles.append(cycle)
+    left -= set(cycle)
+for cycle in cycles:
+    print(" -> ".join(f"dev {place[k].id}" for k in cycle + cycle[:1]) if len(cycle) > 1 else
+          f"dev {place[cycle[0]].id} keeps its block")
+keepers = [place[c[0]] for c in cycles if len(c) == 1]
+assert sorted(send) == sorted(send.values()) == list(range(mesh.size))  # each device sends one block, gets one
+assert max(len(c) for c in cycles) == permute.group_size  # "group 3": the longest cycle
+
+
+def rows_of(a, device):  # the rows of X that this device holds of a
+    return set(range(128)[a.sharding.devices_indices_map(X.shape)[device][0]])
+
+
+assert keepers and all(rows_of(x, d) <= rows_of(fixed, d) for d in keepers)  # what a keeper has, it keeps
+sent = sum(permute.result_bytes for s, t in send.items() if s != t) / len(send)  # per device, on average
+print(f"ring estimate {permute.estimated_bytes / 1024:.0f} KiB per device; sent on average {sent / 1024:.0f} KiB")
+assert sent < permute.estimated_bytes
+
+# %% [markdown]
+# The blocks travel in cycles: "group 3" in the table is the longest one. A device that sends to itself
+# keeps its block, because the rows it holds are among the rows its new layout keeps. The ring estimate
+# charges every device a whole block, so for this permute it is an overestimate.
+
+# %% [markdown]
 # **A constraint also reaches backwards.** A batch that arrives as a NumPy array has no sharding, and
 # `jit` gives every device all of it. Constrain it where it enters the function:
 
@@ -187,22 +237,65 @@ if CPU:
     assert (op.kind, op.result_type, op.group_size) == ("all-gather", "f32[32,256]", 2)  # a row block, whole
 
 # %% [markdown]
-# Each device's `(32, 128)` block is gathered with its `model` partner into whole rows. That is not what a
-# constraint on the returned value does: a constraint propagates backwards, into the matmul, which then
-# computes whole rows and needs all of `w` on every device. `out_shardings` applies where the result
-# leaves, after the matmul:
+# Each device's `(32, 128)` block is gathered with its `model` partner into whole rows.
+#
+# **`out_shardings` reaches backwards too.** Give the same request to a function whose inputs have no
+# layout yet (NumPy arrays): the compiler splits the whole computation by rows, as a constraint on the
+# result does, and each device computes only its own rows:
 
 # %%
-inside = jax.jit(lambda a, b: jax.lax.with_sharding_constraint(a @ b, rows_whole)).lower(x, w_cols).compile()
-print(collectives(inside))
-assert inside.output_shardings.is_equivalent_to(rows_whole, 2)  # the same layout delivered
-np.testing.assert_allclose(inside(x, w_cols), X @ W, rtol=RTOL, atol=1e-3)
-if CPU:
-    assert [op.result_type for op in collectives(inside).ops] == ["f32[512,256]"]  # all of w
-    assert collectives(inside).estimated_bytes == 16 * collectives(asked).estimated_bytes
+COUNTS_FLOPS = jax.default_backend() != "gpu"  # cost_analysis() counts no FLOPs on GPU
+
+
+def tanh_product(a, b):
+    return jnp.tanh(a) @ b
+
+
+A, B = rng.normal(size=(128, 512)).astype(np.float32), rng.normal(size=(512, 256)).astype(np.float32)
+neither = jax.jit(tanh_product).lower(A, B).compile()
+by_result = jax.jit(tanh_product, out_shardings=rows_whole).lower(A, B).compile()
+by_constraint = jax.jit(lambda a, b: jax.lax.with_sharding_constraint(tanh_product(a, b), rows_whole)).lower(A, B).compile()
+for name, c in (("no annotation", neither), ("out_shardings", by_result), ("constraint", by_constraint)):
+    print(f"{name:<14} FLOPs per device:", f"{c.cost_analysis()['flops'] / 1e6:.1f} M" if COUNTS_FLOPS else "not counted")
+assert collectives(by_result).count() == collectives(by_constraint).count() == 0  # no device needs another's rows
+if COUNTS_FLOPS:
+    for c in (by_result, by_constraint):
+        assert 3.9 < neither.cost_analysis()["flops"] / c.cost_analysis()["flops"] < 4.1  # a quarter of the rows
+np.testing.assert_allclose(by_result(A, B), np.tanh(A) @ B, rtol=RTOL, atol=1e-3)
 
 # %% [markdown]
-# Same result, same layout, and on the CPU backend 16 times the bytes by the ring-formula estimate. Use
+# Then why did `out_shardings` gather the product above, where a constraint would compute whole rows?
+# Because of a conflict: the operands already fix the product's layout at `P('data', 'model')`. A result
+# sharding does not win against the operands, so the matmul stays where they put it and the result is
+# moved after it. A constraint pins the value itself: the matmul must then produce whole rows, and needs
+# all of `w` on every device. `jax.debug.inspect_array_sharding` shows which layout the compiler gave a
+# value inside `jit` (on Auto axes `jax.typeof` does not say); its callback runs while compiling:
+
+# %%
+product_layout = {}
+
+
+def product(a, b, pin=False):
+    h = a @ b
+    jax.debug.inspect_array_sharding(h, callback=lambda s: product_layout.update({pin: s}))
+    return jax.lax.with_sharding_constraint(h, rows_whole) if pin else h
+
+
+asked = jax.jit(product, out_shardings=rows_whole).lower(x, w_cols).compile()
+inside = jax.jit(lambda a, b: product(a, b, pin=True)).lower(x, w_cols).compile()
+for name, c in (("out_shardings", asked), ("constraint", inside)):
+    print(f"{name}: the product is made at {product_layout[c is inside].spec}\n{collectives(c)}\n")
+assert product_layout[False].is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)  # the operands' choice
+assert product_layout[True].is_equivalent_to(rows_whole, 2)  # pinned
+assert inside.output_shardings.is_equivalent_to(rows_whole, 2)  # the same layout delivered
+(gather_product,), (gather_w,) = collectives(asked).ops, collectives(inside).ops
+assert np.prod(gather_product.shapes[0]) == 32 * 256 and np.prod(gather_w.shapes[0]) == W.size  # rows; all of w
+if COUNTS_FLOPS:  # whole rows are twice the work of half-rows
+    assert 1.9 < inside.cost_analysis()["flops"] / asked.cost_analysis()["flops"] < 2.1
+np.testing.assert_allclose(inside(x, w_cols), X @ W, rtol=RTOL, atol=1e-3)
+
+# %% [markdown]
+# Same result, same layout; the constraint moves all of `w` and doubles each device's work. Use
 # `out_shardings` for what the caller gets, a constraint for a value inside, and check the program.
 #
 # ## 4. When the compiler plans poorly
@@ -278,6 +371,21 @@ assert [op.result_type for op in collectives(waypoint_c).ops] == ["f32[128,256]"
 out = waypoint_c(x)
 assert out.sharding.is_equivalent_to(target, 2)
 np.testing.assert_array_equal(out, X)
+
+# %% [markdown]
+# A constraint can pin some dimensions only: `P.UNCONSTRAINED` leaves a dimension to propagation. Ask
+# only for columns over `model`, and the rows keep the split they arrive with: that is the waypoint,
+# reached with no data moved. The lowered program writes the free dimension as `{?}`:
+
+# %%
+columns_only = jax.jit(lambda v: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P(P.UNCONSTRAINED, "model"))))
+lowered = columns_only.lower(x)
+compiled = lowered.compile()
+print(next(line.strip() for line in lowered.as_text().splitlines() if "sdy.sharding_constraint" in line))
+print("result:", type_string(X.shape, compiled.output_shardings))
+assert '[{?}, {"model"}]' in lowered.as_text()
+assert compiled.output_shardings.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)  # rows kept on data
+assert collectives(compiled).count() == 0
 
 # %%
 waypoint_layout = jax.ShapeDtypeStruct(X.shape, X.dtype, sharding=NamedSharding(mesh, P("data", "model")))
@@ -511,7 +619,9 @@ ex.rows_matmul.check(answer_2);
 # %% [markdown]
 # ## Takeaways
 # - Inside `jit` on Auto axes, `jax.device_put` does not reshard. `jax.lax.with_sharding_constraint` pins a
-#   value, and `jax.jit(..., out_shardings=...)` delivers the result in the layout you ask for.
+#   value, and `jax.jit(..., out_shardings=...)` delivers the result in the layout you ask for. Both
+#   propagate backwards, but where the operands already fix a value's layout, only a constraint overrides
+#   them.
 # - A constraint changes where things are computed, never what: one constraint cut the ring-estimated bytes of a
 #   matmul chain by more than half, and a waypoint turned a full copy on every device into half of one.
 #   Check each in the compiled program.
