@@ -15,7 +15,9 @@
 #   and what each compiles to;
 # - how to go manual over one axis only (`axis_names=`) and leave the other to the compiler;
 # - why `in_specs` reshards on an Auto mesh but only checks on an Explicit one;
-# - what the `check_vma` replication check catches, and the wrong answer you get without it.
+# - what the `check_vma` replication check catches, and the wrong answer you get without it;
+# - gradients through `shard_map`: why they depend on `check_vma`, `psum` and `pmean` over several axes,
+#   and `jax.lax.pcast` to mix invariant and varying values.
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -219,11 +221,7 @@ draw_shardings({"1: before": x_rows, "2: after all_to_all": by_columns}, ncols=2
 
 # %%
 ring = [(i, (i + 1) % 4) for i in range(4)]
-fig = draw_permute(mesh, "data", ring)
-arrows = [a.get_label() for a in fig.axes[0].patches if a.get_gid() == "permute-arrow"]
-ids_at = mesh.device_ids  # arrows join mesh positions, so read the ids off the mesh
-assert sorted(arrows) == sorted(f"dev {ids_at[a, j]} -> dev {ids_at[b, j]}" for a, b in ring for j in range(2))
-fig
+draw_permute(mesh, "data", ring)
 
 # %% [markdown]
 # The layout does not change, the contents do. Give each device a block holding its own id, shift it, and
@@ -243,9 +241,9 @@ draw_shardings({"1: before": ids, "2: after ppermute": shifted}, ncols=2, show_b
                contents=lambda b: f"data of dev {b[0, 0]:.0f}")
 
 # %% [markdown]
-# The device at `data=1` now holds the data of the one at `data=0` (on CPU: device 2 holds device 0's),
-# and the one at `data=0` holds the data of the one at `data=3` (device 6's): the ring wraps around. One
-# collective-permute of one block per device did it.
+# The device at `data=1` now holds the data of the one at `data=0`, and the one at `data=0` holds the
+# data of the one at `data=3`: the ring wraps around. One collective-permute of one block per device did
+# it.
 #
 # ## 6. Manual over one axis only: `axis_names=`
 #
@@ -393,7 +391,89 @@ np.testing.assert_array_equal(old, sums)
 # The fix is the spelling used throughout this notebook: `jax.shard_map(f, mesh=mesh, in_specs=...,
 # out_specs=...)`, with the mesh as a keyword (or from `jax.set_mesh`), and `check_vma` where the old
 # function said `check_rep`.
+
+# %% [markdown]
+# ## 9. Gradients through `shard_map`
 #
+# A loss written per device: the 16 rows are split over **both** axes, 2 per device (`P(('data', 'model'),
+# None)`), and `pmean` over both axes averages the eight local losses (`psum` and `pmean` take a tuple of
+# axes). `w` and `b` are whole on every device (`P()`): invariant. Where `xb @ w + b` mixes them with
+# varying values, `shard_map` casts them to varying, and the transpose of that cast is a `psum`: the
+# gradient of an invariant input comes back summed over the devices. Differentiate inside the per-device
+# program in two ways, with and without the check, and compare with `jax.grad` of the plain loss:
+
+# %%
+rng = np.random.default_rng(0)
+Xg, Wg, bg = (rng.normal(size=s).astype(np.float32) for s in ((16, 8), (8, 4), (4,)))
+both = ("data", "model")
+xg = jax.device_put(Xg, NamedSharding(mesh, P(both, None)))
+
+
+def loss(w, b, x):  # the plain loss
+    return jnp.mean(jnp.tanh(x @ w + b) ** 2)
+
+
+def grad_of_mean(w, b, xb):  # differentiate the mean over all devices
+    return jax.grad(lambda w, b: jax.lax.pmean(loss(w, b, xb), both), argnums=(0, 1))(w, b)
+
+
+def mean_of_grads(w, b, xb):  # the pmap habit: each device's gradient, then their mean
+    return [jax.lax.pmean(g, both) for g in jax.grad(loss, argnums=(0, 1))(w, b, xb)]
+
+
+def equal(grads, ref, scale=1):
+    return all(np.allclose(g, scale * r, rtol=RTOL, atol=RTOL) for g, r in zip(grads, ref, strict=True))
+
+
+first_rows = Xg[xg.sharding.devices_indices_map(Xg.shape)[mesh.devices.flat[0]]]  # the first device's 2 rows
+want, want_first = (jax.grad(loss, argnums=(0, 1))(Wg, bg, rows) for rows in (Xg, first_rows))
+verdicts = {}
+for f in (grad_of_mean, mean_of_grads):
+    for check in (True, False):
+        got = jax.shard_map(f, mesh=mesh, in_specs=(P(), P(), P(both, None)), out_specs=P(), check_vma=check)(Wg, bg, xg)
+        verdicts[f.__name__, check] = ("right" if equal(got, want) else "8x too large" if equal(got, want, 8) else
+                                       "the first device's rows only" if equal(got, want_first) else "other")
+        print(f"{f.__name__:<14} check_vma={check!s:<6} {verdicts[f.__name__, check]}")
+assert verdicts == {("grad_of_mean", True): "right", ("grad_of_mean", False): "the first device's rows only",
+                    ("mean_of_grads", True): "8x too large", ("mean_of_grads", False): "right"}
+
+# %% [markdown]
+# With the check on, the gradient of `w` arrives already summed over the 8 devices, so differentiating
+# the mean is right, and averaging the gradients again (as `pmap` code does) keeps that sum: 8 times too
+# large. With `check_vma=False` nothing is cast, so nothing is summed: each device keeps its own
+# gradient, `psum` transposes to another `psum`, and `out_specs=P()` hands back the first device's
+# answer, as if its 2 rows were the batch. `pmap` runs without the check, which is why its habit of
+# averaging gradients is right there. Keep the check on and differentiate the loss your program computes.
+#
+# **Casting by hand: `jax.lax.pcast`.** A `scan` carry must keep its type from step to step, so a carry
+# that starts invariant (`jnp.zeros`) and takes in varying rows is refused. Cast it to varying over the
+# axes with `jax.lax.pcast(..., to='varying')` (which replaced `jax.lax.pvary`):
+
+# %%
+def running_sum(xb, cast):
+    start = jnp.zeros(xb.shape[1:])
+    start = jax.lax.pcast(start, both, to="varying") if cast else start
+    total, _ = jax.lax.scan(lambda acc, row: (acc + row, None), start, xb)
+    return jax.lax.psum(total, both)  # one psum over both axes: all 8 devices
+
+
+def summed(cast):
+    return jax.shard_map(lambda xb: running_sum(xb, cast), mesh=mesh, in_specs=P(both, None), out_specs=P())
+
+
+try:
+    summed(cast=False)(xg)
+except TypeError as err:
+    caught.append("TypeError")
+    print("TypeError: ...", next(line for line in str(err).splitlines() if "manual axis types" in line))
+    assert "pcast" in str(err)  # the message names the fix
+compiled = program(summed(cast=True), xg)
+print(collectives(compiled))
+assert caught[-1] == "TypeError"
+assert [(op.kind, op.group_size) for op in collectives(compiled).ops] == [("all-reduce", 8)]
+np.testing.assert_allclose(compiled(xg), Xg.sum(axis=0), rtol=RTOL, atol=1e-5)
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -444,5 +524,8 @@ ex.all_to_all_out_specs.check(answer_3);
 # - Keep `check_vma=True`: it refuses an `out_specs` that claims replication it cannot prove, where
 #   `check_vma=False` returns one device's partial result. Use `jax.shard_map`, not
 #   `jax.experimental.shard_map`.
+# - With the check on, the gradient of an invariant input arrives summed over the devices: differentiate
+#   the loss the program computes (`pmean` inside), do not average gradients again as `pmap` code does.
+#   `jax.lax.pcast(..., to='varying')` casts an invariant value, such as a `scan` carry, by hand.
 #
 # **Next:** [07 · Data parallelism](07_data_parallel.ipynb)
