@@ -174,12 +174,14 @@ ring_source = Exercise(
     checker=_check_ring_source,
     solution=0,
     wrong=(4, 1, 7, 6),
-    hint="find device 6 on the mesh picture (row = data index, column = model index); which index sends to index 3?",
+    hint=("find device 6 on the mesh picture (row = data index, column = model index); the pair (i, i - 1) sends "
+          "from data index i to i - 1 in the same column: which index sends to device 6's?"),
     explanation=(
-        "With the devices in id order, device 6 is at (data=3, model=0). The pair (0, 3), i = 0 sending to "
-        "(0 - 1) % 4 = 3, wraps around: device 6 receives the block of data index 0 in the same model column, "
-        "device 0. Where the mesh orders devices otherwise (a TPU host's follows the chips' wiring), the "
-        "picture's positions, not the ids, decide."
+        "The pair (i, (i - 1) % 4) sends from data index i to index i - 1 in the same model column, so each "
+        "device receives the block of the device one data index below it, and the device at data index 3 "
+        "receives from index 0 (the wrap-around). Device 6's position on the mesh picture, not its id, gives "
+        "the answer: the ids sit elsewhere where the mesh orders devices otherwise (a TPU host's follows the "
+        "chips' wiring)."
     ),
 )
 

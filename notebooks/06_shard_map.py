@@ -426,11 +426,12 @@ def equal(grads, ref, scale=1):
 
 
 first_rows = Xg[xg.sharding.devices_indices_map(Xg.shape)[mesh.devices.flat[0]]]  # the first device's 2 rows
-want, want_first = (jax.grad(loss, argnums=(0, 1))(Wg, bg, rows) for rows in (Xg, first_rows))
+want, want_first = (jax.jit(jax.grad(loss, argnums=(0, 1)))(Wg, bg, rows) for rows in (Xg, first_rows))
 verdicts = {}
 for f in (grad_of_mean, mean_of_grads):
     for check in (True, False):
-        got = jax.shard_map(f, mesh=mesh, in_specs=(P(), P(), P(both, None)), out_specs=P(), check_vma=check)(Wg, bg, xg)
+        got = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P(), P(both, None)), out_specs=P(),
+                                    check_vma=check))(Wg, bg, xg)
         verdicts[f.__name__, check] = ("right" if equal(got, want) else "8x too large" if equal(got, want, 8) else
                                        "the first device's rows only" if equal(got, want_first) else "other")
         print(f"{f.__name__:<14} check_vma={check!s:<6} {verdicts[f.__name__, check]}")
