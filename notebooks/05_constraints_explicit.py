@@ -264,8 +264,8 @@ if COUNTS_FLOPS:
 np.testing.assert_allclose(by_result(A, B), np.tanh(A) @ B, rtol=RTOL, atol=1e-3)
 
 # %% [markdown]
-# Then why did `out_shardings` gather the product above, where a constraint would compute whole rows?
-# Because of a conflict: the operands already fix the product's layout at `P('data', 'model')`. A result
+# Why, then, did `asked` above gather the product instead of computing whole rows? Because of a
+# conflict: the operands already fix the product's layout at `P('data', 'model')`. A result
 # sharding does not win against the operands, so the matmul stays where they put it and the result is
 # moved after it. A constraint pins the value itself: the matmul must then produce whole rows, and needs
 # all of `w` on every device. `jax.debug.inspect_array_sharding` shows which layout the compiler gave a
