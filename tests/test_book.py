@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, title_and_promise
+from tools.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, title_and_promise
 
 REMOTE_RESOURCE = re.compile(r"<(?:script|img)\b[^>]*\bsrc=\"https?:|<link\b[^>]*\bhref=\"https?:", re.I)
 

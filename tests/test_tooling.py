@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from jupytext.formats import guess_format
 
-from utils.course import ROOT, notebooks, setup_source
+from tools.course import ROOT, notebooks, setup_source
 
 TOOLS = ROOT / "tools" / "notebooks.py"
 sys.path.insert(0, str(ROOT / "tools"))

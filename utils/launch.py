@@ -28,11 +28,9 @@ decides by versions, never by a folder:
 - a failed pip run raises :class:`InstallError` with pip's last lines; nothing
   is remembered as done, so running the cell again retries.
 
-**Binder** builds its image from ``binder/requirements.txt``, which
-:func:`binder_requirements` derives from the same pyproject (compute packages
-and libtpu only: Binder's kernel and server stay as Binder built them). Its
-sessions have 1-2 GB of memory and JupyterLab keeps every opened notebook's
-kernel alive, so on Binder :func:`prepare_runtime` prints :func:`binder_memory_note`.
+**Binder** builds its image from ``binder/requirements.txt`` (written by ``tools/binder.py`` from the
+same pyproject). Its sessions have 1-2 GB and JupyterLab keeps every opened notebook's kernel alive, so
+there :func:`prepare_runtime` prints :func:`binder_memory_note`.
 
 **Everywhere**, :func:`prepare_runtime` prints :func:`version_note`'s one line when
 jax, jaxlib or flax differ from the versions the course is tested with.
@@ -73,7 +71,6 @@ __all__ = [
     "Installed",
     "RestartRequired",
     "binder_memory_note",
-    "binder_requirements",
     "install_requirements",
     "mismatched_plugins",
     "plan_install",
@@ -106,11 +103,6 @@ BINDER_ENV = "SPMD_COURSE_RUNTIME"
 """Set to ``binder`` by ``binder/start``: how :func:`prepare_runtime` knows it runs on Binder."""
 
 _PLUGIN = re.compile(r"^(?:jax-[a-z0-9]+-(?:plugin|pjrt)|libtpu|libtpu-nightly)$")
-_BINDER_MARKERS = {  # the machine Binder builds for (binder/runtime.txt gives the Python)
-    "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
-    "implementation_name": "cpython", "platform_python_implementation": "CPython",
-}
-_LINES = ("3.11", "3.12", "3.13")  # the supported Pythons (pyproject's requires-python)
 _RESTART = "restart the session (Runtime > Restart session) and run this cell again"
 _restart_pending: str | None = None  # the message, once this kernel holds a package that has since changed
 
@@ -372,81 +364,26 @@ def install_requirements(
     return Installed(installed=plan.installed, removed=tuple(plugins), kept=plan.kept)
 
 
-def binder_requirements(pyproject: Path | str | None = None, runtime: Path | str | None = None) -> str:
-    """The text of ``binder/requirements.txt``: pyproject's dependencies and :data:`RUNTIME_GROUPS`, compute only.
+def binder_memory_note(proc: Path | str = "/proc") -> str:
+    """One line on the notebook kernels alive in this session and the memory they hold, against Binder's limit.
 
-    Each line keeps its marker, so pip picks the right line for whichever Python reads the file (the
-    jax 0.10.2 line on 3.11, jax 0.12.0.1 on 3.12 and later). Only lines that apply to Binder's machine
-    (Linux x86_64) with the Python of ``binder/runtime.txt`` or another supported one are written; the
-    header names that Python. Kernel and server packages are left out: on Binder the kernel runs in the
-    server's own environment, and installing them would replace the server Binder built.
+    JupyterLab keeps a notebook's kernel alive after you move on, each course kernel holds a few hundred MB
+    once JAX runs, and Binder stops the whole session past its limit (``MEM_LIMIT``, in bytes, which Binder
+    sets). So the setup cell says what runs and what to close: it is the one place a learner reads at run time.
     """
-    runtime_path = Path(runtime) if runtime is not None else ROOT / "binder" / "runtime.txt"
-    match = re.fullmatch(r"python-(\d+)\.(\d+)", runtime_path.read_text().strip())
-    if not match:
-        raise ValueError(f"{runtime_path} must hold one line like 'python-3.12'")
-    python = f"{match[1]}.{match[2]}"
-    lines: dict[str, None] = {}
-    for version in dict.fromkeys((python, *_LINES)):
-        markers = {**_BINDER_MARKERS, "python_version": version, "python_full_version": f"{version}.0"}
-        for req in requirements(pyproject, markers, groups=RUNTIME_GROUPS):
-            if canonicalize_name(req.name) not in KERNEL_PACKAGES:
-                lines[str(req)] = None
-    header = (f"# For Binder's Python {python} (binder/runtime.txt): pyproject.toml's [project] dependencies and its\n"
-              f"# {' and '.join(RUNTIME_GROUPS)} group, markers kept (so any Python 3.11-3.13 gets its own line), "
-              "written by\n# `python -m utils.launch` (tests/test_launch.py checks that they agree). Compute "
-              "packages only:\n# Binder's Jupyter server and kernel stay as Binder built them.\n")
-    return header + "".join(f"{line}\n" for line in lines)
-
-
-def _kernels(proc: Path) -> list[tuple[int, int]]:
-    """(pid, resident bytes) of the Jupyter kernels running on this machine, read from /proc."""
-    found = []
-    for entry in proc.glob("[0-9]*"):
+    held, count = 0, 0
+    for entry in Path(proc).glob("[0-9]*"):
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            if b"ipykernel" not in cmdline:
-                continue
-            status = (entry / "status").read_text()
+            if b"ipykernel" in (entry / "cmdline").read_bytes():
+                rss = re.search(r"^VmRSS:\s+(\d+)\s+kB", (entry / "status").read_text(), re.MULTILINE)
+                held, count = held + (int(rss[1]) * 1024 if rss else 0), count + 1
         except OSError:  # the process ended while we looked
             continue
-        rss = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.MULTILINE)
-        found.append((int(entry.name), int(rss[1]) * 1024 if rss else 0))
-    return sorted(found)
-
-
-def _memory_limit(cgroup: Path) -> int | None:
-    """This session's memory limit in bytes: Binder's MEM_LIMIT, else the cgroup's, else None."""
-    if os.environ.get("MEM_LIMIT", "").isdigit():
-        return int(os.environ["MEM_LIMIT"])
-    for path in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
-        try:
-            value = path.read_text().strip()
-        except OSError:
-            continue
-        if value.isdigit() and int(value) < 2**50:  # cgroup v1 writes a huge number for "no limit"
-            return int(value)
-    return None
-
-
-def binder_memory_note(proc: Path | str = "/proc", cgroup: Path | str = "/sys/fs/cgroup") -> str:
-    """One line on the kernels alive in this session and the memory they hold, against the session's limit.
-
-    JupyterLab keeps a notebook's kernel alive after you move on to the next notebook; each course
-    kernel holds a few hundred MB once JAX runs, and Binder stops the whole session when it passes
-    its limit. The note tells the learner what to close.
-    """
-    kernels = _kernels(Path(proc))
-    held = sum(rss for _, rss in kernels)
-    limit = _memory_limit(Path(cgroup))
-    of_limit = f" of this session's {_gib(limit)}" if limit else ""
-    count = f"{len(kernels)} notebook kernel{'s' if len(kernels) != 1 else ''}"
-    return (f"Binder: {count} running (this one included), holding {_gib(held)}{of_limit}; each open notebook "
-            "keeps its kernel: finish one with File > Close and Shut Down Notebook before opening the next.")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    limit = os.environ.get("MEM_LIMIT", "")
+    of_limit = f" of this session's {int(limit) / 2**30:.1f} GiB" if limit.isdigit() else ""
+    return (f"Binder: {count} notebook kernel{'s' if count != 1 else ''} running (this one included), holding "
+            f"{held / 2**30:.1f} GiB{of_limit}; each open notebook keeps its kernel: finish one with File > Close "
+            "and Shut Down Notebook before opening the next.")
 
 
 def version_note(installed: Mapping[str, str] | None = None, pyproject: Path | str | None = None) -> str | None:
@@ -481,8 +418,3 @@ def prepare_runtime() -> Installed | None:
     if note:
         print(note)
     return done
-
-
-if __name__ == "__main__":  # python -m utils.launch: rewrite binder/requirements.txt from pyproject.toml
-    (ROOT / "binder" / "requirements.txt").write_text(binder_requirements())
-    print(f"wrote {ROOT / 'binder' / 'requirements.txt'}")
