@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import sys
 import tempfile
@@ -49,37 +50,10 @@ class Captured:
         return item in self.text
 
 
-class _FdWriter:
-    """A text stream that writes straight to a file descriptor (so it keeps its order with C++ output)."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self.encoding = "utf-8"
-        self.errors = "replace"
-
-    def write(self, s: str) -> int:
-        os.write(self._fd, s.encode(self.encoding, self.errors))
-        return len(s)
-
-    def writelines(self, lines: list[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        return self._fd
-
-    @property
-    def closed(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
+def _fd_writer(fd: int) -> io.TextIOWrapper:
+    """A text stream that writes straight to a file descriptor, unbuffered, so it keeps its order with C++ output."""
+    return io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), encoding="utf-8", errors="replace",
+                            write_through=True)
 
 
 def _flush_c_stdio() -> None:
@@ -117,8 +91,7 @@ def quiet() -> Iterator[Captured]:
     try:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-        sys.stdout = _FdWriter(1)  # type: ignore[assignment]
-        sys.stderr = _FdWriter(2)  # type: ignore[assignment]
+        sys.stdout, sys.stderr = _fd_writer(1), _fd_writer(2)
         yield captured
     finally:
         _flush_c_stdio()
