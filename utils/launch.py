@@ -1,39 +1,19 @@
 """Ready a live notebook runtime (Colab, Binder) for the course without breaking it.
 
-The setup cell calls :func:`prepare_runtime` before anything imports numpy,
-matplotlib or JAX, so this module imports only the standard library and
-``packaging`` (which Colab, Binder and pip all carry).
+The setup cell calls :func:`prepare_runtime` before anything imports numpy, matplotlib or JAX, so
+this module imports only the standard library and ``packaging`` (which Colab, Binder and pip carry).
 
-**Colab** hands a kernel that is already running, with its own (older) numpy,
-jax and Jupyter packages installed and some of them imported. So the installer
-decides by versions, never by a folder:
+**Colab** hands over a running kernel with its own older packages, some already imported, so
+:func:`install_requirements` decides by versions: it pip-installs the pyproject requirements (and
+:data:`RUNTIME_GROUPS`) that are missing or outside their specifier, never touches the kernel's and
+server's own packages (:data:`KERNEL_PACKAGES`, pinned through a constraints file), removes JAX plugins
+built for another jax (:func:`mismatched_plugins`), and raises :class:`RestartRequired` (one line, again
+on every re-run until the restart) when a package this kernel had imported changed. A failed pip run
+raises :class:`InstallError`; running the cell again retries.
 
-- it reads the course's requirements from ``pyproject.toml``
-  (``[project] dependencies`` and the ``tpu`` group, :data:`RUNTIME_GROUPS`,
-  markers evaluated for this Python), compares each with the installed version,
-  and runs ``python -m pip install`` for what is missing or outside its
-  specifier, and nothing else. The ``tpu`` group is the libtpu that the
-  installed jax pins (Linux only), so the TPU cells compile there too;
-- the kernel's and the server's own packages (:data:`KERNEL_PACKAGES`) are
-  never installed, even where a requirement names them, and are pinned at their
-  installed versions through a pip constraints file, so that no dependency can
-  upgrade them under the running kernel;
-- JAX plugins that do not belong to the installed jax are uninstalled (see
-  :func:`mismatched_plugins` for why uninstalling, not upgrading);
-- a package that this kernel had already imported and that now has another
-  version cannot be used until the kernel restarts: :class:`RestartRequired`
-  says so in one line, and says it again if the cell is re-run without a
-  restart. After the restart the same call finds everything satisfied and runs
-  no pip at all;
-- a failed pip run raises :class:`InstallError` with pip's last lines; nothing
-  is remembered as done, so running the cell again retries.
-
-**Binder** builds its image from ``binder/requirements.txt`` (written by ``tools/binder.py`` from the
-same pyproject). Its sessions have 1-2 GB and JupyterLab keeps every opened notebook's kernel alive, so
-there :func:`prepare_runtime` prints :func:`binder_memory_note`.
-
-**Everywhere**, :func:`prepare_runtime` prints :func:`version_note`'s one line when
-jax, jaxlib or flax differ from the versions the course is tested with.
+**Binder** installs ``binder/requirements.txt`` (``tools/binder.py``) when it builds the image; at run
+time :func:`prepare_runtime` prints :func:`binder_memory_note`. **Everywhere** it prints
+:func:`version_note` when jax, jaxlib or flax differ from the tested versions.
 """
 
 from __future__ import annotations
@@ -63,20 +43,9 @@ except ImportError:  # pragma: no cover - pip vendors packaging wherever pip is 
     from pip._vendor.packaging.version import InvalidVersion, Version
 
 __all__ = [
-    "BINDER_ENV",
-    "KERNEL_PACKAGES",
-    "RUNTIME_GROUPS",
-    "Environment",
-    "InstallError",
-    "Installed",
-    "RestartRequired",
-    "binder_memory_note",
-    "install_requirements",
-    "mismatched_plugins",
-    "plan_install",
-    "prepare_runtime",
-    "requirements",
-    "version_note",
+    "BINDER_ENV", "KERNEL_PACKAGES", "RUNTIME_GROUPS", "Environment", "InstallError", "Installed", "RestartRequired",
+    "binder_memory_note", "install_requirements", "mismatched_plugins", "plan_install", "prepare_runtime",
+    "requirements", "version_note",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,14 +57,10 @@ KERNEL_PACKAGES = frozenset({
     # the server and frontends a runtime brings (Colab's own package included)
     "jupyter-server", "jupyterlab", "notebook", "google-colab",
 })
-"""Distributions (canonical names) that belong to the runtime's kernel and server, not to the course.
-
-Replacing them under a live kernel breaks it (Colab's runtime crashes, Binder's server changes), so
-the installer neither installs nor upgrades them."""
+"""The runtime's kernel and server (canonical names): replaced under a live kernel they break it, so never installed."""
 
 RUNTIME_GROUPS = ("tpu",)
-"""``[dependency-groups]`` that Colab and Binder install next to ``[project] dependencies``: the libtpu
-pinned for each line (Linux only), without which the TPU cells skip."""
+"""``[dependency-groups]`` installed next to the dependencies on Colab and Binder: libtpu, for the TPU cells."""
 
 _TESTED = ("jax", "jaxlib", "flax")  # pinned per Python line in pyproject; version_note names any that differ
 
@@ -126,20 +91,13 @@ class RestartRequired(_ShownPlainly):
 class Installed:
     """What one :func:`install_requirements` call changed (all empty when everything was satisfied)."""
 
-    installed: tuple[str, ...] = ()
-    """Requirements handed to pip, e.g. ``('jax==0.12.0.1', 'flax==0.12.12')``."""
-    removed: tuple[str, ...] = ()
-    """JAX plugins uninstalled because they belong to another jax."""
-    kept: tuple[str, ...] = ()
-    """Kernel packages a requirement asked to change, left as the runtime has them."""
+    installed: tuple[str, ...] = ()  # requirements handed to pip, e.g. ('jax==0.12.0.1', 'flax==0.12.12')
+    removed: tuple[str, ...] = ()  # JAX plugins uninstalled because they belong to another jax
+    kept: tuple[str, ...] = ()  # kernel packages a requirement asked to change, left as the runtime has them
 
 
 class Environment:
-    """The Python environment the installer inspects and changes: this interpreter's.
-
-    Tests pass a subclass with made-up versions and a fake pip, so the
-    decisions can be checked without a network.
-    """
+    """The Python environment the installer inspects and changes: this interpreter's (tests pass a fake)."""
 
     def versions(self) -> dict[str, str]:
         """Installed distributions, canonical name -> version; the first on ``sys.path`` wins, as for import."""
@@ -245,15 +203,11 @@ def plan_install(reqs: Iterable[Requirement], installed: Mapping[str, str]) -> I
 def mismatched_plugins(installed: Mapping[str, str], jax_requires: Iterable[str]) -> list[str]:
     """Installed JAX plugins that the installed jax does not declare as its own.
 
-    A plugin (``jax-cuda12-plugin``, ``jax-cuda12-pjrt``, ``jax-rocm*-*``, ``libtpu``...) is built
-    for one jaxlib: jax's own metadata pins it in its extras (``jax[cuda12]`` asks
-    ``jax-cuda12-plugin==<its version>``; the ``-pjrt`` half follows its ``-plugin``). JAX loads every
-    installed plugin when it starts, even with ``jax_platforms="cpu"``, and a plugin built for
-    another jaxlib can abort the process there. The installer removes such plugins rather than
-    upgrading them: the course needs 8 devices, Colab offers one accelerator at most, so
-    :func:`utils.setup_devices` runs on 8 simulated CPU devices there anyway; a matching plugin would
-    only be probed and set aside, after downloading hundreds of MB (CUDA plugins, libtpu) into a
-    runtime that lasts hours. The runtime is throwaway: a fresh one has its plugins back.
+    A plugin (``jax-cuda12-plugin`` and its ``-pjrt`` half, ``jax-rocm*-*``, ``libtpu``) is built for one
+    jaxlib, which pins it in its extras. JAX loads every installed plugin at start, even with
+    ``jax_platforms="cpu"``, and one built for another jaxlib can abort the process. Such plugins are
+    removed, not upgraded: Colab has one accelerator at most, so the course runs on 8 simulated CPU devices
+    there anyway, and a matching plugin would cost hundreds of MB to be set aside. A fresh runtime has them back.
     """
     allowed: dict[str, list[SpecifierSet]] = {}
     for line in jax_requires:
