@@ -96,7 +96,7 @@ REQUIREMENTS_EXPORT := export --frozen --offline --no-hashes --format requiremen
 	--group test --group lab --group tpu -o requirements.txt
 requirements: $(UV)
 	$(UV) --quiet $(REQUIREMENTS_EXPORT)
-	.uv/bin/python -m utils.launch
+	.uv/bin/python tools/binder.py
 
 bench: env
 	@echo ">> running every notebook once: wall time and peak memory against 30 s / 1 GB"

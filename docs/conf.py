@@ -7,7 +7,7 @@ Built with Sphinx + MyST-NB + sphinx-book-theme (as the JAX and Flax docs are) b
 ``docs/notebooks`` is a link to the repository's ``notebooks/`` folder, so every page is built from the
 committed ``notebooks/NN_name.ipynb`` itself; only those and ``index.md`` are sources (not the ``.py``
 twins, not ``conftest.py``). The notebook list, the titles and the repository address come from
-``utils.course``: a new notebook appears in the book without any change here.
+``tools.course``: a new notebook appears in the book without any change here.
 
 Execution: MyST-NB's cache mode (outputs kept in ``build/book/jupyter_cache``, a notebook re-runs only
 when its code changes), each kernel started in ``notebooks/`` with the course's environment variables.
@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(DOCS)]
 
 from execute_cached import CACHE, TIMEOUT, is_cached, set_course_environment  # noqa: E402
 
-from utils.course import (  # noqa: E402
+from tools.course import (  # noqa: E402
     BRANCH,
     REPO,
     XLA_NOTEBOOKS,

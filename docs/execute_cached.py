@@ -6,7 +6,7 @@ The book (``make book``: Sphinx + MyST-NB) executes the notebooks in the main en
 their outputs in a jupyter-cache under ``build/book/``. Notebook 19 needs torch_xla, which only
 ``.venv-xla`` has, so ``make book`` first runs this script there: the book then finds that notebook's
 outputs in the cache, exactly as if it had executed it itself. Without arguments it runs the notebooks
-listed in ``utils.course.XLA_NOTEBOOKS``. A notebook already cached with the same code is not run again;
+listed in ``tools.course.XLA_NOTEBOOKS``. A notebook already cached with the same code is not run again;
 a notebook that raises stops the script with the error.
 
 ``docs/conf.py`` imports the helpers below, so the book and this script share one cache, one timeout and
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: the notebooks that need torch_xla")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from utils.course import XLA_NOTEBOOKS, notebooks
+    from tools.course import XLA_NOTEBOOKS, notebooks
 
     paths = [p.resolve() for p in args.notebooks] or [p for p in notebooks() if p.name in XLA_NOTEBOOKS]
     set_course_environment()

@@ -384,9 +384,8 @@ assert not y_auto.sharding.is_equivalent_to(NamedSharding(auto_mesh, P(None, "da
 
 # %% [markdown]
 # **Try it yourself.** The explorer below redraws whenever you edit a box and press Enter: change the mesh,
-# the shape or the spec and watch the type string, the bytes per device and the picture follow. A broken
-# spec shows the rule it breaks and the error JAX raises; *matmul* mode compiles `x @ w` and lists the
-# collectives the compiler inserted.
+# the shape, the dtype or the spec and watch the type string, the bytes per device and the picture follow.
+# A spec that cannot work gets one line saying what to change.
 
 # %%
 from utils import explore

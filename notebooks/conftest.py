@@ -6,7 +6,7 @@ that notebook; naming it on the command line still runs it, and its first cell t
 how to run it. The header line of the test run says what was left out.
 """
 
-from utils.course import notebooks, runnable_here
+from tools.course import notebooks, runnable_here
 
 collect_ignore = [p.name for p in notebooks() if not runnable_here(p)]
 

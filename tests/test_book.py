@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, title_and_promise
+from tools.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, title_and_promise
 
 REMOTE_RESOURCE = re.compile(r"<(?:script|img)\b[^>]*\bsrc=\"https?:|<link\b[^>]*\bhref=\"https?:", re.I)
 
@@ -101,10 +101,11 @@ def _tiny_notebook(path: Path, title: str, markdown: str, code: str) -> None:
 @pytest.mark.slow
 def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch):
     # A repository in miniature: the book's docs/ (notebooks/ linked as in the repository), the
-    # course's utils, and two notebooks that start like the course's, with its setup line.
+    # course's utils and tools, and two notebooks that start like the course's, with its setup line.
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "docs", repo / "docs", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "utils", repo / "utils", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("utils", "tools"):  # tools/course.py lists the notebooks the book holds
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "notebooks").mkdir()
     setup = "import sys\nfrom pathlib import Path\nsys.path.insert(0, str(Path.cwd().parent))\n"
     widget = "import ipywidgets\nfrom IPython.display import display\ndisplay(ipywidgets.IntSlider(3))\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.course import (
+from tools.course import (
     REPO,
     ROOT,
     badges_markdown,
@@ -37,7 +37,7 @@ def test_repository_address_is_written_nowhere_else():
         found = re.findall(pattern, path.read_text())
         assert found, f"{path.name} has no launch badge"
         for owner_repo in found:
-            assert owner_repo == REPO, f"{path.name} names {owner_repo}, not utils.course.REPO"
+            assert owner_repo == REPO, f"{path.name} names {owner_repo}, not tools.course.REPO"
 
 
 def test_notebooks_are_in_course_order():

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from jax.sharding import AxisType
 
-from utils.course import needs_torch_xla, notebooks
+from tools.course import needs_torch_xla, notebooks
 
 ROOT = Path(__file__).parent.parent
 HOOK = Path(__file__).parent / "tpu_device_order"

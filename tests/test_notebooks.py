@@ -12,7 +12,7 @@ import sys
 import nbformat
 import pytest
 
-from utils.course import ROOT, badges_markdown, notebooks, setup_source
+from tools.course import ROOT, badges_markdown, notebooks, setup_source
 
 NOTEBOOKS = notebooks()
 IDS = [p.name for p in NOTEBOOKS]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.course import ROOT
+from tools.course import ROOT
 from utils.processes import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
 
 PY = sys.executable

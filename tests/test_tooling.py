@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from jupytext.formats import guess_format
 
-from utils.course import ROOT, notebooks, setup_source
+from tools.course import ROOT, notebooks, setup_source
 
 TOOLS = ROOT / "tools" / "notebooks.py"
 sys.path.insert(0, str(ROOT / "tools"))
@@ -195,7 +195,7 @@ def test_make_lock_rewrites_the_requirements_too():
     lock = re.search(r"^lock: .*\n((?:\t.*\n)+)", MAKEFILE, re.M)[1]
     assert "$(UV) lock" in lock and "requirements" in lock
     recipe = re.search(r"^requirements: .*\n((?:\t.*\n)+)", MAKEFILE, re.M)[1]
-    assert "$(UV) --quiet $(REQUIREMENTS_EXPORT)" in recipe and "-m utils.launch" in recipe
+    assert "$(UV) --quiet $(REQUIREMENTS_EXPORT)" in recipe and "tools/binder.py" in recipe
 
 
 def _make(*args):

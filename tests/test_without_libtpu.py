@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from utils.course import notebooks
+from tools.course import notebooks
 
 HIDE = Path(__file__).parent / "no_libtpu"
 REASON = "no TPU compiler here: libtpu is not installed"

@@ -400,7 +400,7 @@ def measure(path: Path, *, cgroup: MemoryCgroup | None, offline: list[str], env:
 def bench(paths: list[Path], memory: str = "auto") -> list[dict]:
     """Run each notebook, print the table, and return its rows."""
     sys.path.insert(0, str(ROOT))
-    from utils.course import runnable_here
+    from tools.course import runnable_here
 
     for skipped in [p for p in paths if not runnable_here(p)]:
         print(f"{skipped.name}: skipped, needs torch_xla (`make bench-xla` runs it in .venv-xla)")
@@ -452,7 +452,7 @@ def main(args: list[str]) -> int:
         print(json.dumps(run_one(ns.one, ns.join)))
         return 0
     sys.path.insert(0, str(ROOT))
-    from utils.course import notebooks
+    from tools.course import notebooks
 
     rows = bench([p for p in ns.notebooks if p.suffix == ".ipynb"] or notebooks(), ns.memory)
     return 1 if any(r["error"] for r in rows) else 0

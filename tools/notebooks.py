@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """The two jobs jupytext and nbstripout do not do for this course.
 
-    python tools/notebooks.py stamp     # write utils.course's badges and setup cell into every notebook
+    python tools/notebooks.py stamp     # write tools/course.py's badges and setup cell into every notebook
     python tools/notebooks.py readme    # rewrite README's table of notebooks
 
 Each notebook ``notebooks/NN_name.ipynb`` is paired with ``notebooks/NN_name.py`` (percent format) by
 jupytext (``[tool.jupytext]`` in pyproject.toml); ``make sync`` pairs and strips them, and the
 pre-commit hooks do the same on every commit. ``stamp`` edits the ``.py`` sources (the launch badges
 under each title, the shared setup cell as the second cell) and then lets jupytext bring each
-``.ipynb`` up to date, so both stay paired. Run it after changing ``utils/course.py``.
+``.ipynb`` up to date, so both stay paired. Run it after changing ``tools/course.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from utils.course import badges_markdown, notebooks, setup_source, title_and_promise  # noqa: E402
+from tools.course import badges_markdown, notebooks, setup_source, title_and_promise  # noqa: E402
 
 CELL = re.compile(r"^# %%.*$", re.M)
 SETUP_N = re.compile(r"^SETUP = setup_devices\((\d+)\)$", re.M)

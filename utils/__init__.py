@@ -3,13 +3,10 @@ sharding APIs being taught (notebooks call ``jax.make_mesh``, ``NamedSharding``
 and ``jax.device_put`` themselves).
 
 - ``devices``: :func:`setup_devices`, the one call of every setup cell;
-- ``layout``: the geometry of a sharding (blocks, devices, type strings);
-- ``drawing``: matplotlib pictures of shardings and meshes;
-- ``inspecting``: collectives and memory of compiled programs, shard tables;
-- ``exercises``: self-checking exercises;
-- ``explorer``: an ipywidgets explorer of layouts and matmuls, for JupyterLab;
-- ``course``: where the course lives and how its notebooks start;
-- ``launch``: readying a live runtime (Colab, Binder) before the setup cell starts JAX;
+- ``launch``: readying Colab (and Binder's memory note) before the setup cell starts JAX;
+- ``layout``, ``drawing``, ``inspecting``: the geometry, pictures, collectives and memory of a sharding;
+- ``capture``: C++ output kept out of a cell; ``tpu``: whether TPU programs compile here;
+- ``exercises``: self-checking exercises; ``explorer``: text boxes to try layouts in;
 - ``processes``: several worker processes run together, all stopped at the first failure.
 
 Names load lazily (PEP 562): ``from utils import setup_devices`` imports
@@ -23,19 +20,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
-    from .capture import Captured, quiet
-    from .devices import DeviceCountError, DeviceSetup, setup_devices
-    from .drawing import (
-        device_color,
-        draw_matmul,
-        draw_mesh,
-        draw_permute,
-        draw_sharding,
-        draw_shardings,
-        mesh_labels,
-        tile_labels,
-    )
-    from .exercises import NOT_ANSWERED, Exercise, Verdict, answer_errors
+    from .capture import quiet
+    from .devices import DeviceCountError, setup_devices
+    from .drawing import draw_matmul, draw_mesh, draw_permute, draw_sharding, draw_shardings
+    from .exercises import NOT_ANSWERED, Exercise, answer_errors
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
     from .layout import matmul_traffic, tiles, type_string
@@ -43,13 +31,10 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     from .tpu import tpu_compiler_available
 
 _SOURCES = {
-    "devices": ("DeviceCountError", "DeviceSetup", "setup_devices"),
-    "drawing": (
-        "device_color", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings", "mesh_labels",
-        "tile_labels",
-    ),
-    "capture": ("Captured", "quiet"),
-    "exercises": ("NOT_ANSWERED", "Exercise", "Verdict", "answer_errors"),
+    "devices": ("DeviceCountError", "setup_devices"),
+    "drawing": ("draw_matmul", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings"),
+    "capture": ("quiet",),
+    "exercises": ("NOT_ANSWERED", "Exercise", "answer_errors"),
     "tpu": ("tpu_compiler_available",),
     "explorer": ("explore",),
     "inspecting": (
@@ -59,42 +44,13 @@ _SOURCES = {
     "processes": ("WorkerOutput", "WorkersFailed", "free_loopback_port", "run_workers", "still_running"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
-_SUBMODULES = frozenset({*_SOURCES, "course", "launch"})
+_SUBMODULES = frozenset({*_SOURCES, "launch"})
 
-__all__ = [
-    "NOT_ANSWERED",
-    "Captured",
-    "DeviceCountError",
-    "DeviceSetup",
-    "Exercise",
-    "Verdict",
-    "WorkerOutput",
-    "WorkersFailed",
-    "answer_errors",
-    "collectives",
-    "compile_with_log",
-    "device_color",
-    "draw_matmul",
-    "draw_mesh",
-    "draw_permute",
-    "draw_sharding",
-    "draw_shardings",
-    "explore",
-    "format_bytes",
-    "free_loopback_port",
-    "matmul_traffic",
-    "memory_per_device",
-    "memory_spaces",
-    "mesh_labels",
-    "quiet",
-    "run_workers",
-    "setup_devices",
-    "shard_table",
-    "still_running",
-    "tile_labels",
-    "tiles",
-    "tpu_compiler_available",
-    "type_string",
+__all__ = [  # every name the lazy loader serves
+    "NOT_ANSWERED", "DeviceCountError", "Exercise", "WorkerOutput", "WorkersFailed", "answer_errors", "collectives",
+    "compile_with_log", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings", "explore",
+    "format_bytes", "free_loopback_port", "matmul_traffic", "memory_per_device", "memory_spaces", "quiet",
+    "run_workers", "setup_devices", "shard_table", "still_running", "tiles", "tpu_compiler_available", "type_string"
 ]
 
 

@@ -1,22 +1,17 @@
 """Capture what C++ libraries and stray prints write while a block of code runs.
 
-XLA, libtpu and absl write warnings straight to the process's file descriptors
-1 and 2, past Python's ``sys.stdout``/``sys.stderr`` and ``warnings``: in a
-notebook they land in the cell output (or the terminal that started Jupyter)
-and cannot be caught with ``contextlib.redirect_stdout``. Some Python code
-prints too (jax 0.12.0.1 prints a bare source location on stdout, from
-``jax/_src/pjit.py`` line 859, before it raises ``IndivisibleError`` for an
-uneven ``device_put``). :func:`quiet` catches both kinds and hands the text
-back, so a notebook can hide the noise and still show or assert it.
-
-This is the one place in the course that redirects file descriptors;
-``utils.inspecting.compile_with_log`` is built on it.
+XLA, libtpu and absl write warnings straight to file descriptors 1 and 2, past ``sys.stdout``,
+``sys.stderr`` and ``warnings``, so ``contextlib.redirect_stdout`` cannot catch them; some Python code
+prints too (jax 0.12.0.1 prints a bare source location before it raises ``IndivisibleError`` for an
+uneven ``device_put``). :func:`quiet` catches both and hands the text back. It is the one place in the
+course that redirects file descriptors; ``utils.inspecting.compile_with_log`` is built on it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import sys
 import tempfile
@@ -28,58 +23,15 @@ __all__ = ["Captured", "quiet"]
 
 @dataclass
 class Captured:
-    """What was printed inside a :func:`quiet` block.
-
-    ``text`` is filled in when the block ends (also when it raises): C++
-    output on file descriptors 1 and 2 and Python output on ``sys.stdout`` and
-    ``sys.stderr``, in the order it was written, as one string.
-    """
+    """What a :func:`quiet` block printed (descriptors 1 and 2, Python's streams) in order; set when it ends."""
 
     text: str = ""
 
-    @property
-    def lines(self) -> list[str]:
-        """The non-empty lines of ``text``."""
-        return [line for line in self.text.splitlines() if line.strip()]
 
-    def __str__(self) -> str:
-        return self.text
-
-    def __contains__(self, item: str) -> bool:
-        return item in self.text
-
-
-class _FdWriter:
-    """A text stream that writes straight to a file descriptor (so it keeps its order with C++ output)."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self.encoding = "utf-8"
-        self.errors = "replace"
-
-    def write(self, s: str) -> int:
-        os.write(self._fd, s.encode(self.encoding, self.errors))
-        return len(s)
-
-    def writelines(self, lines: list[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        return self._fd
-
-    @property
-    def closed(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
+def _fd_writer(fd: int) -> io.TextIOWrapper:
+    """A text stream that writes straight to a file descriptor, unbuffered, so it keeps its order with C++ output."""
+    return io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), encoding="utf-8", errors="replace",
+                            write_through=True)
 
 
 def _flush_c_stdio() -> None:
@@ -97,7 +49,7 @@ def quiet() -> Iterator[Captured]:
 
         with quiet() as out:
             topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
-        print(len(out.lines), "lines of libtpu start-up warnings hidden")
+        print(len(out.text.splitlines()), "lines of libtpu start-up warnings hidden")
 
     Catches file descriptors 1 and 2 (C/C++ output: XLA, libtpu, absl
     logging) and ``sys.stdout``/``sys.stderr`` (Python prints, warnings shown
@@ -117,8 +69,7 @@ def quiet() -> Iterator[Captured]:
     try:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-        sys.stdout = _FdWriter(1)  # type: ignore[assignment]
-        sys.stderr = _FdWriter(2)  # type: ignore[assignment]
+        sys.stdout, sys.stderr = _fd_writer(1), _fd_writer(2)
         yield captured
     finally:
         _flush_c_stdio()

@@ -60,60 +60,36 @@ _TPU_PCI_DEVICE_IDS = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063
 _TPU_ENV_VARS = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "JAX_FORCE_TPU_INIT")
 
 
-def _plugin_kind(plugin: str) -> str:
-    """'tpu', 'cuda', 'rocm' or 'unknown' for an accelerator plugin's name (libtpu, xla_cuda12, ...)."""
-    name = plugin.lower()
-    for kind in ("tpu", "cuda", "rocm"):
-        if kind in name:
-            return kind
-    return "unknown"
-
-
-def _tpu_evidence(root: Path, environ: Mapping[str, str]) -> list[str]:
-    found = [f"{var} is set" for var in _TPU_ENV_VARS if environ.get(var)]
-    dev = root / "dev"
-    found += [str(p) for p in sorted(dev.glob("accel[0-9]*"))]  # TPU v2-v4 chips
-    found += [str(p) for p in sorted((dev / "vfio").glob("[0-9]*"))]  # TPU v5e and later (VFIO groups)
-    for vendor in sorted((root / "sys" / "bus" / "pci" / "devices").glob("*/vendor")):
-        try:
-            if vendor.read_text().strip() != _GOOGLE_PCI_VENDOR:
-                continue
-            if (vendor.parent / "device").read_text().strip() in _TPU_PCI_DEVICE_IDS:
-                found.append(f"TPU chip on PCI {vendor.parent.name}")
-        except OSError:
-            continue
-    return found
-
-
-def _cuda_evidence(root: Path) -> list[str]:
-    dev = root / "dev"
-    return [str(p) for p in [*sorted(dev.glob("nvidia[0-9]*")), dev / "nvidiactl", dev / "dxg"] if p.exists()]
-
-
-def _rocm_evidence(root: Path) -> list[str]:
-    dev = root / "dev"
-    return [str(p) for p in (dev / "kfd", dev / "dxg") if p.exists()]
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _hardware_evidence(plugins: list[str], root: Path = Path("/"), environ: Mapping[str, str] | None = None
                        ) -> list[str]:
     """Cheap signs (device files, PCI ids, TPU VM variables) that an installed plugin has hardware to drive.
 
-    Reads a few files under ``root`` and never starts JAX or a plugin: an installed
-    libtpu (the course installs it to compile TPU programs ahead of time) is no
-    reason to spend seconds starting it on a laptop. An unknown plugin counts as
-    evidence of itself, so it is probed.
+    Reads a few files under ``root`` and never starts JAX or a plugin: an installed libtpu (the course
+    installs it to compile TPU programs ahead of time) is no reason to spend seconds starting it on a
+    laptop. An unknown plugin counts as evidence of itself, so it is probed.
     """
     environ = os.environ if environ is None else environ
+    dev = root / "dev"
     found: list[str] = []
     for plugin in plugins:
-        kind = _plugin_kind(plugin)
-        if kind == "tpu":
-            found += _tpu_evidence(root, environ)
-        elif kind == "cuda":
-            found += _cuda_evidence(root)
-        elif kind == "rocm":
-            found += _rocm_evidence(root)
+        name = plugin.lower()
+        if "tpu" in name:
+            found += [f"{var} is set" for var in _TPU_ENV_VARS if environ.get(var)]
+            found += [str(p) for p in sorted(dev.glob("accel[0-9]*"))]  # TPU v2-v4 chips
+            found += [str(p) for p in sorted((dev / "vfio").glob("[0-9]*"))]  # TPU v5e and later (VFIO groups)
+            found += [f"TPU chip on PCI {d.name}" for d in sorted((root / "sys" / "bus" / "pci" / "devices").glob("*"))
+                      if _read(d / "vendor") == _GOOGLE_PCI_VENDOR and _read(d / "device") in _TPU_PCI_DEVICE_IDS]
+        elif "cuda" in name:
+            found += [str(p) for p in [*sorted(dev.glob("nvidia[0-9]*")), dev / "nvidiactl", dev / "dxg"] if p.exists()]
+        elif "rocm" in name:
+            found += [str(p) for p in (dev / "kfd", dev / "dxg") if p.exists()]
         else:
             found.append(f"plugin {plugin} (its hardware cannot be checked cheaply)")
     return list(dict.fromkeys(found))

@@ -26,7 +26,7 @@ import numbers
 import textwrap
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -137,7 +137,6 @@ class Exercise:
     wrong: tuple[Any, ...] = ()
     hint: str = ""
     explanation: str = ""
-    _solution_source: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not callable(self.checker):

@@ -1,41 +1,19 @@
 """Ready a live notebook runtime (Colab, Binder) for the course without breaking it.
 
-The setup cell calls :func:`prepare_runtime` before anything imports numpy,
-matplotlib or JAX, so this module imports only the standard library and
-``packaging`` (which Colab, Binder and pip all carry).
+The setup cell calls :func:`prepare_runtime` before anything imports numpy, matplotlib or JAX, so
+this module imports only the standard library and ``packaging`` (which Colab, Binder and pip carry).
 
-**Colab** hands a kernel that is already running, with its own (older) numpy,
-jax and Jupyter packages installed and some of them imported. So the installer
-decides by versions, never by a folder:
+**Colab** hands over a running kernel with its own older packages, some already imported, so
+:func:`install_requirements` decides by versions: it pip-installs the pyproject requirements (and
+:data:`RUNTIME_GROUPS`) that are missing or outside their specifier, never touches the kernel's and
+server's own packages (:data:`KERNEL_PACKAGES`, pinned through a constraints file), removes JAX plugins
+built for another jax (:func:`mismatched_plugins`), and raises :class:`RestartRequired` (one line, again
+on every re-run until the restart) when a package this kernel had imported changed. A failed pip run
+raises :class:`InstallError`; running the cell again retries.
 
-- it reads the course's requirements from ``pyproject.toml``
-  (``[project] dependencies`` and the ``tpu`` group, :data:`RUNTIME_GROUPS`,
-  markers evaluated for this Python), compares each with the installed version,
-  and runs ``python -m pip install`` for what is missing or outside its
-  specifier, and nothing else. The ``tpu`` group is the libtpu that the
-  installed jax pins (Linux only), so the TPU cells compile there too;
-- the kernel's and the server's own packages (:data:`KERNEL_PACKAGES`) are
-  never installed, even where a requirement names them, and are pinned at their
-  installed versions through a pip constraints file, so that no dependency can
-  upgrade them under the running kernel;
-- JAX plugins that do not belong to the installed jax are uninstalled (see
-  :func:`mismatched_plugins` for why uninstalling, not upgrading);
-- a package that this kernel had already imported and that now has another
-  version cannot be used until the kernel restarts: :class:`RestartRequired`
-  says so in one line, and says it again if the cell is re-run without a
-  restart. After the restart the same call finds everything satisfied and runs
-  no pip at all;
-- a failed pip run raises :class:`InstallError` with pip's last lines; nothing
-  is remembered as done, so running the cell again retries.
-
-**Binder** builds its image from ``binder/requirements.txt``, which
-:func:`binder_requirements` derives from the same pyproject (compute packages
-and libtpu only: Binder's kernel and server stay as Binder built them). Its
-sessions have 1-2 GB of memory and JupyterLab keeps every opened notebook's
-kernel alive, so on Binder :func:`prepare_runtime` prints :func:`binder_memory_note`.
-
-**Everywhere**, :func:`prepare_runtime` prints :func:`version_note`'s one line when
-jax, jaxlib or flax differ from the versions the course is tested with.
+**Binder** installs ``binder/requirements.txt`` (``tools/binder.py``) when it builds the image; at run
+time :func:`prepare_runtime` prints :func:`binder_memory_note`. **Everywhere** it prints
+:func:`version_note` when jax, jaxlib or flax differ from the tested versions.
 """
 
 from __future__ import annotations
@@ -65,21 +43,9 @@ except ImportError:  # pragma: no cover - pip vendors packaging wherever pip is 
     from pip._vendor.packaging.version import InvalidVersion, Version
 
 __all__ = [
-    "BINDER_ENV",
-    "KERNEL_PACKAGES",
-    "RUNTIME_GROUPS",
-    "Environment",
-    "InstallError",
-    "Installed",
-    "RestartRequired",
-    "binder_memory_note",
-    "binder_requirements",
-    "install_requirements",
-    "mismatched_plugins",
-    "plan_install",
-    "prepare_runtime",
-    "requirements",
-    "version_note",
+    "BINDER_ENV", "KERNEL_PACKAGES", "RUNTIME_GROUPS", "Environment", "InstallError", "Installed", "RestartRequired",
+    "binder_memory_note", "install_requirements", "mismatched_plugins", "plan_install", "prepare_runtime",
+    "requirements", "version_note",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,14 +57,10 @@ KERNEL_PACKAGES = frozenset({
     # the server and frontends a runtime brings (Colab's own package included)
     "jupyter-server", "jupyterlab", "notebook", "google-colab",
 })
-"""Distributions (canonical names) that belong to the runtime's kernel and server, not to the course.
-
-Replacing them under a live kernel breaks it (Colab's runtime crashes, Binder's server changes), so
-the installer neither installs nor upgrades them."""
+"""The runtime's kernel and server (canonical names): replaced under a live kernel they break it, so never installed."""
 
 RUNTIME_GROUPS = ("tpu",)
-"""``[dependency-groups]`` that Colab and Binder install next to ``[project] dependencies``: the libtpu
-pinned for each line (Linux only), without which the TPU cells skip."""
+"""``[dependency-groups]`` installed next to the dependencies on Colab and Binder: libtpu, for the TPU cells."""
 
 _TESTED = ("jax", "jaxlib", "flax")  # pinned per Python line in pyproject; version_note names any that differ
 
@@ -106,11 +68,6 @@ BINDER_ENV = "SPMD_COURSE_RUNTIME"
 """Set to ``binder`` by ``binder/start``: how :func:`prepare_runtime` knows it runs on Binder."""
 
 _PLUGIN = re.compile(r"^(?:jax-[a-z0-9]+-(?:plugin|pjrt)|libtpu|libtpu-nightly)$")
-_BINDER_MARKERS = {  # the machine Binder builds for (binder/runtime.txt gives the Python)
-    "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
-    "implementation_name": "cpython", "platform_python_implementation": "CPython",
-}
-_LINES = ("3.11", "3.12", "3.13")  # the supported Pythons (pyproject's requires-python)
 _RESTART = "restart the session (Runtime > Restart session) and run this cell again"
 _restart_pending: str | None = None  # the message, once this kernel holds a package that has since changed
 
@@ -134,20 +91,13 @@ class RestartRequired(_ShownPlainly):
 class Installed:
     """What one :func:`install_requirements` call changed (all empty when everything was satisfied)."""
 
-    installed: tuple[str, ...] = ()
-    """Requirements handed to pip, e.g. ``('jax==0.12.0.1', 'flax==0.12.12')``."""
-    removed: tuple[str, ...] = ()
-    """JAX plugins uninstalled because they belong to another jax."""
-    kept: tuple[str, ...] = ()
-    """Kernel packages a requirement asked to change, left as the runtime has them."""
+    installed: tuple[str, ...] = ()  # requirements handed to pip, e.g. ('jax==0.12.0.1', 'flax==0.12.12')
+    removed: tuple[str, ...] = ()  # JAX plugins uninstalled because they belong to another jax
+    kept: tuple[str, ...] = ()  # kernel packages a requirement asked to change, left as the runtime has them
 
 
 class Environment:
-    """The Python environment the installer inspects and changes: this interpreter's.
-
-    Tests pass a subclass with made-up versions and a fake pip, so the
-    decisions can be checked without a network.
-    """
+    """The Python environment the installer inspects and changes: this interpreter's (tests pass a fake)."""
 
     def versions(self) -> dict[str, str]:
         """Installed distributions, canonical name -> version; the first on ``sys.path`` wins, as for import."""
@@ -253,15 +203,11 @@ def plan_install(reqs: Iterable[Requirement], installed: Mapping[str, str]) -> I
 def mismatched_plugins(installed: Mapping[str, str], jax_requires: Iterable[str]) -> list[str]:
     """Installed JAX plugins that the installed jax does not declare as its own.
 
-    A plugin (``jax-cuda12-plugin``, ``jax-cuda12-pjrt``, ``jax-rocm*-*``, ``libtpu``...) is built
-    for one jaxlib: jax's own metadata pins it in its extras (``jax[cuda12]`` asks
-    ``jax-cuda12-plugin==<its version>``; the ``-pjrt`` half follows its ``-plugin``). JAX loads every
-    installed plugin when it starts, even with ``jax_platforms="cpu"``, and a plugin built for
-    another jaxlib can abort the process there. The installer removes such plugins rather than
-    upgrading them: the course needs 8 devices, Colab offers one accelerator at most, so
-    :func:`utils.setup_devices` runs on 8 simulated CPU devices there anyway; a matching plugin would
-    only be probed and set aside, after downloading hundreds of MB (CUDA plugins, libtpu) into a
-    runtime that lasts hours. The runtime is throwaway: a fresh one has its plugins back.
+    A plugin (``jax-cuda12-plugin`` and its ``-pjrt`` half, ``jax-rocm*-*``, ``libtpu``) is built for one
+    jaxlib, which pins it in its extras. JAX loads every installed plugin at start, even with
+    ``jax_platforms="cpu"``, and one built for another jaxlib can abort the process. Such plugins are
+    removed, not upgraded: Colab has one accelerator at most, so the course runs on 8 simulated CPU devices
+    there anyway, and a matching plugin would cost hundreds of MB to be set aside. A fresh runtime has them back.
     """
     allowed: dict[str, list[SpecifierSet]] = {}
     for line in jax_requires:
@@ -372,81 +318,26 @@ def install_requirements(
     return Installed(installed=plan.installed, removed=tuple(plugins), kept=plan.kept)
 
 
-def binder_requirements(pyproject: Path | str | None = None, runtime: Path | str | None = None) -> str:
-    """The text of ``binder/requirements.txt``: pyproject's dependencies and :data:`RUNTIME_GROUPS`, compute only.
+def binder_memory_note(proc: Path | str = "/proc") -> str:
+    """One line on the notebook kernels alive in this session and the memory they hold, against Binder's limit.
 
-    Each line keeps its marker, so pip picks the right line for whichever Python reads the file (the
-    jax 0.10.2 line on 3.11, jax 0.12.0.1 on 3.12 and later). Only lines that apply to Binder's machine
-    (Linux x86_64) with the Python of ``binder/runtime.txt`` or another supported one are written; the
-    header names that Python. Kernel and server packages are left out: on Binder the kernel runs in the
-    server's own environment, and installing them would replace the server Binder built.
+    JupyterLab keeps a notebook's kernel alive after you move on, each course kernel holds a few hundred MB
+    once JAX runs, and Binder stops the whole session past its limit (``MEM_LIMIT``, in bytes, which Binder
+    sets). So the setup cell says what runs and what to close: it is the one place a learner reads at run time.
     """
-    runtime_path = Path(runtime) if runtime is not None else ROOT / "binder" / "runtime.txt"
-    match = re.fullmatch(r"python-(\d+)\.(\d+)", runtime_path.read_text().strip())
-    if not match:
-        raise ValueError(f"{runtime_path} must hold one line like 'python-3.12'")
-    python = f"{match[1]}.{match[2]}"
-    lines: dict[str, None] = {}
-    for version in dict.fromkeys((python, *_LINES)):
-        markers = {**_BINDER_MARKERS, "python_version": version, "python_full_version": f"{version}.0"}
-        for req in requirements(pyproject, markers, groups=RUNTIME_GROUPS):
-            if canonicalize_name(req.name) not in KERNEL_PACKAGES:
-                lines[str(req)] = None
-    header = (f"# For Binder's Python {python} (binder/runtime.txt): pyproject.toml's [project] dependencies and its\n"
-              f"# {' and '.join(RUNTIME_GROUPS)} group, markers kept (so any Python 3.11-3.13 gets its own line), "
-              "written by\n# `python -m utils.launch` (tests/test_launch.py checks that they agree). Compute "
-              "packages only:\n# Binder's Jupyter server and kernel stay as Binder built them.\n")
-    return header + "".join(f"{line}\n" for line in lines)
-
-
-def _kernels(proc: Path) -> list[tuple[int, int]]:
-    """(pid, resident bytes) of the Jupyter kernels running on this machine, read from /proc."""
-    found = []
-    for entry in proc.glob("[0-9]*"):
+    held, count = 0, 0
+    for entry in Path(proc).glob("[0-9]*"):
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            if b"ipykernel" not in cmdline:
-                continue
-            status = (entry / "status").read_text()
+            if b"ipykernel" in (entry / "cmdline").read_bytes():
+                rss = re.search(r"^VmRSS:\s+(\d+)\s+kB", (entry / "status").read_text(), re.MULTILINE)
+                held, count = held + (int(rss[1]) * 1024 if rss else 0), count + 1
         except OSError:  # the process ended while we looked
             continue
-        rss = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.MULTILINE)
-        found.append((int(entry.name), int(rss[1]) * 1024 if rss else 0))
-    return sorted(found)
-
-
-def _memory_limit(cgroup: Path) -> int | None:
-    """This session's memory limit in bytes: Binder's MEM_LIMIT, else the cgroup's, else None."""
-    if os.environ.get("MEM_LIMIT", "").isdigit():
-        return int(os.environ["MEM_LIMIT"])
-    for path in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
-        try:
-            value = path.read_text().strip()
-        except OSError:
-            continue
-        if value.isdigit() and int(value) < 2**50:  # cgroup v1 writes a huge number for "no limit"
-            return int(value)
-    return None
-
-
-def binder_memory_note(proc: Path | str = "/proc", cgroup: Path | str = "/sys/fs/cgroup") -> str:
-    """One line on the kernels alive in this session and the memory they hold, against the session's limit.
-
-    JupyterLab keeps a notebook's kernel alive after you move on to the next notebook; each course
-    kernel holds a few hundred MB once JAX runs, and Binder stops the whole session when it passes
-    its limit. The note tells the learner what to close.
-    """
-    kernels = _kernels(Path(proc))
-    held = sum(rss for _, rss in kernels)
-    limit = _memory_limit(Path(cgroup))
-    of_limit = f" of this session's {_gib(limit)}" if limit else ""
-    count = f"{len(kernels)} notebook kernel{'s' if len(kernels) != 1 else ''}"
-    return (f"Binder: {count} running (this one included), holding {_gib(held)}{of_limit}; each open notebook "
-            "keeps its kernel: finish one with File > Close and Shut Down Notebook before opening the next.")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    limit = os.environ.get("MEM_LIMIT", "")
+    of_limit = f" of this session's {int(limit) / 2**30:.1f} GiB" if limit.isdigit() else ""
+    return (f"Binder: {count} notebook kernel{'s' if count != 1 else ''} running (this one included), holding "
+            f"{held / 2**30:.1f} GiB{of_limit}; each open notebook keeps its kernel: finish one with File > Close "
+            "and Shut Down Notebook before opening the next.")
 
 
 def version_note(installed: Mapping[str, str] | None = None, pyproject: Path | str | None = None) -> str | None:
@@ -481,8 +372,3 @@ def prepare_runtime() -> Installed | None:
     if note:
         print(note)
     return done
-
-
-if __name__ == "__main__":  # python -m utils.launch: rewrite binder/requirements.txt from pyproject.toml
-    (ROOT / "binder" / "requirements.txt").write_text(binder_requirements())
-    print(f"wrote {ROOT / 'binder' / 'requirements.txt'}")

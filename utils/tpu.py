@@ -1,42 +1,21 @@
 """Can this machine compile programs for a TPU it does not have?
 
 JAX compiles ahead of time for a TPU topology with no TPU present
-(``jax.experimental.topologies.get_topology_desc(topology_name="v5e:2x4",
-platform="tpu")``, then ``jax.jit(f).lower(*structs).compile()``): the result
-is a real TPU executable whose HLO and ``memory_analysis()`` can be read, but
-not run. That needs libtpu, the TPU compiler, which is published for Linux
-only. :func:`tpu_compiler_available` says in one line whether it works here,
-so a notebook cell can skip with the reason.
+(``jax.experimental.topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")``, then
+``jax.jit(f).lower(*structs).compile()``): a real TPU executable whose HLO and ``memory_analysis()``
+can be read, not run. That needs libtpu (Linux only); :func:`tpu_compiler_available` says in one line
+whether it works here, so a cell can skip with the reason. Before libtpu loads it sets, unless set:
 
-Loading libtpu without a TPU prints warnings on the C++ stderr (about
-``TPU_ACCELERATOR_TYPE``, worker hostnames, an ``E0000`` line); wrap the
-topology call in :func:`utils.capture.quiet` to keep them out of the notebook.
+- ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``: otherwise the first process to load libtpu holds
+  ``/tmp/libtpu_lockfile`` and every other one (a second kernel, pytest's notebooks) fails with
+  "Internal error when accessing libtpu multi-process lockfile";
+- ``TPU_MIN_LOG_LEVEL=3``: otherwise libtpu writes log files into ``/tmp/tpu_logs`` for every process
+  (``TPU_LOG_DIR=disabled`` only moves them to ``/tmp``); at level 3 a process that compiles, or is
+  stopped with SIGTERM, leaves none (libtpu 0.0.50.1 and 0.0.42.1). Where ``TPU_STDERR_LOG_LEVEL``
+  asks for messages on stderr, the minimum is lowered to it (and the files come back).
 
-By default only one process on a machine may load libtpu: it holds
-``/tmp/libtpu_lockfile`` until it exits, and every other process fails with
-``ABORTED: Internal error when accessing libtpu multi-process lockfile`` (a
-second notebook kernel, or the notebooks that ``pytest`` starts after its own
-tests compiled for a topology). :func:`tpu_compiler_available` therefore sets
-``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` (unless already set) before libtpu loads: a
-process that sets it neither takes nor checks the lock. Call it before the
-first ``get_topology_desc``.
-
-libtpu also writes log files (``tpu_driver.<host>.<user>.log.INFO.<date>.<pid>``,
-about 6 KB, plus WARNING and ERROR files; an ERROR file with a stack trace, here
-up to 31 KB, when the process is stopped with SIGTERM, as a kernel can be) for every process
-that loads it, into ``/tmp/tpu_logs`` unless ``TPU_LOG_DIR`` names another
-folder. ``TPU_LOG_DIR=disabled`` does not stop them: the files then land in
-``/tmp`` itself. ``TPU_MIN_LOG_LEVEL=3`` (log nothing below FATAL) does: with
-it, a process that describes a topology and compiles for it, or is then
-stopped with SIGTERM, leaves no file, on libtpu 0.0.50.1 and 0.0.42.1
-(``TPU_MIN_LOG_LEVEL=2`` still writes files on SIGTERM, on 0.0.50.1; ``TPU_STDERR_LOG_LEVEL``
-changes nothing on disk). :func:`tpu_compiler_available` sets it (unless set).
-The level also silences libtpu's messages on stderr (the compiler's
-"Involuntary full rematerialization" warning, which ``TPU_STDERR_LOG_LEVEL=1``
-shows), so where ``TPU_STDERR_LOG_LEVEL`` asks for them, the minimum is
-lowered to that level, and the log files come back with them. The start-up
-warnings on stderr are printed before libtpu's logging starts, so they
-appear whatever the level; ``quiet`` catches them.
+libtpu's start-up warnings on stderr come before its logging starts: wrap the topology call in
+:func:`utils.capture.quiet`.
 """
 
 from __future__ import annotations
@@ -80,11 +59,7 @@ def tpu_compiler_available() -> tuple[bool, str]:
     (``v5e:2x4``, with the start-up warnings caught by ``quiet``). The answer
     is computed once per process. Describing a topology does not start a JAX
     backend, so calling this before or after ``setup_devices`` is harmless.
-    Sets ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` in this process's environment unless
-    it is set already, so that other processes can compile for TPU
-    topologies too, and ``TPU_MIN_LOG_LEVEL=3``, so that libtpu writes no
-    log files (lower where ``TPU_STDERR_LOG_LEVEL`` asks for messages; see the
-    module docstring).
+    Sets ``ALLOW_MULTIPLE_LIBTPU_LOAD`` and ``TPU_MIN_LOG_LEVEL`` first (see the module docstring).
 
     Example::
 

@@ -1,6 +1,6 @@
-"""Facts about the course itself: where it lives, its notebooks, and the cells
-every notebook starts with. Tests use these to keep every notebook consistent,
-and ``tools/sync_notebooks.py`` writes them into the notebooks.
+"""Facts about the course itself: where it lives, its notebooks, and what every notebook starts with
+(launch badges, the setup cell). ``tools/notebooks.py stamp`` writes them into the notebooks, the book
+(docs/conf.py) and the README table read them, and the tests keep every notebook consistent with them.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ SETUP = setup_devices({n_devices})"""
 def title_and_promise(path: Path) -> tuple[str, str]:
     """A notebook's title (without its number) and the first sentence of its promise paragraph.
 
-    The README's table and the HTML edition's index are built from these.
+    The README's table and the book's landing page are built from these.
     """
     text = "".join(json.loads(Path(path).read_text())["cells"][0]["source"])
     title = text.splitlines()[0].lstrip("# ").split(" · ", 1)[-1].strip()
