@@ -402,7 +402,7 @@ assert losses_2d[-1] < losses_2d[0] / 5
 for trained in (model_dp, model_2d):  # the trained parameters too, gathered to the host
     for leaf, ref in zip(jax.tree.leaves(nnx.state(trained, nnx.Param)),
                          jax.tree.leaves(nnx.state(reference, nnx.Param)), strict=True):
-        np.testing.assert_allclose(np.asarray(leaf), np.asarray(ref), rtol=RTOL, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(leaf), np.asarray(ref), rtol=RTOL, atol=RTOL)
 
 # %% [markdown]
 # Three layouts, one result: the same losses and the same trained parameters. And the 2-D parameters

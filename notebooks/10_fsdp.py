@@ -557,7 +557,7 @@ assert trained.is_equivalent_to(planned, 2)  # the same layout, however its spec
 assert shard_table(model.linear1.kernel[...]).shard_shapes == {(8, 256)}
 for trained_leaf, ref_leaf in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                                   jax.tree.leaves(nnx.state(ref_model, nnx.Param)), strict=True):
-    np.testing.assert_allclose(np.asarray(trained_leaf), np.asarray(ref_leaf), rtol=RTOL, atol=1e-6)  # gathered
+    np.testing.assert_allclose(np.asarray(trained_leaf), np.asarray(ref_leaf), rtol=RTOL, atol=RTOL)  # gathered
 
 # %% [markdown]
 # ## Exercises
