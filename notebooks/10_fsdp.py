@@ -231,8 +231,8 @@ draw_shardings(nnx.state(model), ncols=4)
 # %% [markdown]
 # The init program takes no arguments and allocates, per device, less than the parameters alone
 # (75.0 KiB), let alone with Adam's moments: no device ever held the whole model. The random numbers are
-# the reference's, bit for bit: with `jax_threefry_partitionable` (on by default since JAX 0.5) the
-# generator gives the same values however the array is split.
+# the reference's, bit for bit: with `jax_threefry_partitionable` (on by default in the JAX versions
+# tested here) the generator gives the same values however the array is split.
 #
 # > **Three ways to create a sharded model.** Build it eagerly, then `jax.device_put` the state
 # > (notebook 07): fine when one device can hold the whole model. Run the constructor in `nnx.jit` with
@@ -307,10 +307,10 @@ if CPU:  # the CPU compiler's temporaries
 # the step allocates while it runs, do not: about twice the model on every mesh, as large as data
 # parallelism's, because each device gathers every kernel whole (section 5) and receives the whole
 # summed gradient. A compiler that reduce-scatters the gradient need not hold that sum, so read a GPU
-# or TPU program rather than assume (section 5 compiles one for a TPU). To hold only one layer's gathered weights at a
-# time, a deep model is a `jax.lax.scan` over its layers with rematerialisation (`jax.checkpoint`):
-# each layer is gathered, used and dropped in turn. This two-layer MLP has neither; notebook 12 builds
-# and measures one.
+# or TPU program rather than assume (section 5 compiles one for a TPU). To hold only one layer's
+# gathered weights at a time, a deep model is a `jax.lax.scan` over its layers with rematerialisation
+# (`jax.checkpoint`): each layer is gathered, used and dropped in turn. This two-layer MLP has
+# neither; notebook 12 builds and measures one.
 
 # %% [markdown]
 # ## 5. The compiled step: all-gathers, and what happens to the gradient
@@ -379,6 +379,8 @@ else:
     print(f"{'':<16}{'CPU':>4}{'TPU':>5}")
     for kind in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter"):
         print(f"{kind:<16}{comm.count(kind):>4}{tpu_comm.count(kind):>5}")
+    print(f"\nTPU ring estimates: FSDP {format_bytes(tpu_comm.estimated_bytes)}, "
+          f"data parallel {format_bytes(tpu_dp_comm.estimated_bytes)}")
 
     (scatter,) = [op for op in tpu_comm.ops if op.kind == "reduce-scatter"]
     assert (scatter.result_type, scatter.form) == ("f32[8,256]", "fused")  # linear1's gradient: this chip's 1/8
