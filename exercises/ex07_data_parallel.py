@@ -72,6 +72,11 @@ def _check_wider_allreduce_bytes(n: object) -> None:
         "because every device holds the whole model"
     )
     assert n != (64 * 512 + 512 * 10) * 4, "you left out the biases: they have gradients too"
+    assert n != 2 * 7 * _WIDER_GRAD_BYTES // 8, (
+        "that is the ring estimate of what each device sends, 2(N-1)/N x the result; the question asks for the "
+        "bytes the all-reduce produces"
+    )
+    assert n != 2 * _WIDER_GRAD_BYTES, "one gradient per parameter, not two: Adam's moments are not all-reduced"
     assert n == _WIDER_GRAD_BYTES, (
         f"{n} bytes is not it: the all-reduce carries one gradient per parameter, so count the parameters of "
         "both layers (kernels and biases) and multiply by 4 bytes"
@@ -82,7 +87,8 @@ wider_allreduce_bytes = Exercise(
     title="Exercise 2: the all-reduce of a wider model",
     checker=_check_wider_allreduce_bytes,
     solution=_WIDER_GRAD_BYTES,
-    wrong=(_WIDER_GRAD_BYTES + 4, _WIDER_GRAD_BYTES // 8, (64 * 512 + 512 * 10) * 4, 76_840),
+    wrong=(_WIDER_GRAD_BYTES + 4, _WIDER_GRAD_BYTES // 8, (64 * 512 + 512 * 10) * 4, 76_840,
+           2 * 7 * _WIDER_GRAD_BYTES // 8, 2 * _WIDER_GRAD_BYTES),
     hint="the all-reduce carries the gradient of every parameter: kernels (in x out) and biases (out), 4 bytes each",
     explanation=(
         "(64*512 + 512 + 512*10 + 10) x 4 = 153,640 bytes: twice the hidden width, about twice the all-reduce. "

@@ -71,6 +71,10 @@ column_column_collective = Exercise(
 def _check_tp_allreduce_bytes(n: object) -> None:
     n = plain(n)
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
+    assert n != 2 * 7 * 1024 * 10 * 4 // 8, (
+        "that is the ring estimate of what each device sends, 2(N-1)/N x the result; the question asks for the "
+        "bytes the all-reduce produces"
+    )
     assert n == 1024 * 10 * 4, (
         f"{n} bytes is not it: the all-reduce adds up partial logits, one float32 per example and class, "
         "and its result is replicated (whole) on every device"
@@ -81,7 +85,8 @@ tp_allreduce_bytes = Exercise(
     title="Exercise 3: bytes of the tensor-parallel all-reduce",
     checker=_check_tp_allreduce_bytes,
     solution=1024 * 10 * 4,
-    wrong=(1024 * 256 * 4, 1024 * 10 * 4 // 8, (64 * 256 + 256 + 256 * 10 + 10) * 4),
+    wrong=(1024 * 256 * 4, 1024 * 10 * 4 // 8, (64 * 256 + 256 + 256 * 10 + 10) * 4, 2 * 7 * 1024 * 10 * 4 // 8,
+           2 * 1024 * 10 * 4),
     hint="what does the all-reduce add up: the hidden activations, the logits, or the gradients?",
     explanation=(
         "The all-reduce produces the (1024, 10) float32 logits on every device: 40960 bytes, 16 times the "

@@ -123,6 +123,7 @@ def _check_adam_bytes(n: object) -> None:
         "not everything is split: the biases (512 and 10 elements) are under the 1,024 threshold and stay whole"
     )
     assert n != _ADAM_FSDP // 2, "Adam keeps two moments, mu and nu"
+    assert n != 2 * (64 * 512 // 8 + 512 * 10 // 8) * 4, "the biases have moments too, whole on every device"
     assert n != _ADAM_FSDP + 4, "leave out the 4-byte counter"
     assert n == _ADAM_FSDP, (
         f"{n} bytes is not it: each moment has the parameters' shapes; the kernels (64x512, 512x10) are split 8 "
@@ -134,7 +135,7 @@ adam_bytes_per_device = Exercise(
     title="Exercise 2: Adam state per device under FSDP",
     checker=_check_adam_bytes,
     solution=_ADAM_FSDP,
-    wrong=(307_280, 38_410, _ADAM_FSDP // 2, _ADAM_FSDP + 4),
+    wrong=(307_280, 38_410, _ADAM_FSDP // 2, _ADAM_FSDP + 4, 2 * (64 * 512 // 8 + 512 * 10 // 8) * 4),
     hint="one moment = (64*512/8 + 512*10/8 + 512 + 10) floats; Adam has two; 4 bytes per float",
     explanation=(
         "2 x (4,096 + 640 + 512 + 10) x 4 = 42,064 bytes, against 307,280 bytes replicated: 7.3x less, not 8x, "
@@ -166,7 +167,7 @@ gradient_traffic = Exercise(
     title="Exercise 3: reduce-scatter against all-reduce",
     checker=_check_gradient_traffic,
     solution=(_RS, _AR),
-    wrong=((_AR, _RS), (65_536, 65_536), (8 * 256 * 4, 64 * 256 * 4), (_RS, _RS)),
+    wrong=((_AR, _RS), (65_536, 65_536), (8 * 256 * 4, 64 * 256 * 4), (_RS, _RS), (2 * _RS, 2 * _AR)),
     hint="ring-formula estimates: a reduce-scatter sends (N-1) x its result, an all-reduce 2(N-1)/N x its result; "
     "the results are (8, 256) and (64, 256) float32",
     explanation=(

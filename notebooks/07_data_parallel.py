@@ -143,7 +143,9 @@ assert shard_table(x_dp).shard_shapes == {(8, 64)} and shard_table(y_dp).shard_s
 draw_mesh(mesh)
 
 # %% [markdown]
-# Each device holds 8 rows of the batch (device 3 holds rows 24 to 31):
+# Each device holds 8 rows of the batch (device 3 holds rows 24 to 31). Here one process puts the
+# whole batch in place with `jax.device_put`; on several hosts each process loads only the rows of its
+# own devices and assembles the global array with `jax.make_array_from_process_local_data` (notebook 18).
 
 # %%
 fig = draw_sharding(x_dp)
@@ -228,11 +230,12 @@ if CPU:
     assert sorted(comm.ops[0].shapes) == [(), (10,), (10, 256), (256,), (256, 64)]  # four gradients and the loss
 
 # %% [markdown]
-# The all-reduce runs over all 8 devices and carries `(f32[256], f32[256,64], f32[10], f32[10,256],
-# f32[])`: the four gradients and the loss, merged into one op by the CPU compiler. The kernel gradients
-# show up transposed (`f32[256,64]` for the `(64, 256)` kernel) because XLA picked the layout of the
-# backward matmul that produces them; the bytes are the same. The HLO's own metadata says what each
-# piece is for:
+# On the CPU backend the all-reduce runs over all 8 devices and carries `(f32[256], f32[256,64],
+# f32[10], f32[10,256], f32[])`: the four gradients and the loss, merged into one op as a tuple. The
+# kernel gradients show up transposed (`f32[256,64]` for the `(64, 256)` kernel) because XLA picked the
+# layout of the backward matmul that produces them; the bytes are the same. Other compilers combine
+# differently (a GPU's packs the sums into one flat buffer, with no pieces to list), so the listing
+# below is the CPU program's. The HLO's own metadata says what each piece is for:
 
 # %%
 all_reduce = max(comm.ops, key=lambda op: op.result_bytes)
@@ -350,13 +353,17 @@ for now, initial in zip(jax.tree.leaves(nnx.state(online_model, nnx.Param)), ini
 # %% [markdown]
 # ## 6. The working step: the same losses as one device
 #
-# Five steps of `train_step` on the placed `model`, `optimizer`, `x_dp` and `y_dp`:
+# Five steps of `train_step` on the placed `model`, `optimizer`, `x_dp` and `y_dp`, compared with the
+# reference: the losses, and the trained parameters gathered to the host:
 
 # %%
 dp_losses = [float(train_step(model, optimizer, x_dp, y_dp)) for _ in range(5)]
 print("data parallel:", np.round(dp_losses, 4))
 print("reference:    ", np.round(ref_losses, 4))
 np.testing.assert_allclose(dp_losses, ref_losses, rtol=RTOL)
+for trained, ref in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
+                        jax.tree.leaves(nnx.state(ref_model, nnx.Param)), strict=True):
+    np.testing.assert_allclose(np.asarray(trained), np.asarray(ref), rtol=RTOL, atol=RTOL)  # gathered to the host
 assert kernel1.is_deleted()  # donated: the step wrote the new kernel into this buffer
 assert model.linear1.kernel[...].sharding.is_equivalent_to(replicated, 2)  # still replicated after training
 

@@ -357,14 +357,23 @@ for tokens_per_step, (tp, dp) in traffic.items():
 # Tensor parallelism all-reduces two `(tokens, 64)` arrays per block, the output in the forward pass
 # and the input's gradient in the backward pass, so its traffic grows with the tokens per step. Data
 # parallelism all-reduces the block's gradients, 33,088 floats, whatever the tokens. Both run over 8
-# devices, so the ring factor is the same and the crossover is where the all-reduced bytes are equal:
+# devices, so the ring factor is the same and the crossover is where the all-reduced bytes are equal.
+# Compiled again at the token counts just below and above it, tensor parallelism sends less, then more:
 
 # %%
 tp64, dp64 = traffic[64]
 per_token = tp64.result_bytes / 64  # 2 x 64 floats per token
 crossover = dp64.result_bytes / per_token
-print(f"crossover (estimate): {crossover:.0f} tokens per step; 4 x the width = {4 * 64}")
-assert 4 * 64 <= crossover < 4 * 64 + 4  # 8d^2 weights + 5d biases against 2d per token: about 4d
+print(f"crossover (estimate): {crossover:.1f} tokens per step; 4 x the width = {4 * 64}")
+
+sent = {}  # ring estimates (tensor parallel, data parallel) at the token counts 8 devices can split around it
+for t in (8 * int(crossover // 8), 8 * int(crossover // 8) + 8):
+    zeros = np.zeros((t, 64), np.float32)
+    sent[t] = [collectives(block_grads.lower(block, *[jax.device_put(zeros, NamedSharding(m, spec))] * 2).compile())
+               .estimated_bytes for block, m, spec in ((ff_tp, mesh, P()), (ff_dp, dp_mesh, P("data")))]
+    print(f"{t} tokens: tensor parallel {sent[t][0]:,.0f} B, data parallel {sent[t][1]:,.0f} B")
+below, above = sent
+assert sent[below][0] < sent[below][1] and sent[above][0] > sent[above][1]  # the programs cross in between
 
 steps = np.array([0, 1024])
 ring = 2 * 7 / 8 / 1024  # ring estimate of an all-reduce over 8 devices, in KiB per byte reduced
@@ -386,7 +395,18 @@ fig
 # %% [markdown]
 # For a feed-forward block of width *d* (8*d*² weights) the crossover is about **4*d* tokens per step**;
 # for a whole transformer layer (attention adds 4*d*² weights and two more `(tokens, d)` all-reduces)
-# the same arithmetic gives about 3*d*. Two caveats make this a rough estimate, not a rule:
+# the same arithmetic gives about 3*d*. Real models sit far above it:
+
+# %%
+for d in (4096, 8192):  # the width of a 7-billion- and of a 70-billion-parameter transformer
+    for batch_tokens in (10**5, 10**6):  # the tokens per step of real pre-training runs
+        print(f"d = {d}: {batch_tokens:>9,} tokens per step = {batch_tokens / (3 * d):4.0f} x the crossover 3d")
+
+# %% [markdown]
+# At every real batch, tensor parallelism sends more bytes than data parallelism, 4 to 80 times the
+# crossover. It is chosen for other reasons: it divides the weights, so a model too large for one
+# device fits, and it lets more devices share a batch than there are sequences to split it into
+# (the per-device batch floor, notebook 14). Two caveats make the crossover a rough estimate, not a rule:
 #
 # - These are byte **estimates** from the ring formula, applied to the compiled programs' result sizes;
 #   real links, topologies and algorithms differ.
@@ -421,11 +441,14 @@ print("single device:  ", np.round(losses_ref, 4))
 print("tensor parallel:", np.round(losses_tp, 4))
 np.testing.assert_allclose(losses_tp, losses_ref, rtol=RTOL)
 assert losses_tp[-1] < losses_tp[0] / 5  # it learns
+for trained, ref in zip(jax.tree.leaves(nnx.state(model_tp, nnx.Param)),
+                        jax.tree.leaves(nnx.state(reference, nnx.Param)), strict=True):
+    np.testing.assert_allclose(np.asarray(trained), np.asarray(ref), rtol=RTOL, atol=RTOL)  # gathered to the host
 
 # %% [markdown]
-# The same losses, with one all-reduce of the `(64, 10)` logits per step. After training, every parameter
-# and both Adam moments still have the layout they started with, and each device stores one eighth of
-# every kernel:
+# The same losses and the same trained parameters, with one all-reduce of the `(64, 10)` logits per
+# step. After training, every parameter and both Adam moments still have the layout they started
+# with, and each device stores one eighth of every kernel:
 
 # %%
 for name, leaf in nnx.to_flat_state(nnx.state(model_tp)):
@@ -494,6 +517,7 @@ ex.tp_allreduce_bytes.check(answer_3);
 #   growing with the tokens; data parallelism all-reduces the gradients once. Estimated crossover: about
 #   4*d* tokens for a feed-forward block, 3*d* for a transformer layer, before counting that data
 #   parallelism's all-reduce overlaps the backward pass easily, while tensor parallelism's needs
-#   collective matmul to hide.
+#   collective matmul to hide. Real batches are far above it: tensor parallelism is for memory and
+#   the per-device batch floor, not for bytes.
 #
 # **Next:** [09 · 2-D parallelism](09_2d_parallel.ipynb)

@@ -16,6 +16,7 @@
 # - how to pin the hidden activation to `P('data', 'model')` with `jax.lax.with_sharding_constraint`;
 # - how to tell from a compiled program which mesh axis a collective runs over (its group size);
 # - what the compiler inserts for `P('data', 'model') @ P(None, 'model')`, and why;
+# - how the row-parallel matmul is written on Explicit axes, with `out_sharding=`;
 # - that the 2-D train step gives the same losses as one device and as data parallelism.
 
 # %%
@@ -281,6 +282,23 @@ np.testing.assert_allclose(out_case3, x @ w, rtol=RTOL, atol=1e-3)
 # claims but not free: an input sharded on its features must be gathered before a column-parallel
 # layer. That is why section 1 keeps the *input* replicated across `model` (`P('data', None)`) and
 # lets the hidden activation carry `P('data', 'model')`.
+#
+# **The same matmul on Explicit axes.** There every value's sharding is part of its type, and JAX will
+# not guess the layout of a sum split over `model` (all-reduced to whole rows, or reduce-scattered
+# over columns?): without `out_sharding=` tracing raises `ShardingTypeError` (notebook 05). Say
+# which, and the program is the Auto one's:
+
+# %%
+explicit_mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+a_explicit = jax.device_put(x, NamedSharding(explicit_mesh, P("data", "model")))
+w_explicit = jax.device_put(w, NamedSharding(explicit_mesh, P("model", None)))
+row_parallel = jax.jit(lambda a, b: jnp.matmul(a, b, out_sharding=NamedSharding(explicit_mesh, P("data", None))))
+explicit_ops = collectives(row_parallel.lower(a_explicit, w_explicit).compile())
+print(explicit_ops)
+print("output type:", jax.typeof(row_parallel(a_explicit, w_explicit)))
+assert [(op.kind, op.shapes, op.group_size) for op in explicit_ops.ops] == [
+    (op.kind, op.shapes, op.group_size) for op in case3_ops.ops]  # the same all-reduce along `model`
+np.testing.assert_allclose(row_parallel(a_explicit, w_explicit), x @ w, rtol=RTOL, atol=1e-3)
 
 # %% [markdown]
 # ## 4. The compiled train step: which collective runs on which axis
@@ -335,7 +353,6 @@ assert [(op.kind, op.shapes) for op in tp_ops.ops] == [("all-reduce", ((64, 10),
 assert {op.kind for op in along_data} == {"all-reduce"}
 assert sum(op.result_bytes for op in along_data) == (half_params + 1) * 4
 assert dp_ops.result_bytes == (n_params + 1) * 4  # every gradient, in 1-D data parallelism
-assert tp_ops.result_bytes < step_ops.result_bytes < dp_ops.result_bytes  # the total: between the two
 
 # %% [markdown]
 # - **Along `model` (groups of 2):** the all-reduce of notebook 08's pairing, but only for this device's
@@ -344,8 +361,9 @@ assert tp_ops.result_bytes < step_ops.result_bytes < dp_ops.result_bytes  # the 
 #   the parameters this device holds, among 4 devices instead of 8.
 #
 # Each axis carries less than the 1-D strategy it comes from; in this small example the total of their
-# results lands between the two. The real gain is on big machines: the chatty `model` axis stays inside a node, on the
-# fastest links, while only the once-per-step gradient traffic crosses nodes.
+# results lands between the two. The real gain is on big machines, whose mesh is laid out so that the
+# chatty `model` axis stays inside a node, on the fastest links, and only the once-per-step gradient
+# traffic crosses nodes (notebook 18 builds such a mesh; simulated devices have no nodes).
 #
 # Per device, the step's arguments are the parameters, Adam's two moments (laid out like the
 # parameters), two 4-byte counters and this device's quarter of the batch:
@@ -381,9 +399,14 @@ print("2-D:          ", np.round(losses_2d, 4))
 np.testing.assert_allclose(losses_dp, losses_ref, rtol=RTOL)
 np.testing.assert_allclose(losses_2d, losses_ref, rtol=RTOL)
 assert losses_2d[-1] < losses_2d[0] / 5
+for trained in (model_dp, model_2d):  # the trained parameters too, gathered to the host
+    for leaf, ref in zip(jax.tree.leaves(nnx.state(trained, nnx.Param)),
+                         jax.tree.leaves(nnx.state(reference, nnx.Param)), strict=True):
+        np.testing.assert_allclose(np.asarray(leaf), np.asarray(ref), rtol=RTOL, atol=RTOL)
 
 # %% [markdown]
-# Three layouts, one result. And the 2-D parameters kept their layout through training:
+# Three layouts, one result: the same losses and the same trained parameters. And the 2-D parameters
+# kept their layout through training:
 
 # %%
 for name, leaf in nnx.to_flat_state(nnx.state(model_2d)):

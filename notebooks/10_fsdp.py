@@ -5,9 +5,7 @@
 #
 # FSDP splits the large parameters, and with them their Adam moments, across the data-parallel devices,
 # and gathers each weight whole just before it is used; the batch is split as in data parallelism
-# (notebook 07). In this notebook you write the sharding rule as a function that returns shardings,
-# create the model and optimizer already sharded, read the memory and the collectives of the compiled
-# train step, and check that FSDP trains to the losses of data parallelism.
+# (notebook 07).
 #
 # **You will learn**
 # - how to write the FSDP rule as `(path, leaf) -> NamedSharding`, and plan a layout on abstract state
@@ -16,6 +14,7 @@
 # - what FSDP divides by the device count (the stored parameters and Adam state) and what it does not
 #   (the step's temporaries), from `memory_analysis()`: on the CPU, and in a TPU's HBM at a real size;
 # - which collectives the FSDP step contains, and why FSDP saves memory, not communication;
+# - hybrid sharding (HSDP): FSDP inside a group, data parallelism across groups;
 # - that FSDP gives the same losses as data parallelism and as a single device.
 
 # %%
@@ -201,8 +200,7 @@ for name, sharding in by_name(shardings).items():
 # Building `MLP(...)` eagerly and then moving it would first put the whole model, and the whole Adam
 # state, on one device: exactly what FSDP exists to avoid. Instead, compile the constructor. Inside
 # `nnx.jit`, `jax.lax.with_sharding_constraint` pins the new state to the planned shardings, and the
-# compiler partitions the initialisation itself: each device computes only its own blocks. (Notebook 11
-# attaches the specs to the layers instead, with `nnx.with_partitioning`.)
+# compiler partitions the initialisation itself: each device computes only its own blocks.
 
 # %%
 def create_sharded(shardings):
@@ -233,7 +231,14 @@ draw_shardings(nnx.state(model), ncols=4)
 # %% [markdown]
 # The init program takes no arguments and allocates, per device, less than the parameters alone
 # (75.0 KiB), let alone with Adam's moments: no device ever held the whole model. The random numbers are
-# the reference's, bit for bit: JAX's random generator gives the same values however the array is split.
+# the reference's, bit for bit: with `jax_threefry_partitionable` (on by default in the JAX versions
+# tested here) the generator gives the same values however the array is split.
+#
+# > **Three ways to create a sharded model.** Build it eagerly, then `jax.device_put` the state
+# > (notebook 07): fine when one device can hold the whole model. Run the constructor in `nnx.jit` with
+# > sharding constraints (here, 08, 09): nothing whole anywhere. Or plan from `nnx.eval_shape` and
+# > compile `jax.jit(init, out_shardings=plan)` (notebook 11, as MaxText does): the plan exists before
+# > any array.
 #
 # ## 4. The memory: what FSDP divides, and what it does not
 #
@@ -298,14 +303,14 @@ if CPU:  # the CPU compiler's temporaries
 
 # %% [markdown]
 # The arguments, what a device stores between steps (its share of the model and Adam state, donated and
-# so aliased, plus its examples), shrink as devices are added. The temporaries, what the step allocates
-# while it runs, do not. On the CPU backend they stay at about twice the model size on every mesh, as
-# large as data parallelism's: each device gathers every kernel whole (the next section lists the
-# all-gathers) and receives the whole summed gradient. These are the CPU compiler's buffers for a
-# 75 KiB model; section 5 measures the step on a TPU at a size where memory matters. To hold
-# only one layer's gathered weights at a time, a deep model is written as a `jax.lax.scan` over its
-# layers with rematerialisation (`jax.checkpoint`), so that each layer is gathered, used and dropped in
-# turn, in the forward and again in the backward pass; this two-layer MLP has neither.
+# so aliased, plus its examples), shrink as devices are added. On the CPU backend the temporaries, what
+# the step allocates while it runs, do not: about twice the model on every mesh, as large as data
+# parallelism's, because each device gathers every kernel whole (section 5) and receives the whole
+# summed gradient. A compiler that reduce-scatters the gradient need not hold that sum, so read a GPU
+# or TPU program rather than assume (section 5 compiles one for a TPU). To hold only one layer's
+# gathered weights at a time, a deep model is a `jax.lax.scan` over its layers with rematerialisation
+# (`jax.checkpoint`): each layer is gathered, used and dropped in turn. This two-layer MLP has
+# neither; notebook 12 builds and measures one.
 
 # %% [markdown]
 # ## 5. The compiled step: all-gathers, and what happens to the gradient
@@ -323,18 +328,16 @@ if CPU:  # what the CPU compiler inserts
     assert all_reduce.result_bytes == dp_comm.result_bytes == param_bytes + 4  # the whole gradient, + the loss
 
 # %% [markdown]
-# Reading the CPU compiler's FSDP table from the top:
+# The CPU compiler's FSDP table, from the top:
 #
-# - **All-gathers of the weights.** `f32[64,256]` and `f32[256,10]` are the two kernels, whole: each
-#   device gathers the blocks of the other 7 right before the forward matmuls.
-# - **An all-gather and an all-to-all for the backward pass.** The compiler gathers the logits' gradient
-#   over the whole batch (`f32[64,10]`), multiplies it by the device's own `(32, 10)` block of the
-#   kernel, and an all-to-all turns the result from "split over hidden units" back into "split over
-#   examples".
-# - **The gradient.** FSDP needs each device's block of the summed gradient: a **reduce-scatter**. On
-#   the CPU backend it appears as the whole data-parallel all-reduce (76,844 bytes) followed by
-#   `dynamic-slice` ops that keep each device's 1/8; the GPU and TPU compilers can fuse that pair into
-#   a reduce-scatter.
+# - **All-gathers of the weights**: `f32[64,256]` and `f32[256,10]`, the two kernels whole, right
+#   before the forward matmuls.
+# - **For the backward pass**, an all-gather of the logits' gradient over the whole batch
+#   (`f32[64,10]`), multiplied by the device's own `(32, 10)` kernel block, and an all-to-all that turns
+#   the result from "split over hidden units" back into "split over examples".
+# - **The gradient.** FSDP needs each device's block of the summed gradient: a **reduce-scatter**. The
+#   CPU backend runs the whole data-parallel all-reduce (76,844 bytes), then `dynamic-slice` ops keep
+#   each device's 1/8.
 
 # %%
 slices = sorted(set(re.findall(r"= (f32\[[0-9,]+\])\{[0-9,]+\} dynamic-slice\(", compiled_fsdp.as_text())))
@@ -358,7 +361,6 @@ else:
     tpu_mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(AxisType.Auto,), devices=topo.devices)
     graphdef, abstract_state = nnx.split(nnx.eval_shape(create))
     tpu_plan = jax.tree_util.tree_map_with_path(partial(fsdp_rule, mesh=tpu_mesh), abstract_state)
-    tpu_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, tpu_plan)
     tpu_batch = NamedSharding(tpu_mesh, P("fsdp"))
 
     def functional_step(state, x, y):
@@ -366,41 +368,46 @@ else:
         loss = train_step(model, optimizer, x, y)
         return nnx.state((model, optimizer)), loss
 
-    compiled_tpu = jax.jit(functional_step, donate_argnums=0,
-                           out_shardings=(tpu_plan, NamedSharding(tpu_mesh, P()))).lower(
-        tpu_state, *(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=tpu_batch) for a in (x, y))).compile()
-    tpu_comm = collectives(compiled_tpu)
+    def compile_for_tpu(plan):
+        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, plan)
+        return jax.jit(functional_step, donate_argnums=0, out_shardings=(plan, NamedSharding(tpu_mesh, P()))).lower(
+            state, *(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=tpu_batch) for a in (x, y))).compile()
+
+    tpu_comm = collectives(compile_for_tpu(tpu_plan))
+    tpu_dp_comm = collectives(compile_for_tpu(jax.tree.map(lambda _: NamedSharding(tpu_mesh, P()), abstract_state)))
     print(tpu_comm, "\n")
     print(f"{'':<16}{'CPU':>4}{'TPU':>5}")
     for kind in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter"):
         print(f"{kind:<16}{comm.count(kind):>4}{tpu_comm.count(kind):>5}")
+    print(f"\nTPU ring estimates: FSDP {format_bytes(tpu_comm.estimated_bytes)}, "
+          f"data parallel {format_bytes(tpu_dp_comm.estimated_bytes)}")
 
     (scatter,) = [op for op in tpu_comm.ops if op.kind == "reduce-scatter"]
     assert (scatter.result_type, scatter.form) == ("f32[8,256]", "fused")  # linear1's gradient: this chip's 1/8
     (summed,) = [op for op in tpu_comm.ops if op.kind == "all-reduce"]
     assert "f32[256,10]" in summed.result_type  # linear2's narrow kernel: summed whole, as on CPU, then sliced
     assert all(op.result_type.startswith("bf16[") for op in tpu_comm.ops if op.kind == "all-gather")
+    assert tpu_dp_comm.kinds == {"all-reduce"} and tpu_dp_comm.result_bytes == param_bytes + 4  # DP on the TPU
+    assert tpu_comm.estimated_bytes < tpu_dp_comm.estimated_bytes  # bf16 gathers: fewer bytes than DP
     if CPU:
         assert comm.count("reduce-scatter") == 0 and tpu_comm.count("all-gather") == comm.count("all-gather")
-        assert tpu_comm.estimated_bytes < dp_comm.estimated_bytes  # bf16 gathers: fewer bytes than DP
 
 # %% [markdown]
 # The TPU program differs from the CPU's in two ways. The gradient of `linear1`'s `(64, 256)` kernel
 # is a **reduce-scatter**: one fused op that leaves each chip only its `f32[8,256]` block of the sum.
 # The narrow `(256, 10)` kernel's gradient is not: the compiler combined it with the biases and the
-# loss into one all-reduce and slices it afterwards, as the CPU does. The compiler decides array by
-# array, so read the program rather than assume. And the all-gathers move **bf16**, half the bytes: a
-# float32 matmul on TPU multiplies in bf16 by default, so the compiler converts its operands before
-# gathering them.
+# loss into one all-reduce and slices it afterwards, as the CPU does. And the all-gathers move
+# **bf16**, half the bytes: a float32 matmul on TPU multiplies in bf16 by default, so the compiler
+# converts its operands before gathering them. These are the choices of the libtpu installed here,
+# made array by array; another version may choose otherwise, so read the program rather than assume.
 
 # %% [markdown]
-# **The memory on a TPU, at a real size.** The CPU table above is for a 75 KiB model. On a TPU a
-# program that small lives mostly in the chip's on-chip VMEM (128 MiB on a v5e), so its figures say
-# little about HBM. Widen the same two layers to `2048 -> 16384 -> 2048` (256 MiB of float32
-# weights, 768 MiB with Adam's moments) with a global batch of 16,384 (a 128 MiB hidden activation
-# per chip), and compile the FSDP and the data-parallel step for the 8 chips, at the compiler's least
-# effort (`O0`; its default takes ten times longer and gives data parallelism smaller temporaries).
-# `footprint` is each chip's HBM (the on-chip VMEM is not in it):
+# **The memory on a TPU, at a real size.** A 75 KiB program lives mostly in a TPU's on-chip VMEM
+# (128 MiB on a v5e), so its figures say little about HBM. Widen the two layers to
+# `2048 -> 16384 -> 2048` (256 MiB of float32 weights, 768 MiB with Adam's moments), take a global
+# batch of 16,384, and compile the FSDP and the data-parallel step at the compiler's least effort
+# (`O0`; its default takes ten times longer and gives data parallelism smaller temporaries).
+# `footprint` is each chip's HBM:
 
 # %%
 if ok:
@@ -445,11 +452,10 @@ if ok:
     assert wide["FSDP"].footprint < wide["data parallel"].footprint  # in all, still less HBM
 
 # %% [markdown]
-# The state column is the donated parameters and Adam state: FSDP stores about 1/8 of data
-# parallelism's, as on the CPU. The temporaries are not divided: FSDP's are larger than the whole
-# float32 model and larger than data parallelism's: each chip rebuilds every weight whole, and what
-# else stays alive is the compiler's choice, not the CPU's. In all, FSDP still needs less HBM per chip
-# here, because data parallelism's copies of the state dominate. Read the TPU program at your sizes.
+# FSDP stores about 1/8 of data parallelism's state (the donated parameters and Adam moments). Its
+# temporaries are not divided: larger than the whole float32 model and than data parallelism's, since
+# each chip rebuilds every weight whole. In all FSDP still needs less HBM per chip here, because data
+# parallelism's copies of the state dominate. Read the TPU program at your sizes.
 
 # %% [markdown]
 # A reduce-scatter delivers only each device's block of the sum. `jax.lax.psum_scatter` inside
@@ -484,11 +490,10 @@ np.testing.assert_allclose(jax.jit(by_reduce_scatter)(partial_grads), partial_gr
 # whole `(64, 256)` sum; the ring formula estimates half the bytes sent for it.
 #
 # Does FSDP then communicate less than data parallelism? No. A ring all-reduce *is* a reduce-scatter
-# followed by an all-gather. Data parallelism does both halves on the gradients; FSDP does a
-# reduce-scatter of the gradients and an all-gather of the weights: the same volume at best, and about
-# 1.5 times as much when a large model gathers its weights a second time in the backward pass. On the
-# CPU backend, where the reduce-scatter stays a full all-reduce, the ring estimates of the two
-# programs put FSDP above data parallelism:
+# followed by an all-gather. Data parallelism does both on the gradients; FSDP reduce-scatters the
+# gradients and all-gathers the weights: the same volume at best, about 1.5 times as much when a large
+# model gathers its weights again in the backward pass. On the CPU backend, where the reduce-scatter
+# stays a full all-reduce, FSDP's ring estimate is above data parallelism's:
 
 # %%
 print(f"FSDP {format_bytes(comm.estimated_bytes)}, data parallel {format_bytes(dp_comm.estimated_bytes)}"
@@ -498,8 +503,33 @@ if CPU:
 
 # %% [markdown]
 # **FSDP saves memory, not communication.** It pays for the memory with the same traffic or more,
-# counted in values. In bytes it can be less on TPU, whose gathers carry bf16: by the ring estimate, the TPU
-# step above sends less than data parallelism's CPU program (its last assert).
+# counted in values. In bytes it can be less on TPU, whose gathers carry bf16: by the ring estimate, the
+# TPU FSDP step above sends less than the TPU data-parallel step (an assert of that cell).
+#
+# **Hybrid sharding (HSDP).** Between slices or hosts the links are slower, and gathering every weight
+# across all of them each step costs. HSDP splits the state over an `fsdp` axis inside a group and
+# replicates it over a `replica` axis across groups; the batch splits over both. On a `(2, 4)` mesh
+# the same rule (it reads only the `fsdp` axis) gives:
+
+# %%
+hybrid_mesh = jax.make_mesh((2, 4), ("replica", "fsdp"), axis_types=(AxisType.Auto, AxisType.Auto))
+hybrid_plan = jax.tree_util.tree_map_with_path(partial(fsdp_rule, mesh=hybrid_mesh), nnx.state(nnx.eval_shape(create)))
+hybrid_batch = NamedSharding(hybrid_mesh, P(("replica", "fsdp")))  # 8 examples per device, as before
+hybrid = collectives(train_step.lower(*create_sharded(hybrid_plan)(), jax.device_put(x, hybrid_batch),
+                                      jax.device_put(y, hybrid_batch)).compile())
+print(hybrid)
+kernel_bytes = (64 * 256 + 256 * 10) * 4
+assert {op.group_size for op in hybrid.ops if op.kind == "all-gather"} == {4}  # inside one replica group
+assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 2) == kernel_bytes // 4  # across groups
+assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 8) == (256 + 10 + 1) * 4  # biases, loss
+
+# %% [markdown]
+# Groups of 4 are the `fsdp` axis, groups of 2 the `replica` axis. The weights are gathered inside a
+# group; the kernel gradients are summed inside it, each device keeping its quarter, and only that
+# quarter is all-reduced across the 2 groups: a quarter of the kernel gradients crosses the slow links,
+# where data parallelism sends all of them. (The small replicated biases and the loss are summed over
+# all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh; notebook 18
+# builds multi-slice meshes.
 #
 # ## 6. FSDP trains like data parallelism
 #
@@ -516,17 +546,20 @@ np.testing.assert_allclose(fsdp_losses, dp_losses, rtol=RTOL)
 np.testing.assert_allclose(fsdp_losses, ref_losses, rtol=RTOL)
 
 # %% [markdown]
-# The parameters stayed sharded. Compare shardings with `is_equivalent_to`, not by their specs: the
-# compiler writes the trained kernel's spec as `P('fsdp',)`, without the trailing `None` the rule wrote,
-# and the two `PartitionSpec`s compare unequal although they describe the same layout.
+# The parameters stayed sharded, and they match the reference's. Compare shardings with
+# `is_equivalent_to`, not by their specs: the compiler may write the trained kernel's spec as
+# `P('fsdp',)`, without the trailing `None` the rule wrote, and such specs compare unequal although
+# they describe the same layout.
 
 # %%
 planned = by_name(shardings)["0/linear1/kernel"]
 trained = model.linear1.kernel[...].sharding
 print("planned:", planned.spec, "  after training:", trained.spec)
-assert trained.is_equivalent_to(planned, 2)
-assert trained.spec != planned.spec  # the same layout, written two ways
+assert trained.is_equivalent_to(planned, 2)  # the same layout, however its spec is written
 assert shard_table(model.linear1.kernel[...]).shard_shapes == {(8, 256)}
+for trained_leaf, ref_leaf in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
+                                  jax.tree.leaves(nnx.state(ref_model, nnx.Param)), strict=True):
+    np.testing.assert_allclose(np.asarray(trained_leaf), np.asarray(ref_leaf), rtol=RTOL, atol=RTOL)  # gathered
 
 # %% [markdown]
 # ## Exercises
@@ -571,18 +604,15 @@ ex.gradient_traffic.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - FSDP is data parallelism with the large parameters, and their Adam moments, split across the same
-#   devices: here `f32[64@fsdp,256]` for a kernel and for its `mu` and `nu`, while biases stay replicated.
-# - Write the rule as `(path, leaf) -> NamedSharding` and map it with `jax.tree_util.tree_map_with_path`:
-#   it plans layouts on `nnx.eval_shape` state, splits a dimension that divides, and names the leaf it
-#   could not split.
-# - Create the model sharded: `nnx.jit` the constructor with `with_sharding_constraint` to the plan, and
-#   the init program never holds the whole model on any device.
-# - What a device stores shrinks with the device count; the step's temporaries do not, because each
-#   device gathers every weight whole: on the CPU about twice the model on every mesh; on a TPU at a
-#   real size more than the whole model and more than data parallelism's, in HBM.
+# - FSDP is data parallelism with the large parameters and their Adam moments split across the same
+#   devices (`f32[64@fsdp,256]`); biases stay replicated.
+# - Write the rule as `(path, leaf) -> NamedSharding`, map it with `jax.tree_util.tree_map_with_path`,
+#   plan on `nnx.eval_shape` state, and create the model sharded: no device holds it whole.
+# - What a device stores shrinks with the device count. On the CPU backend the step's temporaries do
+#   not: each device gathers every weight whole and sums the whole gradient, about twice the model on
+#   every mesh. On a TPU at a real size they are more than the whole model and than data parallelism's.
 # - The step all-gathers the weights and reduce-scatters the gradients (on the CPU backend: an all-reduce
-#   and a slice; on TPU a fused reduce-scatter, where the compiler chooses it). That is data
-#   parallelism's traffic or more: FSDP saves memory, not communication.
+#   and a slice). That is data parallelism's traffic or more: FSDP saves memory, not communication.
+#   HSDP sends only each group's shard of the gradients across groups.
 #
 # **Next:** [11 · A sharded transformer, end to end](11_transformer.ipynb)
