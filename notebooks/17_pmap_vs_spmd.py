@@ -4,15 +4,16 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_pmap_vs_spmd.ipynb)
 #
 # `jax.pmap` is now `jax.jit` wrapped around `jax.shard_map`, and this notebook teaches you to replace
-# it with those two, including the port that silently multiplies every gradient by 8.
+# it with those two. You write one data-parallel step three ways and get the same numbers
+# and the same all-reduce from each, look inside `pmap`, port pmap code (including the port that
+# silently multiplies every gradient by 8), and meet what `pmap` cannot express.
 #
 # **You will learn**
 # - how the same step written with `pmap`, `jit` and `shard_map` relate;
 # - that a `pmap` output is an ordinary `jax.Array` with a `NamedSharding`, and why nested `pmap` fails;
 # - the migration recipe: `pmap`'s arguments as specs, blocks that keep their rank, `jax.device_put`,
 #   and why `pmean` of gradients inside `shard_map` must go;
-# - what needs `jit` or `shard_map`: a second mesh axis, and sharded parameters (FSDP), whose collectives
-#   differ between the CPU compiler and the TPU's.
+# - what needs `jit` or `shard_map`: a second mesh axis, and sharded parameters (FSDP).
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -218,8 +219,8 @@ assert_same(shmap_params, pmap_copy, exact=True)
 # > **You will see this online:** "use `pmap` when you only need simple data parallelism; `jit` with
 # > shardings is for bigger models."
 #
-# Count the sums over devices (`psum`) in each version's jaxpr, the program you wrote, and the
-# all-reduces in its compiled program:
+# Count the sums over devices (`psum`) in each version's jaxpr and the all-reduces in its compiled
+# program:
 
 # %%
 versions = {
@@ -564,8 +565,8 @@ assert nesting in doc and nested_failed
 # %% [markdown]
 # That is a regression of the move onto `shard_map` in JAX 0.8.0, not a designed limit: the
 # [migration guide](https://docs.jax.dev/en/latest/migrate_pmap.html) calls the new `pmap` "not a
-# perfect replacement" for the old one. Do not wait for a fix: a 2-D mesh with `jit` (or a `shard_map`
-# over both axes) is the way to get two axes.
+# perfect replacement" for the old one. Do not wait for a fix: use a 2-D mesh with `jit` (or a
+# `shard_map` over both axes).
 #
 # ### 7.3 FSDP: sharded parameters
 #
@@ -687,9 +688,9 @@ if CPU:  # the CPU compiler's programs
 # ```
 #
 # Give a triple `(new_step, w_spec, batch_spec)`: `new_step(w, x, y)` takes the weight `(16,)` and the
-# **global** batch `x (64, 16)`, `y (64,)`. On a 1-D mesh of the 8 devices with axis `'data'`, the
-# checker places `w` by `w_spec`, `x` by `batch_spec` and `y` by its first entry, runs
-# `jax.jit(new_step)`, compares the new weight with pmap's, and counts the collectives.
+# **global** batch `x (64, 16)`, `y (64,)`. The checker places `w` by `w_spec`, `x` by `batch_spec` and
+# `y` by its first entry on a 1-D mesh `('data',)`, runs `jax.jit(new_step)`, and checks the new weight
+# against pmap's and the collectives.
 
 # %%
 from exercises import ex17_pmap_vs_spmd as ex
@@ -717,8 +718,7 @@ ex.pmean_factor.check(answer_2);
 # - Migrating: `in_axes` become specs; blocks keep their rank; placement is `jax.device_put` with
 #   `P()`/`P('data')`; and **never keep `pmean` of gradients inside `shard_map`**: the gradient of a
 #   replicated input is already summed there, N times too large. Differentiate the `pmean`-ed loss.
-# - A second mesh axis and sharded parameters are specs with `jit`, and hand-written collectives (or
-#   impossible) with `pmap`. Which collectives `jit` produces depends on the compiler: compile for your
-#   target and read them.
+# - A second mesh axis and sharded parameters are specs with `jit`, hand-written collectives (or
+#   impossible) with `pmap`. Which collectives `jit` produces depends on the compiler: read them.
 #
 # **Next:** [18 · Multi-host SPMD: two processes, one mesh](18_multihost.ipynb)
