@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from numbers import Integral
-
 import jax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from utils.exercises import Exercise, answer_errors
+from utils.exercises import Exercise, answer_errors, plain
 
 
 def _mesh_4x2() -> Mesh:
@@ -20,13 +17,12 @@ def _check_device_at(answer: object) -> None:
     if callable(answer):  # the reference solution and the listed mistakes read this machine's mesh
         with answer_errors("your function"):
             answer = answer()
-    device_id = getattr(answer, "id", answer)  # a device, or its id
-    assert isinstance(device_id, Integral) and not isinstance(device_id, bool), (
+    device_id = plain(answer)  # a device becomes its id; np.int64(5) and 5.0 become 5
+    assert isinstance(device_id, int) and not isinstance(device_id, bool), (
         f"give a device id (a whole number) or a device such as mesh.devices[i, j]; got {answer!r}"
     )
     mesh = _mesh_4x2()
     expected = int(mesh.devices[2, 1].id)
-    device_id = int(device_id)
     if device_id == expected:
         return
     where = {int(d.id): (i, j) for (i, j), d in _enumerate_2d(mesh)}
@@ -121,14 +117,12 @@ auto_mesh = Exercise(
 
 
 def _check_model_group(answer: object) -> None:
-    assert isinstance(answer, Iterable) and not isinstance(answer, str | bytes), (
-        f"give the device ids as a set, such as {{0, 1}}; got {answer!r}"
-    )
-    items = [getattr(d, "id", d) for d in answer]
-    assert all(isinstance(i, Integral) and not isinstance(i, bool) for i in items), (
+    items = plain(answer)  # devices become their ids, numpy arrays and lists tuples, sets frozensets
+    assert isinstance(items, frozenset | tuple), f"give the device ids as a set, such as {{0, 1}}; got {answer!r}"
+    assert all(isinstance(i, int) and not isinstance(i, bool) for i in items), (
         f"give device ids (whole numbers) or devices, such as {{0, 1}}; got {answer!r}"
     )
-    ids = {int(i) for i in items}
+    ids = set(items)
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
     row = next(r for r in mesh.device_ids.tolist() if 5 in r)
     column = next(c for c in mesh.device_ids.T.tolist() if 5 in c)

@@ -100,7 +100,8 @@ def _check_migrate(answer: Any) -> None:
     comm = collectives(compiled)
     assert comm.kinds == {"all-reduce"}, (
         f"the compiled step has {sorted(comm.kinds) or 'no collectives'}, where data parallelism has only the "
-        "all-reduce of the gradient: keep the weight whole on every device (replicated)"
+        "all-reduce of the gradient: keep the weight whole on every device (replicated), and let each device "
+        "keep its own block of the batch (nothing gathered)"
     )
 
 
@@ -112,6 +113,21 @@ def _migrate_solution_step(w, x, y):
 def _summed_loss_step(w, x, y):  # mistook pmean for "sum the loss"
     g = jax.grad(lambda w: jnp.sum((x @ w - y) ** 2))(w)
     return w - 0.1 * g
+
+
+def _lr_times_8_step(w, x, y):  # the learning rate scaled by the device count, as for a summed gradient
+    g = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+    return w - 0.8 * g
+
+
+def _local_mean_step(w, x, y):  # the mean over one device's 8 examples, as the pmap body saw them
+    g = jax.grad(lambda w: jnp.mean((x[:8] @ w - y[:8]) ** 2))(w)
+    return w - 0.1 * g
+
+
+def _replicating_step(w, x, y):  # a constraint that gathers the whole batch onto every device
+    x = jax.lax.with_sharding_constraint(x, NamedSharding(_mesh_8(), P()))
+    return _migrate_solution_step(w, x, y)
 
 
 class _StepAndSpecs(tuple):
@@ -133,6 +149,9 @@ migrate_to_jit = Exercise(
         (_migrate_solution_step, P("data"), P("data")),
         (_summed_loss_step, P(), P("data")),
         (_migrate_solution_step, P(), P(None, "data")),  # splits the features, not the examples
+        (_lr_times_8_step, P(), P("data")),
+        (_local_mean_step, P(), P("data")),
+        (_replicating_step, P(), P("data")),
     ),
     hint="delete the pmean and write the step as for one device; replicate the weight, split the batch",
     explanation=(

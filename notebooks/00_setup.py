@@ -62,6 +62,7 @@ SETUP = setup_devices(8)
 
 # %%
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -195,8 +196,11 @@ assert jax.device_count() == count  # nothing changed
 # %%
 old_flags = os.environ.get("XLA_FLAGS")
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-print("XLA_FLAGS asks for 4; jax.device_count() =", jax.device_count())
-assert jax.device_count() == count  # no error, no warning, no effect
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    seen = jax.device_count()
+print("XLA_FLAGS asks for 4; jax.device_count() =", seen, "| warnings:", len(caught))
+assert seen == count and caught == []  # no error, no warning, no effect
 if old_flags is None:
     del os.environ["XLA_FLAGS"]
 else:

@@ -42,6 +42,8 @@ SETUP = setup_devices(8)
 
 # %%
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -291,30 +293,39 @@ np.testing.assert_allclose(total, np.cos(2 * np.arange(10)).sum(), rtol=1e-5)  #
 
 
 # %% [markdown]
-# **Returning the uneven value is where the two JAX lines differ, and neither is right.**
+# **Returning the uneven value is where the two JAX lines differ.** The docstring of
+# `with_sharding_constraint`, on both lines, says such an output "will come out as fully replicated, no
+# matter the sharding annotation given".
 #
-# - JAX 0.10.2 returns it *replicated*: the compiled program all-gathers the padded blocks, and every
-#   device holds all 10 elements, with no error and no warning. This silent replication is an open JAX
-#   bug, [jax-ml/jax#26946](https://github.com/jax-ml/jax/issues/26946).
-# - JAX 0.11.2 and 0.12 raise `IndivisibleError` for the same program, a regression: code that ran
-#   before now fails, with a message about an internal device grid (`shape=[2, 4]`) instead of your 10
-#   elements, the kind of message [jax-ml/jax#27808](https://github.com/jax-ml/jax/issues/27808) reports.
+# - JAX 0.10.2 does what it says: the compiled program all-gathers the padded blocks, and every device
+#   holds all 10 elements, with no error and no warning. Documented, yet silent:
+#   [jax-ml/jax#26946](https://github.com/jax-ml/jax/issues/26946), open, reports it.
+# - JAX 0.11.2 and 0.12 raise `IndivisibleError` for the same program, contrary to their own docstring: a
+#   regression, since code that ran before now fails, with a message about an internal device grid
+#   (`shape=[2, 4]`) instead of your 10 elements, the kind of message
+#   [jax-ml/jax#27808](https://github.com/jax-ml/jax/issues/27808) reports.
 
 # %%
+doc = " ".join(jax.lax.with_sharding_constraint.__doc__.split())
+assert "it will come out as fully replicated, no matter the sharding annotation given" in doc
+
+
 def doubled(a):
     return jax.lax.with_sharding_constraint(a * 2, uneven)
 
 
 try:
-    out = jax.jit(doubled)(v)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = jax.jit(doubled)(v)
 except ValueError as err:  # jax 0.11.2 and 0.12
     print(f"JAX {jax.__version__}: {type(err).__name__}: {err}")
     assert type(err).__name__ == "IndivisibleError" and "shape=[2, 4]" in str(err)  # the grid, not your 10
 else:  # jax 0.10
     gathers = collectives(jax.jit(doubled).lower(v).compile()).count("all-gather")
     print(f"JAX {jax.__version__}: returned, spec {out.sharding.spec}, fully replicated: "
-          f"{out.sharding.is_fully_replicated}, all-gathers: {gathers}")
-    assert out.sharding.is_fully_replicated and gathers == 1
+          f"{out.sharding.is_fully_replicated}, all-gathers: {gathers}, warnings: {len(caught)}")
+    assert out.sharding.is_fully_replicated and gathers == 1 and caught == []
     np.testing.assert_array_equal(np.asarray(out), 2 * np.arange(10))
 
 # %% [markdown]

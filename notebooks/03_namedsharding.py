@@ -141,18 +141,21 @@ h = raw[start : start + 128 * 512 * 4].view(np.float32).reshape(128, 512)
 h[...] = np.arange(128 * 512, dtype=np.float32).reshape(128, 512)
 
 shared = jax.device_put(h, rows)  # NumPy in, sharded by rows
+asked = jax.device_put(h, rows, may_alias=False)  # the documented knob
 safe = jax.device_put(jnp.array(h), rows)  # jnp.array copies h first
 h[0, 0] = -1.0  # write into the NumPy array afterwards
 
-print("shared[0, 0] after the write:", np.asarray(shared)[0, 0])
-print("safe[0, 0] after the write:  ", np.asarray(safe)[0, 0])
+for name, a in [("shared", shared), ("may_alias=False", asked), ("safe", safe)]:
+    print(f"{name + '[0, 0]':<22} after the write: {np.asarray(a)[0, 0]}")
 assert np.asarray(safe)[0, 0] == 0.0  # the fix: JAX owns a private copy
-if jax.default_backend() == "cpu":  # on CPU the first array shares h's memory
-    assert np.asarray(shared)[0, 0] == -1.0
+if jax.default_backend() == "cpu":  # on CPU the first two arrays share h's memory
+    assert np.asarray(shared)[0, 0] == np.asarray(asked)[0, 0] == -1.0
 
 # %% [markdown]
-# The fix is a rule of thumb: do not write into a NumPy array after you hand it to JAX, or hand JAX a
-# copy (`jnp.array(h)` copies, and so does `h.copy()`).
+# The knob meant for this, `may_alias=False`, does not help today (a fix is proposed in
+# [jax-ml/jax#38086](https://github.com/jax-ml/jax/pull/38086)). The fix is a rule of thumb: do not write
+# into a NumPy array after you hand it to JAX, or hand JAX a copy (`jnp.array(h)` copies, and so does
+# `h.copy()`).
 #
 # ## 3. The per-device view next to the global view
 #
@@ -274,8 +277,9 @@ draw_sharding(acts2)
 # %% [markdown]
 # ## 5. What replication costs: bytes per device and on the whole mesh
 #
-# Place the same `(128, 512)` float32 array (256 KiB) four ways and measure each device's bytes twice:
-# from `shard_table` and from `x.addressable_shards[i].data.nbytes`. The whole mesh holds the array once
+# Place the same `(128, 512)` float32 array (256 KiB) four ways and count each device's bytes twice: from
+# the block it holds (`x.addressable_shards[i].data.nbytes`) and from the type, the block shape
+# `x.sharding.shard_shape(x.shape)` times 4 bytes per float32. The whole mesh holds the array once
 # per **copy** of each block, and the number of copies is the product of the sizes of the mesh axes the
 # spec does **not** name.
 
@@ -293,7 +297,8 @@ print(f"{'layout':<10}{'spec':<20}{'type':<24}{'per device':>11}{'whole mesh':>1
 for name, a in placed.items():
     t = shard_table(a)
     per_device = {a.addressable_shards[i].data.nbytes for i in range(8)}
-    assert per_device == set(t.bytes_per_device.values()) and len(per_device) == 1  # same on every device
+    from_type = int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize
+    assert per_device == {from_type}  # the same on every device, and what the type says
     named = {e for e in layouts[name] if e is not None}  # the mesh axes the spec uses
     copies = int(np.prod([size for axis, size in mesh.shape.items() if axis not in named]))
     assert t.total_bytes == copies * x_single.nbytes and name.startswith(f"{copies} cop")

@@ -4,11 +4,9 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/04_propagation_resharding.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/04_propagation_resharding.ipynb)
 #
 # Inside `jax.jit` every intermediate and output gets a sharding, though you only sharded the inputs,
-# and wherever two shardings disagree the compiler moves data. Shardy, the sharding propagation JAX
-# uses, gives every value a sharding; XLA's SPMD partitioner then writes the program each device runs
-# and inserts the collectives. For each layout you predict the collectives, compile, check them in the
-# compiled program and draw which blocks move; then you compile the same programs for a TPU v5e-8 that
-# you do not have.
+# and wherever two shardings disagree the compiler moves data. For each layout you predict the
+# collectives, compile, check them in the compiled program and draw which blocks move; then you compile
+# the same programs for a TPU v5e-8 that you do not have.
 #
 # **You will learn**
 # - why computation follows data: elementwise ops keep their input's sharding, and a matmul's output
@@ -113,7 +111,8 @@ assert y_eager.sharding.is_equivalent_to(x.sharding, x.ndim)
 #
 # For `C = A @ B` with `A: [I, J]` and `B: [J, K]`, what must move depends on where each operand is cut:
 # along the **contracting dimension** `J`, which the sum runs over, and along `I` and `K`, which become
-# `C`'s dimensions.
+# `C`'s dimensions. The four cases below are those of [How to Scale Your Model](https://jax-ml.github.io/scaling-book/)
+# (part 3, on sharded matrices).
 #
 # | case | layout | what must happen |
 # |---|---|---|
@@ -122,9 +121,9 @@ assert y_eager.sharding.is_equivalent_to(x.sharding, x.ndim)
 # | 3 | `J` cut in both, by the same mesh axis | local partial products, then an **all-reduce** (a **reduce-scatter** if `C` stays cut over that axis) |
 # | 4 | one mesh axis cuts both `I` and `K` | `C` cannot be cut twice by one axis: **all-gather one operand** |
 #
-# For each case: predict from the table, compile, check the collectives of the compiled program (kind,
+# For each case: predict from the table, compile, check the compiled program's collectives (kind,
 # per-device result shape, group size), and draw what device 0 holds (green), fetches (red hatching) and
-# computes (purple). `run_case` places the operands, compiles, runs, compares with NumPy and prints.
+# computes (purple).
 
 # %%
 I, J, K = 128, 256, 512  # noqa: E741  C[I, K] = A[I, J] @ B[J, K]; J is the contracting dimension
@@ -197,8 +196,8 @@ draw_matmul(a, b, c)
 # `jax.jit(matmul, out_shardings=...)` (notebook 05 covers the ways to ask for a layout). Each device's
 # partial product is `(32, 512)`, but it keeps only a `(32, 256)` block of the sum: a reduce-scatter's job.
 # On the CPU backend the partitioner's two steps stay separate: an **all-reduce** of the `(32, 512)`
-# partial products, then a local `dynamic-slice` that keeps each device's half. GPU and TPU compilers have
-# a pass that fuses the pair into one reduce-scatter; section 4 shows it on a TPU.
+# partial products, then a local `dynamic-slice` that keeps each device's half. The TPU compiler fuses the
+# pair into one reduce-scatter (section 4 shows it); on other accelerators the cell accepts either form.
 
 # %%
 a, b, c, col = run_case("3'", P("data", "model"), P("model", None), out=P("data", "model"))
@@ -243,22 +242,20 @@ for name, (a, b, c, compiled) in cases.items():
 # **The table says what must move; the compiler picks how.** `A` at `P('data', None)` with `B` at
 # `P('model', None)` looks like case 2 (only `B` cuts `J`): gather `B`, ring estimate 256 KiB per device.
 # But `A`'s `J` is whole on every device, so each device can slice out, for free, the half that matches its
-# rows of `B`, which turns it into case 3. The compiler does that and all-reduces a `(32, 512)` partial
-# product instead (ring estimate 64 KiB). Compile and count; do not guess.
+# rows of `B`: case 3. The compiler does that and all-reduces a `(32, 512)` partial product (ring
+# estimate 64 KiB). Compile and count; do not guess.
 
 # %%
 a, b, c, col = run_case("2 or 3?", P("data", None), P("model", None))
 del cases["2 or 3?"]
 assert found(col) == [("all-reduce", (32, 512), 2)]
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)
-if CPU:  # f32 on the CPU; a TPU may all-reduce in another precision
-    assert col.estimated_bytes == 64 * 1024
 
 # %% [markdown]
 # ## 3. Reading the compiled program
 #
 # `collectives()` reads `compiled.as_text()`, the per-device HLO after partitioning. Here is the line of
-# case 3''s all-reduce, up to its metadata:
+# the all-reduce of case 3', up to its metadata:
 
 # %%
 def hlo_line(compiled, op):
@@ -296,8 +293,6 @@ def iota_groups(text):
 positions = np.arange(8).reshape(mesh.devices.shape)  # the program's device numbers, laid out as the mesh
 groups = re.search(r"replica_groups=(.+?), (?:use_global_device_ids|to_apply|dimensions)", line).group(1)
 print("replica_groups:", groups, "| mesh positions:", positions.tolist())
-assert iota_groups("[2,4]<=[4,2]T(1,0)") == positions.T.tolist()  # the other spelling: the columns, over 'data'
-assert op.group_size == 2
 if CPU:  # how the CPU compiler writes this program's groups: the mesh's rows, groups over 'model'
     assert groups == "[4,2]<=[8]" and iota_groups(groups) == positions.tolist()
 
@@ -329,24 +324,24 @@ print(memory_per_device(compiled))  # the same fields, read by the course's help
 # %%
 ok, why = tpu_compiler_available()
 print(why)
-tpu = {}  # case -> the TPU program
+tpu, tpu_args = {}, {}  # case -> the TPU program, and its inputs described for the TPU mesh
 if ok:
     with quiet():  # libtpu writes start-up warnings to stderr
         topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
     tpu_mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=topo.devices)
     for name, (a, b, c, _) in cases.items():
-        args = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(tpu_mesh, v.sharding.spec))
-                for v in (a, b)]
+        tpu_args[name] = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(tpu_mesh, v.sharding.spec))
+                          for v in (a, b)]
         fixed = {"out_shardings": NamedSharding(tpu_mesh, c.sharding.spec)} if name == "3'" else {}
         with quiet():
-            tpu[name] = jax.jit(matmul, **fixed).lower(*args).compile()
+            tpu[name] = jax.jit(matmul, **fixed).lower(*tpu_args[name]).compile()
     print(topo.devices[0].device_kind, "x", len(topo.devices), "| compiled:", list(tpu))
 
 # %% [markdown]
 # Case 3', side by side: on the TPU the partial products are **reduce-scattered**, and each chip receives
 # only its `(32, 256)` block of the sum. The TPU compiler writes it as a fusion that calls a computation
-# named `all-reduce-scatter`; `collectives()` counts that as one reduce-scatter. Its ring estimate is half
-# the all-reduce's.
+# named `all-reduce-scatter`; `collectives()` counts that as one reduce-scatter. By the ring formulas it
+# sends half the all-reduce's bytes: `(N-1)/N` against `2(N-1)/N` times the partial products.
 
 # %%
 if ok:
@@ -359,7 +354,6 @@ if ok:
     assert "calls=%all-reduce-scatter" in fusion
     if CPU:
         assert found(here) == [("all-reduce", (32, 512), 2)]
-        assert there.estimated_bytes == here.estimated_bytes / 2
 
 # %% [markdown]
 # The four cases on both backends:
@@ -378,10 +372,16 @@ if ok:
             assert all(op.result_type.startswith("bf16[") for op in there.ops)
         if CPU and name != "3'":
             assert found(here) == found(there)  # the same kinds, shapes and groups on both
+    exact = jax.jit(lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST))
+    with quiet():
+        gathered = collectives(exact.lower(*tpu_args["2"]).compile()).ops
+    print("case 2 with precision=HIGHEST:", [op.result_type for op in gathered])
+    assert [op.result_type for op in gathered] == ["f32[32,256]"]  # asked for full precision: f32 moves
 
 # %% [markdown]
 # The same collectives, shapes and groups, except case 3'. The TPU gathers `bf16`, though: it converts
-# `f32` matmul operands to `bfloat16` before gathering them (its default matmul precision), half the bytes.
+# `f32` matmul operands to `bfloat16` before gathering them, half the bytes. That is its default matmul
+# precision at work: with `precision=jax.lax.Precision.HIGHEST` the same gather stays `f32`.
 #
 # ## 5. When two inputs disagree, the compiler reshards
 #
@@ -424,13 +424,67 @@ if CPU:  # the routes the partitioner took, as the CPU compiler writes them
 #   `P('data', 'model')`; the picture below shows why.
 # - `P(None, 'data')`: `y` cuts columns where `x` cuts rows, over the same axis. One all-to-all among the 4
 #   devices of each `data` group gives each device its row block of `y`; each device sends 3 of its 4 pieces.
-# - `P('model', None)`: both cut rows, over different axes, and no device holds matching blocks. The compiler
-#   gathers both to full copies and adds replicated arrays: the whole result on every device, the most
-#   expensive of the five by the ring estimate.
+# - `P('model', None)`: both cut rows, over different axes. Propagation does not choose between `data` and
+#   `model` for the result's rows: it leaves them uncut, so the result is replicated and the partitioner
+#   all-gathers both inputs to full copies, the most expensive of the five by the ring estimate.
 
 # %%
 y, s, _ = results["P(None, 'model')"]
 draw_shardings({"x": x, "y": y, "x + y": s})
+
+# %% [markdown]
+# **A constraint beats propagation's tie-break.** That program copies far more than it needs: each device
+# holds 32 rows of `x` and 64 of `y`, and on half the mesh those 64 contain the device's 32. The shards say
+# which devices:
+
+# %%
+y = results["P('model', None)"][0]
+
+
+def rows(v):
+    """Device -> the range of rows its block of v covers."""
+    return {sh.device: range(v.shape[0])[sh.index[0]] for sh in v.addressable_shards}
+
+
+rows_x, rows_y = rows(x), rows(y)
+matching = [d for d in mesh.devices.flat if set(rows_x[d]) <= set(rows_y[d])]
+print("devices whose rows of y already cover their rows of x:", [d.id for d in matching])
+assert len(matching) == mesh.size // 2
+
+# %% [markdown]
+# Ask for the result at `P('data', None)`, by `out_shardings` or by `with_sharding_constraint` on `y`, and
+# the tie is gone. The program becomes one **collective-permute**: each device receives at most one
+# `(32, 512)` block (group 3: blocks travel around rings of 3 devices). Ring estimate 64 KiB against
+# 320 KiB, 5 times less. Where propagation settles a conflict badly, a constraint wins; notebook 05 builds
+# on that.
+
+# %%
+def programs(m):
+    """The sum on mesh m as propagation leaves it, and with the result's layout asked for in two ways."""
+    by_rows = NamedSharding(m, P("data", None))
+    return {"propagation": jax.jit(add), "out_shardings": jax.jit(add, out_shardings=by_rows),
+            "constraint": jax.jit(lambda x, y: x + jax.lax.with_sharding_constraint(y, by_rows))}
+
+
+cols = {}
+for name, f in programs(mesh).items():
+    compiled = f.lower(x, y).compile()
+    s = compiled(x, y)
+    cols[name] = collectives(compiled)
+    print(f"{name}: x + y at {s.sharding.spec}\n{cols[name]}\n")
+    assert_close(s, 2 * X)
+    assert s.sharding.is_equivalent_to(NamedSharding(mesh, P() if name == "propagation" else P("data", None)), 2)
+gathers = [("all-gather", (128, 512), 4), ("all-gather", (128, 512), 2)]  # x over data, y over model
+permute = [("collective-permute", (32, 512), 3)]
+if CPU:
+    assert [found(c) for c in cols.values()] == [gathers, permute, permute]
+assert cols["propagation"].estimated_bytes == 5 * cols["constraint"].estimated_bytes
+if ok:  # the TPU compiler makes the same choices
+    args = [jax.ShapeDtypeStruct(X.shape, X.dtype, sharding=NamedSharding(tpu_mesh, spec))
+            for spec in (P("data", None), P("model", None))]
+    with quiet():
+        on_tpu = [found(collectives(f.lower(*args).compile())) for f in programs(tpu_mesh).values()]
+    assert on_tpu == [gathers, permute, permute]
 
 # %% [markdown]
 # **A committed input must match `in_shardings`.** `jax.jit(f, in_shardings=...)` fixes the layout an
@@ -498,8 +552,8 @@ ex.read_groups.check(answer_3);
 # - The CPU backend writes a reduce-scatter as an all-reduce and a slice; compiled for a TPU v5e-8 without
 #   one, the same program has a reduce-scatter, and the TPU gathers `f32` matmul operands as `bf16`.
 # - When inputs disagree, the compiler reshards: free when each device already holds its block, an
-#   all-to-all or full copies on every device when not. A committed input that does not match
-#   `in_shardings` raises instead.
+#   all-to-all or full copies on every device when not. Asking for the result's layout can turn full copies
+#   into one collective-permute. A committed input that does not match `in_shardings` raises instead.
 #
 # Propagation decides every layout you leave open. To ask for one yourself inside `jit`, go on to 05.
 #

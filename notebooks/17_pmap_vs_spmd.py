@@ -9,12 +9,11 @@
 # silently multiplies every gradient by 8), and meet what `pmap` cannot express.
 #
 # **You will learn**
-# - how a `pmap` + `pmean` step, a `jit` + `NamedSharding` step and a `shard_map` step relate;
+# - how the same step written with `pmap`, `jit` and `shard_map` relate;
 # - that a `pmap` output is an ordinary `jax.Array` with a `NamedSharding`, and why nested `pmap` fails;
-# - the migration recipe: blocks keep their rank, `device_put_replicated` becomes `jax.device_put`, and
-#   `pmean` of gradients inside `shard_map` must go;
-# - what needs `jit` or `shard_map`: a second mesh axis, and sharded parameters (FSDP), whose collectives
-#   differ between the CPU compiler and the TPU's.
+# - the migration recipe: `pmap`'s arguments as specs, blocks that keep their rank, `jax.device_put`,
+#   and why `pmean` of gradients inside `shard_map` must go;
+# - what needs `jit` or `shard_map`: a second mesh axis, and sharded parameters (FSDP).
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -67,10 +66,10 @@ def assert_same(a, b, *, exact=False):
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
 #
-# pmap code is usually written as pure functions of a parameter pytree, so this notebook uses a pure-JAX
-# version of the MLP of notebooks 07 to 10: 64 examples with 64 features labelled by a fixed random
-# teacher, a `64 -> 256 -> 10` MLP whose parameters are a dict of four arrays, and plain SGD. `step`
-# is written for **one** device; its run is the reference.
+# pmap code is usually pure functions of a parameter pytree, so this notebook uses a pure-JAX version of
+# the MLP of notebooks 07 to 10: 64 examples of 64 features labelled by a random teacher, a
+# `64 -> 256 -> 10` MLP whose parameters are a dict of four arrays, and plain SGD. `step` is written for
+# **one** device; its run is the reference.
 
 # %%
 rng = np.random.default_rng(0)
@@ -124,9 +123,9 @@ assert ref_losses[-1] < ref_losses[0] / 2  # it learns
 # gets slice `i`, without that axis, and talks to the others through collectives named by `axis_name`.
 # The step averages the per-device gradients with `jax.lax.pmean`. So the inputs are stacked: 8 copies
 # of every parameter, and the batch reshaped to `(8, 8, 64)`, placed with `P('data')` on the leading
-# axis of a 1-D mesh (the layout `pmap` itself uses, section 5). `pmap` takes the devices in id order
-# unless given `devices=`, while `jax.make_mesh` orders them by position on a TPU board (notebook 01), so
-# pass pmap the mesh's devices and the two agree on which device gets slice `i`.
+# axis of a 1-D mesh (the layout `pmap` itself uses, section 5). `pmap` takes devices in id order unless
+# given `devices=`, and `jax.make_mesh` orders them by position on a TPU board (notebook 01): pass pmap
+# the mesh's devices so both agree on which device gets slice `i`.
 
 # %%
 def pmap_body(p, x, y):  # runs on each device: x (8, 64), y (8,), p one full copy of the parameters
@@ -215,14 +214,13 @@ assert_same(np.array(shmap_losses), pmap_losses[:, 0], exact=True)
 assert_same(shmap_params, pmap_copy, exact=True)
 
 # %% [markdown]
-# On the CPU backend the three give the same parameters to the last bit after 5 steps; on an
-# accelerator expect agreement to rounding.
+# On the CPU backend the three agree to the last bit after 5 steps; on an accelerator, to rounding.
 #
 # > **You will see this online:** "use `pmap` when you only need simple data parallelism; `jit` with
 # > shardings is for bigger models."
 #
-# Count the sums over devices (`psum`) in each version's jaxpr, the program you wrote, and the
-# all-reduces in its compiled program:
+# Count the sums over devices (`psum`) in each version's jaxpr and the all-reduces in its compiled
+# program:
 
 # %%
 versions = {
@@ -244,15 +242,16 @@ for comm in compiled.values():  # one sum over devices of every gradient, and th
         assert comm.count() == 1
 
 # %% [markdown]
-# The `jit` version is the *shorter* one: the single-device step plus two shardings, no `pmean`, no
-# stacked copies, and the same compiled all-reduce. For data parallelism use `jit` (notebook 07);
-# write per-device code only where you need it, and then with `shard_map`.
+# The `jit` version is the *shorter* one: the single-device step plus two shardings, and the same
+# compiled all-reduce. Use `jit` for data parallelism (notebook 07), `shard_map` where you need
+# per-device code.
 #
 # ## 5. Under the hood: `pmap` is `jit` around `shard_map`
 #
-# Since JAX 0.8.0, `jax.pmap` is built from the other two. Its jaxpr shows a `jit` wrapping a
-# `shard_map` over a 1-D mesh named after `axis_name`, with the replication check off
-# (`check_vma=False`), and a `squeeze` that removes the leading axis of size 1 from each block:
+# Since JAX 0.8.0, `jax.pmap` is built from the other two, and the option that brought back the old one,
+# `jax_pmap_shmap_merge`, is gone. Its jaxpr shows a `jit` wrapping a `shard_map` over a 1-D mesh named
+# after `axis_name`, with the replication check off (`check_vma=False`), and a `squeeze` that removes the
+# leading axis of size 1 from each block:
 
 # %%
 pmap_jaxpr = jax.make_jaxpr(jax.pmap(lambda a: a * 2, axis_name="data"))(jnp.ones((8, 3)))
@@ -260,6 +259,13 @@ pmap_jaxpr = pmap_jaxpr.pretty_print(use_color=False)
 print(pmap_jaxpr)
 for piece in ("jit[", "shard_map[", "check_vma=False", "in_specs=(P('data',),)", "squeeze"):
     assert piece in pmap_jaxpr, piece
+try:
+    jax.config.update("jax_pmap_shmap_merge", False)  # the old opt-out
+    opt_out = "accepted"
+except AttributeError as err:
+    opt_out = "gone"
+    print("AttributeError:", err)
+assert opt_out == "gone"
 
 # %% [markdown]
 # So a pmap output is an ordinary `jax.Array` with a `NamedSharding` that splits its leading axis over
@@ -288,7 +294,38 @@ assert caught == []
 # ## 6. Migrating pmap code
 #
 # pmap code moves one of two ways: to `jit` with shardings (section 3), which deletes the per-device
-# code, or to `shard_map` (section 4), which keeps it. Three things change on the way.
+# code, or to `shard_map` (section 4), which keeps it. `pmap`'s arguments become specs:
+#
+# | `pmap` | `jit` and `shard_map` |
+# |---|---|
+# | `in_axes=0`: stacked, slice `i` on device `i` | `P('data')` on the global array |
+# | `in_axes=None`: one value for all | `P()` |
+# | `out_axes=None`: an output equal everywhere | `out_specs=P()` |
+# | `static_broadcasted_argnums` | `jax.jit(..., static_argnums=...)` |
+# | one key per device, stacked | one key at `P()`, then `jax.random.fold_in(key, jax.lax.axis_index('data'))` |
+#
+# One function, both ways, with the same random numbers on each device:
+
+# %%
+def noisy_sum(w, rows, scale, key):  # w, key: the same everywhere; scale: a Python number
+    noise = jax.random.normal(jax.random.fold_in(key, jax.lax.axis_index("data")), rows.shape)
+    return jax.lax.psum(rows @ w, "data") * scale, rows + noise
+
+
+w3, rows8, key = jnp.arange(3.0), jnp.arange(24.0).reshape(8, 3), jax.random.key(0)
+old = jax.pmap(noisy_sum, axis_name="data", in_axes=(None, 0, None, None), out_axes=(None, 0),
+               static_broadcasted_argnums=2, devices=on_mesh)
+new = jax.jit(lambda w, rows, scale, key: jax.shard_map(
+    lambda w, rows, key: noisy_sum(w, rows, scale, key), mesh=mesh,
+    in_specs=(P(), P("data"), P()), out_specs=(P(), P("data")))(w, rows, key), static_argnums=2)
+(old_sum, old_rows), (new_sum, new_rows) = old(w3, rows8, 2.0, key), new(w3, rows8, 2.0, key)
+print("pmap:", type_string(old_sum), float(old_sum), "| shard_map:", type_string(new_sum), float(new_sum[0]))
+assert float(old_sum) == float(new_sum[0]) and old_sum.sharding.is_fully_replicated  # blocks keep rank: (1,)
+np.testing.assert_array_equal(old_rows, new_rows)  # the same noise on each device
+assert len({tuple(r) for r in np.asarray(new_rows - rows8)}) == 8  # and different noise on each
+
+# %% [markdown]
+# Three more things change on the way.
 #
 # ### 6.1 The per-device view keeps its rank
 #
@@ -338,10 +375,30 @@ for name, snippet in online.items():
 assert raised == ["device_put_replicated", "device_put_sharded"]
 
 # %% [markdown]
-# Both are gone. The replacement is `jax.device_put` with a `NamedSharding` of the **global** array,
-# with no device axis: `P()` replicates it, `P('data')` splits it (`params_repl` and `x_dp` of section
-# 3). To keep a pmap function for a while, `P('data')` on the stacked array gives it its input (as in
-# section 2), and pmap's output has that very layout:
+# > **You will see this online:** Flax's `jax_utils.replicate(state)`, `jax_utils.unreplicate(state)` and
+# > `training.common_utils.shard(batch)`. Flax 0.12 keeps them, without a warning: a copy per device,
+# > stacked (pmap's layout); copy 0 back; a NumPy batch reshaped to `(devices, rows per device, ...)`.
+
+# %%
+from flax import jax_utils
+from flax.training import common_utils
+
+n = jax.local_device_count()
+with warnings.catch_warnings(record=True) as caught_flax:
+    warnings.simplefilter("always")
+    stacked, batch = jax_utils.replicate(params), common_utils.shard(x)
+    back = jax_utils.unreplicate(stacked)
+print("replicate:", type_string(stacked["w1"]), "| unreplicate:", back["w1"].shape, "| shard:",
+      type(batch).__name__, batch.shape)
+assert caught_flax == [] and stacked["w1"].shape == (n, 64, 256) and back["w1"].shape == (64, 256)
+assert isinstance(batch, np.ndarray) and batch.shape == (n, 64 // n, 64)
+
+# %% [markdown]
+# For placement, `jax.device_put` with a `NamedSharding` of the **global** array, no device axis, replaces
+# them all: `P()` replicates, `P('data')` splits (`params_repl` and `x_dp` of section 3). To keep a pmap
+# function for a while, give it the stacked array at `P('data')` (section 2); its output has that very
+# layout. Given no `axis_name`, `pmap` names its mesh axis `_internal_pmap_axis_name`, as the type shows;
+# `is_equivalent_to` compares blocks and devices, not names:
 
 # %%
 b2_repl = jax.device_put(params["b2"], NamedSharding(mesh, P()))  # was: device_put_replicated
@@ -350,7 +407,8 @@ b2_out = jax.pmap(lambda b: b + 1, devices=on_mesh)(b2_stacked)
 for name, arr in (("replicated", b2_repl), ("for pmap", b2_stacked), ("from pmap", b2_out)):
     print(f"{name:<11}{type_string(arr):<16} per device {shard_table(arr).shard_shapes}")
 assert b2_repl.sharding.is_fully_replicated and shard_table(b2_stacked).shard_shapes == {(1, 10)}
-assert b2_out.sharding.is_equivalent_to(b2_stacked.sharding, 2)
+assert b2_out.sharding.mesh.axis_names != b2_stacked.sharding.mesh.axis_names  # another name ...
+assert b2_out.sharding.is_equivalent_to(b2_stacked.sharding, 2)  # ... the same layout
 
 # %% [markdown]
 # ### 6.3 Gotcha: `pmean` of the gradients inside `shard_map`
@@ -493,7 +551,8 @@ draw_shardings(tp_params, ncols=4)
 
 # %%
 doc = " ".join(jax.pmap.__doc__.split())
-nesting = doc[doc.index("For nested"):doc.index("XLA devices.") + len("XLA devices.")]
+nesting = ("For nested :py:func:`pmap` calls, the product of the mapped axis sizes must be less than or equal "
+           "to the number of XLA devices.")
 print("docstring:", nesting)
 try:
     jax.pmap(jax.pmap(lambda a: jax.lax.psum(a, "model"), axis_name="model"), axis_name="data")(jnp.ones((4, 2, 3)))
@@ -501,14 +560,13 @@ try:
 except ValueError as err:
     nested_failed = True
     print("ValueError:", str(err).splitlines()[0][:300])
-assert nesting.startswith("For nested :py:func:`pmap` calls, the product of the mapped axis sizes")
-assert nested_failed
+assert nesting in doc and nested_failed
 
 # %% [markdown]
 # That is a regression of the move onto `shard_map` in JAX 0.8.0, not a designed limit: the
 # [migration guide](https://docs.jax.dev/en/latest/migrate_pmap.html) calls the new `pmap` "not a
-# perfect replacement" for the old one. Do not wait for a fix: a 2-D mesh with `jit` (or a `shard_map`
-# over both axes) is the way to get two axes.
+# perfect replacement" for the old one. Do not wait for a fix: use a 2-D mesh with `jit` (or a
+# `shard_map` over both axes).
 #
 # ### 7.3 FSDP: sharded parameters
 #
@@ -561,10 +619,9 @@ assert {"all-gather", "reduce-scatter"} <= pmap_fsdp_comm.kinds  # what you wrot
 
 # %% [markdown]
 # A page of code where `jit` needed four specs, with a rescaling that is easy to get wrong. Which
-# program moves less? That depends on the compiler. Here are the three programs: `jit`'s FSDP step
-# compiled for this machine, the hand-written one, and `jit`'s compiled ahead of time for a TPU v5e
-# with 8 chips (`v5e:2x4`), which needs libtpu but no TPU. Byte totals are ring-formula estimates from
-# each op's result size and group, not measurements.
+# program moves less depends on the compiler. Below: `jit`'s FSDP step compiled here, the hand-written
+# one, and `jit`'s compiled ahead of time for a TPU v5e-8 (`v5e:2x4`; libtpu, no TPU). Byte totals are
+# ring-formula estimates, not measurements.
 
 # %%
 print(f"jit, {jax.default_backend()}:", fsdp_comm, sep="\n")
@@ -587,12 +644,14 @@ else:
                                               on_tpu(P("data"), y)).compile())
     print("\njit, TPU v5e:2x4 (compiled ahead of time):", tpu_comm, sep="\n")
     reduce_scatters = [op.result_type for op in tpu_comm.ops if op.kind == "reduce-scatter"]
-    assert "f32[8,256]" in reduce_scatters  # device i keeps rows 8i..8i+7 of w1's summed gradient
+    assert reduce_scatters == ["f32[8,256]"]  # only w1's gradient: device i keeps rows 8i..8i+7 of the sum
+    assert any((256, 10) in op.shapes for op in tpu_comm.ops if op.kind == "all-reduce")  # w2's: all of it
     assert all(op.result_type.startswith("bf16") for op in tpu_comm.ops if op.kind == "all-gather")
 
 if CPU:  # the CPU compiler's programs
     (all_reduce,) = [op for op in fsdp_comm.ops if op.kind == "all-reduce"]
-    assert fsdp_comm.count("reduce-scatter") == 0 and all_reduce.result_bytes == param_bytes + 4
+    assert {kind: k for kind, k in fsdp_comm.counts.items() if k} == {"all-gather": 4, "all-to-all": 1, "all-reduce": 1}
+    assert all_reduce.result_bytes == param_bytes + 4  # every gradient, and the loss
     assert pmap_fsdp_comm.counts["all-gather"] == 3 and pmap_fsdp_comm.counts["reduce-scatter"] == 3
     assert fsdp_comm.estimated_bytes > pmap_fsdp_comm.estimated_bytes
 
@@ -601,14 +660,16 @@ if CPU:  # the CPU compiler's programs
 #
 # - **By hand:** 3 all-gathers of the weights and 3 reduce-scatters of their gradients, the textbook
 #   FSDP pattern you wrote.
-# - **`jit`, CPU backend:** the weights gathered too, but the whole gradient summed by one all-reduce
-#   (76,844 bytes) and then sliced; the CPU compiler never fuses the two into a reduce-scatter
-#   (notebook 10 reads this program), so its estimate exceeds the hand-written one's.
-# - **`jit`, TPU:** a reduce-scatter of `w1`'s gradient (`f32[8,256]`, this device's rows), and
-#   all-gathers in bf16, the TPU's default matmul precision: half the bytes.
+# - **`jit`, CPU backend:** the weights gathered too, and in the backward pass a fourth all-gather
+#   (`f32[64,10]`, the size of the logits) and an all-to-all, where propagation re-cuts values. Every
+#   gradient is summed by one all-reduce (76,844 bytes) and sliced: this program has no reduce-scatter,
+#   so its estimate exceeds the hand-written one's.
+# - **`jit`, TPU:** only `w1`'s gradient is reduce-scattered (`f32[8,256]`, this device's rows); the
+#   others are all-reduced, as on the CPU. The all-gathers are bf16 (the TPU's default matmul
+#   precision): half the bytes.
 #
-# How good `jit`'s collectives are is a property of the compiler, not of `jit`: read the compiled
-# program for the machine you will run on (notebook 15 does it for TPU pods).
+# How good `jit`'s collectives are depends on the compiler: read the program compiled for your machine
+# (notebook 15 does it for TPU pods).
 
 # %% [markdown]
 # ## Exercises
@@ -627,9 +688,9 @@ if CPU:  # the CPU compiler's programs
 # ```
 #
 # Give a triple `(new_step, w_spec, batch_spec)`: `new_step(w, x, y)` takes the weight `(16,)` and the
-# **global** batch `x (64, 16)`, `y (64,)`. On a 1-D mesh of the 8 devices with axis `'data'`, the
-# checker places `w` by `w_spec`, `x` by `batch_spec` and `y` by its first entry, runs
-# `jax.jit(new_step)`, compares the new weight with pmap's, and counts the collectives.
+# **global** batch `x (64, 16)`, `y (64,)`. The checker places `w` by `w_spec`, `x` by `batch_spec` and
+# `y` by its first entry on a 1-D mesh `('data',)`, runs `jax.jit(new_step)`, and checks the new weight
+# against pmap's and the collectives.
 
 # %%
 from exercises import ex17_pmap_vs_spmd as ex
@@ -651,16 +712,13 @@ ex.pmean_factor.check(answer_2);
 # %% [markdown]
 # ## Takeaways
 # - One data-parallel step, three ways: `pmap` + `pmean`, `jit` + `NamedSharding` (no collective
-#   written), `shard_map` + `pmean` of the loss; the same parameters and the same all-reduce. For data
-#   parallelism `jit` is the shorter version.
+#   written), `shard_map` + `pmean` of the loss; the same parameters and all-reduce. `jit` is shortest.
 # - `pmap` is `jit` around `shard_map(check_vma=False)` on a 1-D mesh, and returns ordinary `jax.Array`s
 #   with `(1, ...)` blocks. Nesting it fails since that move, although its docstring still documents it.
-# - Migrating: blocks keep their rank; `device_put_replicated`/`device_put_sharded` become
-#   `jax.device_put` with `P()`/`P('data')`; and **never keep `pmean` of gradients inside `shard_map`**:
-#   the gradient of a replicated input is already summed there, N times too large. Differentiate the
-#   `pmean`-ed loss instead.
-# - A second mesh axis and sharded parameters are specs with `jit`, and hand-written collectives (or
-#   impossible) with `pmap`. Which collectives `jit` produces depends on the compiler: compile for your
-#   target and read them.
+# - Migrating: `in_axes` become specs; blocks keep their rank; placement is `jax.device_put` with
+#   `P()`/`P('data')`; and **never keep `pmean` of gradients inside `shard_map`**: the gradient of a
+#   replicated input is already summed there, N times too large. Differentiate the `pmean`-ed loss.
+# - A second mesh axis and sharded parameters are specs with `jit`, hand-written collectives (or
+#   impossible) with `pmap`. Which collectives `jit` produces depends on the compiler: read them.
 #
 # **Next:** [18 · Multi-host SPMD: two processes, one mesh](18_multihost.ipynb)
