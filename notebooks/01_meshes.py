@@ -194,8 +194,10 @@ assert (str(jax.typeof(xa)), str(jax.typeof(xe))) == ("float32[16,8]", "float32[
 #
 # You can watch that without a TPU: `create_device_mesh` reads only a few attributes of each device, so
 # eight stand-ins shaped like a TPU v5e board of 4 × 2 chips are enough. Count the links between
-# neighbours along a 1-D axis (the last wraps to the first, as in a ring all-reduce). Where libtpu is
-# installed, the cell also checks that JAX orders libtpu's own description of a v5e-8 the same way:
+# neighbours along a 1-D axis (the last wraps to the first, as in a ring all-reduce). JAX's rule for eight
+# v5e chips is a fixed ring order written for a tray of 4 × 2; where libtpu is installed, the cell also
+# checks that JAX gives libtpu's own description of a v5e-8 (which numbers the chips on a 2 × 4 grid) the
+# same order:
 
 # %%
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ if tpu_compiler_available()[0]:  # libtpu describes a real v5e-8 (notebook 04): 
     assert [d.id for d in jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=real).devices] == tpu_order
 
 # %% [markdown]
-# In id order two steps cross the whole board; in the chosen order every step is one link. `Mesh` takes
+# On the 4 × 2 tray, id order crosses the whole board twice; the chosen order is one link per step. `Mesh` takes
 # any device array, so build both orders from this machine's devices and place the same `(128, 512)`
 # array, rows split over `data`, on both meshes. Rows 64:80 now live on device 7 instead of device 4:
 

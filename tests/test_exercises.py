@@ -236,6 +236,8 @@ _ex = {name: importlib.import_module(f"exercises.{name}") for name in {q.split("
 
 ALSO_RIGHT = {
     "ex00_setup.bytes_per_device": [np.int64(16384), 16384.0, 256 / 4 * 128 / 2 * 4],
+    "ex01_meshes.device_at": [np.int64(5), 5.0],
+    "ex01_meshes.model_group": [[4, 5, 6, 7], np.array([4, 5, 6, 7])],
     "ex02_partitionspec.predict_shard_shape": [np.array([64, 12, 8]), [64, 12, 8], (64.0, 96 / 8, 8)],
     "ex02_partitionspec.rows_32_64": [[4, 6], np.array([6, 4]), {_DEVICES[4], _DEVICES[6]}],
     "ex03_namedsharding.mesh_bytes": [np.int64(4194304), 4194304.0],
