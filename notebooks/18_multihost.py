@@ -44,36 +44,30 @@ import json
 import os
 import socket
 import tempfile
+import time
 
 import jax
+import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Code, display
 from jax.experimental import mesh_utils, topologies
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (
-    NOT_ANSWERED,
-    WorkersFailed,
-    collectives,
-    draw_sharding,
-    draw_shardings,
-    free_loopback_port,
-    quiet,
-    run_workers,
-    still_running,
-    tiles,
-    tpu_compiler_available,
-)
-from utils.course import ROOT
+from notebooks.scripts import spmd_worker as worker  # the script is also a module: this kernel reuses its model
+from notebooks.scripts.launcher import WorkersFailed, free_loopback_port, run_workers
+from utils import NOT_ANSWERED, collectives, draw_shardings, quiet, tiles, tpu_compiler_available
 
 assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
 CPU = jax.default_backend() == "cpu"
 RTOL = 1e-5 if CPU else 1e-2  # the workers below run on CPU; this kernel's reference may not
 
-SCRIPT = ROOT / "notebooks" / "scripts" / "spmd_worker.py"
-sys.path.insert(0, str(SCRIPT.parent))
-import spmd_worker as worker  # the script is also a module: this kernel reuses its model and data
+SCRIPT = Path(worker.__file__)
+
+
+def show(function) -> Code:
+    """A function of the script, as its file has it."""
+    return Code(inspect.getsource(function), language="python")
 
 # %% [markdown]
 # ## 1. One script, several processes
@@ -91,20 +85,18 @@ import spmd_worker as worker  # the script is also a module: this kernel reuses 
 # | `jax.local_devices()` | 8 devices | the 4 devices this process drives |
 # | `x.addressable_shards` | all 8 shards | the 4 shards on local devices |
 #
-# Here is the script, whole. Its docstring gives the commands that start it on two local processes, on
-# every worker of a TPU slice, and under Slurm.
+# The script is `notebooks/scripts/spmd_worker.py`; its docstring gives the commands that start it on
+# two local processes, on every worker of a TPU slice, and under Slurm. Here is its `main`; each later
+# section shows the function whose results it reads. To try a change, edit the file and rerun from
+# section 3 on: the processes start afresh (for this kernel's copy, `importlib.reload(worker)`).
 
 # %%
-source = SCRIPT.read_text()
-main_body = source[source.index("def main()"):]
+main_body = inspect.getsource(worker.main)
 assert main_body.index("jax.distributed.initialize(") < main_body.index("jax.make_mesh(")  # joining comes first
-Code(source, language="python")
+show(worker.main)
 
 # %% [markdown]
-# Only a few lines are about several processes: `jax.distributed.initialize`, `rows_to_load` with
-# `jax.make_array_from_process_local_data`, `multihost_utils`, and the checkpoint that every process
-# calls. The model, the train step, `jax.jit` and the shardings are what notebooks 07 to 09 ran on one
-# host.
+# The model, the train step, `jax.jit` and the shardings are what notebooks 07 to 09 ran on one host.
 #
 # ## 2. The reference: one process, 8 devices
 #
@@ -135,7 +127,7 @@ assert reference[-1] < reference[0]
 # %% [markdown]
 # ## 3. Two processes, one mesh
 #
-# The cell below starts the script twice with `utils.run_workers`, the course's launcher (section 10
+# The cell below starts the script twice with `run_workers`, the course's launcher (`scripts/launcher.py`, section 12
 # says what it guarantees). Each process gets `JAX_PLATFORMS=cpu` and 4 CPU devices, even where this
 # kernel has a GPU or TPU, and a free port on `127.0.0.1`, the address the coordinator binds. A
 # temporary directory, removed afterwards, plays the shared disk. Each process prints its results as
@@ -190,6 +182,9 @@ assert all(r["cpu_collectives"] == "gloo" for r in results["topology"].values())
 # `jax.make_array_from_process_local_data`, which assembles the global `(64, 16)` batch.
 
 # %%
+display(show(worker.rows_to_load), show(worker.global_batch))
+
+# %%
 for name in ("data_parallel", "model_within", "model_across"):
     print(f"{name}: process of each mesh position {results[name][0]['processes']}")
     for i, r in results[name].items():
@@ -237,7 +232,18 @@ for i, r in results["model_across"].items():
 assert results["model_across"][1]["rows"][0][0] != 1 * per_host  # the assumption is wrong for process 1
 
 # %% [markdown]
-# The shapes fit, so nothing raises. Ask the sharding instead, as `rows_to_load` does. On real pods even
+# The shapes fit, so nothing raises. Ask the sharding instead, as `rows_to_load` does, or let JAX ask:
+# `jax.make_array_from_callback(shape, sharding, block)` calls `block(index)` once per local device with
+# that device's slice of the global shape.
+
+# %%
+display(show(worker.batch_from_callback))
+for i, r in results["callback"].items():
+    print(f"process {i} was asked for rows {[tuple(a) for a in r['asked']]}")
+    assert r["asked"] == results["data_parallel"][i]["rows"] and r["same"]  # the same blocks, the same array
+
+# %% [markdown]
+# On real pods even
 # a 1-D mesh does not give each host a contiguous run of rows: `jax.make_mesh` orders a TPU slice's chips
 # along the interconnect. Here is a TPU v5e-16 (4 hosts of 4 chips) compiled for without a TPU
 # (notebook 15); this kernel plays host 0.
@@ -261,9 +267,13 @@ else:
         rows_2d.setdefault(device.process_index, set()).add(index[0].indices(128)[:2])
     assert host_0 == [(0, 8), (8, 16), (48, 56), (120, 128)]  # not a contiguous run
     assert rows_2d[0] == rows_2d[1] != rows_2d[2] == rows_2d[3]  # hosts 0 and 1 share the model axis
-    fig = draw_sharding((128, 16), batch_1d, title="f32[128@data,16] on a v5e-16; host of each block, top down: "
-                        + " ".join(str(h) for h in worker.process_grid(pod_1d)))
-    display(fig)
+    hosts = worker.process_grid(pod_1d)  # the host of each block of 8 rows, top down
+    fig, ax = plt.subplots(figsize=(4, 4.5))
+    ax.imshow(np.array(hosts)[:, None], cmap="tab10", vmin=0, vmax=9, aspect="auto")
+    for k, h in enumerate(hosts):
+        ax.text(0, k, f"rows {8 * k}:{8 * k + 8}   host {h}", ha="center", va="center", fontsize=8)
+    ax.set(xticks=[], yticks=[], title="f32[128@data,16] on a v5e-16,\ncoloured by the host that holds each block")
+    plt.show()
 
 # %% [markdown]
 # Host 0 holds rows 0:16, 48:56 and 120:128; on the 2-D mesh hosts 0 and 1 hold the same rows, as our two
@@ -274,6 +284,7 @@ else:
 # A value that lives on another host's devices cannot be read here. The script tried on the global batch:
 
 # %%
+display(show(worker.results_back))
 r = results["results"][0]
 print("print(x) shows:  ", r["printed"])
 print("np.asarray(x):   ", r["fetch_error"])
@@ -282,16 +293,16 @@ assert "spans non-addressable (non process local) devices" in r["fetch_error"]
 assert "process_allgather" in r["fetch_error"]  # JAX's own advice
 
 # %% [markdown]
-# > **You will see this online**, and in the error above: "use `multihost_utils.process_allgather(x)`".
+# > **You will see this online**, and in JAX's own error above: "use `multihost_utils.process_allgather(x)`".
 
 # %%
 print("process_allgather(x):", r["gather_error"])
 assert r["gather_error"] == "Gathering global non-fully-addressable arrays only supports tiled=True"
 
 # %% [markdown]
-# On an array that spans processes it works only with `tiled=True`. Two ways work.
-# `process_allgather(x, tiled=True)` sends every block to every process (costly for a large array). Better, compute what you need inside `jit` and ask for a **replicated** output
-# (`out_shardings=NamedSharding(mesh, P())`): every process then holds all of it, as with the losses above.
+# As the error advises, it needs `tiled=True` on an array that spans processes. Then it sends every block to
+# every process (costly for a large array). Better, compute what you need inside `jit` and ask for a
+# **replicated** output (`out_shardings=NamedSharding(mesh, P())`): every process holds all of it.
 
 # %%
 for i, r in results["results"].items():
@@ -310,6 +321,7 @@ for i, r in results["results"].items():
 # directory:
 
 # %%
+display(show(worker.checkpoint))
 files = results["checkpoint_files"]
 print("checkpoint entries:", files[0]["entries"])
 for i, r in results["checkpoint"].items():
@@ -325,17 +337,18 @@ assert list(files) == [0] and {"ocdbt.process_0", "ocdbt.process_1"} <= set(file
 #
 # ## 7. The rule: same collectives, same order
 #
-# A collective returns only once every process has called it. The script showed it: process 1 reached an
-# all-gather one second after process 0, and process 0 could not return before process 1 arrived.
+# A collective returns only once every process has called it. `multihost_utils.sync_global_devices(name)`
+# is a barrier made of one: every process passes the same name, and it returns when all have. Process 1
+# slept before it:
 
 # %%
+display(show(worker.collectives_wait))
 wait = results["wait"]
 for i, r in wait.items():
-    print(f"process {i}: entered the all-gather at {r['entered'] - wait[0]['entered']:.2f} s, "
-          f"returned at {r['returned'] - wait[0]['entered']:.2f} s")
-assert wait[1]["entered"] - wait[0]["entered"] > 0.5  # process 1 came late (it slept 1 s first)
-assert wait[0]["returned"] >= wait[1]["entered"]  # process 0 returned only after process 1 had entered
-assert all(r["gathered_shape"] == [worker.ROWS, worker.D_IN] for r in wait.values())  # then both got it all
+    print(f"process {i}: entered the barrier at {r['entered'] - wait[0]['entered']:.2f} s, "
+          f"left at {r['returned'] - wait[0]['entered']:.2f} s")
+assert wait[0]["returned"] - wait[0]["entered"] >= wait[0]["late"]  # process 0 waited as long as process 1 slept
+assert wait[0]["returned"] >= wait[1]["entered"]  # and left only after process 1 had come
 
 # %% [markdown]
 # Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it; process 0 waits.
@@ -378,7 +391,44 @@ for i, r in results["device_put"].items():  # both processes raise AssertionErro
 # every process. Every process runs every computation on global arrays in the same order; only side
 # effects go under `if jax.process_index() == 0:` (printing, logging, listing files, as the script did).
 #
-# ## 8. Porting multi-host `pmap` code
+# ## 8. Agreeing on host values
+#
+# Python values that each process computes for itself, such as a seed, a configuration or a step count,
+# can drift apart between hosts. `multihost_utils.broadcast_one_to_all(tree)` gives every process process
+# 0's values; `multihost_utils.assert_equal(tree, message)` raises where the processes hold different
+# values, the first thing to try when hosts diverge. Both are all-gathers, so every process must call them.
+
+# %%
+display(show(worker.agree_across_processes))
+for i, r in results["agree"].items():
+    print(f"process {i}: its seed {r['mine']}, after the broadcast {r['agreed']['seed']}")
+    assert r["agreed"]["seed"] == results["agree"][0]["mine"] != results["agree"][1]["mine"]
+    assert r["differ"].startswith("the seeds differ. Expected: [100 101]")  # every process raises
+print(results["agree"][1]["differ"])
+
+# %% [markdown]
+# The losses passed `assert_equal`: both processes trained the same model.
+#
+# ## 9. Preemption
+#
+# Before a cloud scheduler evicts a host (a spot or preemptible VM, a maintenance event) it sends the
+# process SIGTERM. A JAX process that has joined a job does not stop: it tells the coordinator, which
+# tells every process. Each keeps training and asks `multihost_utils.reached_preemption_sync_point(step)`
+# every step; it returns True at the same step in all of them, the step to save a checkpoint and exit.
+# (Orbax's `CheckpointManager` asks it for you when it decides whether to save.) Process 1 sent itself
+# SIGTERM after step 2:
+
+# %%
+display(show(worker.preemption))
+pre = results["preemption"]
+print({i: f"notice after step {r['notice_at']}, save at step {r['save_at']}" for i, r in pre.items()})
+assert pre[0]["save_at"] == pre[1]["save_at"] > pre[0]["notice_at"]  # one step for all, after the notice
+assert "SIGTERM caught" in outputs[1].stderr and "SIGTERM" not in outputs[0].stderr  # only process 1 got it
+
+# %% [markdown]
+# Process 0 never received a signal, yet stopped at the same step; process 1 ran on after its SIGTERM.
+#
+# ## 10. Porting multi-host `pmap` code
 #
 # Multi-host `pmap` code (notebook 17) hands each process's **own** arrays to `pmap`, with a leading axis of
 # `jax.local_device_count()`, and gets per-process arrays back. `jit` takes **global** arrays.
@@ -396,7 +446,7 @@ for i, r in results["pmap"].items():
     np.testing.assert_allclose(r["jit_loss"], reference[0], rtol=RTOL)
 
 # %% [markdown]
-# ## 9. Multi-slice meshes
+# ## 11. Multi-slice meshes
 #
 # Several TPU slices join over the data-centre network (DCN), much slower than the chip interconnect
 # inside a slice. `jax.make_mesh` refuses them; `mesh_utils.create_hybrid_device_mesh(ici_shape,
@@ -423,7 +473,7 @@ if ok:
 # Each row is one slice: `model` stays on the fast interconnect, and only `data`, whose gradient all-reduce
 # happens once a step, crosses the DCN.
 #
-# ## 10. A launcher that fails loudly
+# ## 12. A launcher that fails loudly
 #
 # When a worker dies, the others do not fail: they wait for it, at `jax.distributed.initialize` or in
 # their next collective, as section 7 measured. A worker that raises does not even die. After
@@ -448,10 +498,12 @@ with tempfile.TemporaryDirectory() as shared, socket.socket() as squatter:
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     taken = squatter.getsockname()[1]
+    start = time.perf_counter()
     try:
         run_workers(commands(taken, shared), env=ENV, timeout=240)
     except WorkersFailed as err:
         failure = err
+    seconds = time.perf_counter() - start
 assert isinstance(failure, WorkersFailed)
 headline = str(failure).splitlines()[0]
 print(headline.replace(str(taken), "PORT"))
@@ -459,7 +511,8 @@ worker_0, worker_1 = failure.outputs
 print("worker 1:", worker_1.status())
 assert headline.startswith("worker 0 of 2 failed") and "Failed to add port to server" in headline
 assert worker_1.stopped
-assert still_running([out.pid for out in failure.outputs]) == []  # nothing left behind
+print(f"the error came after {seconds:.1f} s")
+assert seconds < 30  # sooner than process 1's own 30 s wait for the coordinator
 
 # %% [markdown]
 # The coordinator died at once; the launcher stopped process 1, which would have waited 30 s for it, and

@@ -10,7 +10,6 @@ and ``jax.device_put`` themselves).
 - ``explorer``: an ipywidgets explorer of layouts and matmuls, for JupyterLab;
 - ``course``: where the course lives and how its notebooks start;
 - ``launch``: readying a live runtime (Colab, Binder) before the setup cell starts JAX;
-- ``processes``: several worker processes run together, all stopped at the first failure.
 
 Names load lazily (PEP 562): ``from utils import setup_devices`` imports
 ``utils.devices`` and nothing else, so the setup cell can install packages
@@ -39,7 +38,6 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
     from .layout import matmul_traffic, tiles, type_string
-    from .processes import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
     from .tpu import tpu_compiler_available
 
 _SOURCES = {
@@ -56,7 +54,6 @@ _SOURCES = {
         "collectives", "compile_with_log", "format_bytes", "memory_per_device", "memory_spaces", "shard_table",
     ),
     "layout": ("matmul_traffic", "tiles", "type_string"),
-    "processes": ("WorkerOutput", "WorkersFailed", "free_loopback_port", "run_workers", "still_running"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 _SUBMODULES = frozenset({*_SOURCES, "course", "launch"})
@@ -68,8 +65,6 @@ __all__ = [
     "DeviceSetup",
     "Exercise",
     "Verdict",
-    "WorkerOutput",
-    "WorkersFailed",
     "answer_errors",
     "collectives",
     "compile_with_log",
@@ -81,16 +76,13 @@ __all__ = [
     "draw_shardings",
     "explore",
     "format_bytes",
-    "free_loopback_port",
     "matmul_traffic",
     "memory_per_device",
     "memory_spaces",
     "mesh_labels",
     "quiet",
-    "run_workers",
     "setup_devices",
     "shard_table",
-    "still_running",
     "tile_labels",
     "tiles",
     "tpu_compiler_available",
