@@ -3,21 +3,17 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/18_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/18_multihost.ipynb)
 #
-# This notebook teaches multi-host SPMD as it is really run: one script, started as one process per
-# host, all driving one global mesh. You run such a script, a file of this repository, as two processes
-# of 4 CPU devices each.
+# Multi-host SPMD as it is really run: one script, started as one process per host, all driving one
+# global mesh. You run such a script, a file of this repository, as two processes of 4 CPU devices each.
 #
 # **You will learn**
-# - the multi-host vocabulary (process, local and global devices, addressable shards) and the one call
-#   that joins the processes, `jax.distributed.initialize`;
+# - the multi-host vocabulary and the one call that joins the processes, `jax.distributed.initialize`;
 # - how each process finds its rows with `sharding.addressable_devices_indices_map` and builds one
-#   global batch with `jax.make_array_from_process_local_data`, and why the hosts of one `model` group
-#   load identical rows;
-# - how to get values back: a replicated output, or `process_allgather(x, tiled=True)`;
-# - how every process saves and restores its own shards of an Orbax checkpoint, under another mesh;
-# - the rule that prevents hangs: every process runs the same collectives in the same order;
-# - how to port multi-host `pmap` code to `jit`, and build multi-slice meshes;
-# - how to run the script on two local processes, a TPU slice or Slurm, and what a launcher must do.
+#   global batch, and why the hosts of one `model` group load identical rows;
+# - how to get values back, and save and restore a sharded Orbax checkpoint from every process;
+# - the rule that prevents hangs (the same collectives in the same order), agreeing on host values, and
+#   saving at the same step when a host is preempted;
+# - how to port multi-host `pmap` code, build multi-slice meshes, and launch the script.
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -72,10 +68,9 @@ def show(function) -> Code:
 # %% [markdown]
 # ## 1. One script, several processes
 #
-# On a TPU pod or a GPU cluster, one Python process runs on each host and drives that host's devices.
-# Every process runs the same script. They meet once, at `jax.distributed.initialize`, which tells each
-# one where the coordinator (process 0) listens, how many processes there are and which one it is. From
-# then on:
+# On a TPU pod or a GPU cluster, one Python process per host runs the same script and drives that host's
+# devices. The processes meet at `jax.distributed.initialize`, which tells each where the coordinator
+# (process 0) listens, how many processes there are and which one it is. Then:
 #
 # | | one process | 2 processes of 4 devices |
 # |---|---|---|
@@ -175,10 +170,9 @@ assert all(r["cpu_collectives"] == "gloo" for r in results["topology"].values())
 #
 # ## 4. Each process loads only its rows
 #
-# The script builds three meshes over the same 8 devices and trains the same model on each: batch on
-# `data`, and on the 2-D meshes the hidden units on `model` (tensor parallelism, notebook 08). Each
-# process asks the batch's sharding which blocks its own devices hold,
-# `sharding.addressable_devices_indices_map(global_shape)`, loads those rows, and passes them to
+# The script trains the same model on three meshes over the 8 devices: batch on `data`, and on the 2-D
+# meshes hidden units on `model` (notebook 08). Each process asks the batch's sharding which blocks its
+# devices hold, `addressable_devices_indices_map(global_shape)`, loads those rows, and passes them to
 # `jax.make_array_from_process_local_data`, which assembles the global `(64, 16)` batch.
 
 # %%
@@ -214,12 +208,13 @@ assert all({d // 4 for d in t.devices} == {0, 1} for t in blocks["model_across"]
 draw_shardings({name: ((64, 16), sharding) for name, sharding in layouts.items()}, ncols=3)
 
 # %% [markdown]
-# All three reproduce the single-process losses. The rows differ: when `model` stays inside a process,
-# each process loads half the batch; when `model` spans both processes, every block of rows sits on a
-# device of each, so **both load all 64 rows, identical**. A process that loaded other rows would feed
-# its half of the model different examples, and nothing would raise.
+# All three reproduce the single-process losses. When `model` stays inside a process, each process loads
+# half the batch; when `model` spans both processes, every block of rows sits on a device of each, so
+# **both load all 64 rows, identical**. Other rows would feed each half of the model different examples,
+# and nothing would raise.
 #
-# > **You will see this online:** each host loads the slice `process_index * rows_per_host` onward:
+# > **You will see this online:** each host loads the slice `process_index * rows_per_host` onward (or
+# > the files `process_index::process_count`):
 # > ```python
 # > x_local = dataset[jax.process_index() * per_host : (jax.process_index() + 1) * per_host]
 # > ```
@@ -314,11 +309,10 @@ for i, r in results["results"].items():
 # %% [markdown]
 # ## 6. A sharded checkpoint, saved and restored by every process
 #
-# The script saves the parameters trained with `model` spanning the processes, so each process holds
-# half of `w1` and `w2`, with Orbax's `StandardCheckpointer`. **Every process calls `save`** and writes
-# the shards it holds; then every process calls `restore` with a target of `jax.ShapeDtypeStruct`s whose
-# shardings are on the *other* 2-D mesh, and reads the shards it needs there. Only process 0 listed the
-# directory:
+# The script saves the parameters trained with `model` spanning the processes (each holds half of `w1`
+# and `w2`) with Orbax's `StandardCheckpointer`. **Every process calls `save`** and writes its shards;
+# then every process calls `restore` with `jax.ShapeDtypeStruct`s sharded on the *other* 2-D mesh, and
+# reads the shards it needs there. Only process 0 listed the directory:
 
 # %%
 display(show(worker.checkpoint))
@@ -355,9 +349,8 @@ assert wait[0]["returned"] >= wait[1]["entered"]  # and left only after process 
 # For how long? Measured on two CPU processes outside this notebook (it takes minutes), jax 0.10 and 0.12
 # alike:
 #
-# - **After the processes have run a collective together: for ever.** Process 0 was still waiting after
-#   150 s (0.10) and 200 s (0.12). Both processes are alive, so their heartbeats flow and no runtime
-#   timeout applies; only the launcher's time limit ended the run.
+# - **After the processes have run a collective together: for ever.** Process 0 still waited after 150 s.
+#   Both processes are alive, their heartbeats flow, and no runtime timeout applies.
 # - **If it is their first collective:** gloo, the CPU transport, gives up connecting after its own 30 s
 #   (`DEADLINE_EXCEEDED: GetKeyValue() timed out`) and process 0 raises. That limit is gloo's, CPU only.
 # - **If process 1 reaches `jax.distributed.shutdown()`,** it waits at the shutdown barrier; after
@@ -388,8 +381,8 @@ for i, r in results["device_put"].items():  # both processes raise AssertionErro
 # %% [markdown]
 # "Expected" is what the all-gather brought back from both processes. So `device_put` under
 # `if jax.process_index() == 0:` hangs, and a large host array put this way is first gathered whole into
-# every process. Every process runs every computation on global arrays in the same order; only side
-# effects go under `if jax.process_index() == 0:` (printing, logging, listing files, as the script did).
+# every process. Only side effects go under `if jax.process_index() == 0:` (printing, logging, listing
+# files).
 #
 # ## 8. Agreeing on host values
 #
@@ -475,22 +468,19 @@ if ok:
 #
 # ## 12. A launcher that fails loudly
 #
-# When a worker dies, the others do not fail: they wait for it, at `jax.distributed.initialize` or in
-# their next collective, as section 7 measured. A worker that raises does not even die. After
-# `jax.distributed.initialize`, JAX's exit hook calls `jax.distributed.shutdown()`, which waits at a barrier
-# for every other process, up to `shutdown_timeout_seconds` (300 s), and only then aborts. So the script
-# runs `main` through `exit_on_error`, which prints the traceback and leaves with `os._exit(1)`, skipping
-# the exit hooks:
+# When a worker dies, the others wait for it (section 7). A worker that raises does not even die: JAX's
+# exit hook calls `jax.distributed.shutdown()`, which waits at a barrier for every other process, up to
+# `shutdown_timeout_seconds` (300 s), then aborts. So the script runs `main` through `exit_on_error`,
+# which prints the traceback and leaves with `os._exit(1)`, skipping the exit hooks:
 
 # %%
 Code(inspect.getsource(worker.exit_on_error), language="python")
 
 # %% [markdown]
-# `run_workers` watches all workers together. At the first that exits with an error it kills the rest
-# and raises, naming that worker and its first error line; at its time limit it names the workers still
-# running and the last line each printed. It kills with SIGKILL (a JAX worker treats SIGTERM as a
-# preemption notice and keeps running), and on Linux the workers die with this notebook's kernel, even on
-# a restart. Take the coordinator's port and watch:
+# `run_workers` watches all workers together. At the first error it kills the rest with SIGKILL (SIGTERM
+# is a preemption notice, section 9) and raises, naming that worker and its first error line; at its time
+# limit it names the workers still running. On Linux the workers die with this kernel. Take the
+# coordinator's port and watch:
 
 # %%
 failure = None
@@ -515,10 +505,8 @@ print(f"the error came after {seconds:.1f} s")
 assert seconds < 30  # sooner than process 1's own 30 s wait for the coordinator
 
 # %% [markdown]
-# The coordinator died at once; the launcher stopped process 1, which would have waited 30 s for it, and
-# said which worker failed and why (jax 0.12 adds "Address already in use"). The error goes on with the
-# last lines of both workers' stderr. `tests/test_processes.py` provokes the other faults: a crash, an
-# exception or a `kill -9` is reported within seconds, a hang at the time limit.
+# The launcher stopped process 1, which would have waited 30 s for the dead coordinator, and said which
+# worker failed and why (jax 0.12 adds "Address already in use"), then the last lines of each stderr.
 #
 # ## Exercises
 #
@@ -558,18 +546,15 @@ ex.which_hang.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - Multi-host SPMD is one script run by every process over one global mesh; `jax.distributed.initialize`
-#   comes first. The model, `jit` and shardings are the single-host ones.
-# - Each process asks `sharding.addressable_devices_indices_map(shape)` which rows to load, and passes them
-#   to `jax.make_array_from_process_local_data`. Hosts of one `model` group load identical rows; a host's
-#   rows need not be contiguous.
-# - Get values back as replicated outputs, or with `process_allgather(x, tiled=True)`; `print(x)` shows no
-#   values and `np.asarray(x)` raises.
-# - Every process calls Orbax's `save` and `restore` and handles its own shards; a checkpoint restores
-#   onto another mesh.
-# - Every process runs the same collectives (`device_put` of host data is one) in the same order; only
-#   side effects go under `process_index() == 0`. A lone collective can wait for ever.
-# - A worker that raises must exit at once, past JAX's shutdown barrier; a launcher must watch every
-#   worker, stop all at the first failure and say which one failed and why.
+# - One script, run by every process over one global mesh; `jax.distributed.initialize` comes first.
+# - Each process asks the sharding which rows to load; hosts of one `model` group load identical rows,
+#   and a host's rows need not be contiguous.
+# - Get values back as replicated outputs or with `process_allgather(x, tiled=True)`. Every process calls
+#   Orbax's `save` and `restore`.
+# - Every process runs the same collectives (`device_put` of host data, `assert_equal` and
+#   `sync_global_devices` too) in the same order; only side effects go under `process_index() == 0`.
+# - SIGTERM is a preemption notice; `reached_preemption_sync_point` names one step for all to save at.
+# - A worker that raises must exit at once, past JAX's shutdown barrier; a launcher stops all at the first
+#   failure and says why.
 #
 # **Next:** [19 · PyTorch/XLA side by side](19_pytorch_xla.ipynb)
