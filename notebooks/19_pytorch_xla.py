@@ -53,7 +53,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_mesh, draw_sharding, type_string
+from utils import NOT_ANSWERED, collectives, draw_mesh, draw_sharding, quiet, type_string
 
 if importlib.util.find_spec("torch_xla") is None:
     raise ModuleNotFoundError(
@@ -79,10 +79,15 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # hides "Tensorflow library n
 # JAX hands you its partitioned program (`.lower(...).compile().as_text()`); torch_xla has no Python call
 # for it, but its XLA writes every program it compiles to the folder `--xla_dump_to` in `XLA_FLAGS` names.
 # JAX read `XLA_FLAGS` at startup, so its programs do not go there.
+#
+# XLA has marked GSPMD, the partitioner torch_xla uses (section 6), as deprecated in favour of Shardy, and
+# says so in a C++ warning for every program GSPMD partitions. `TF_CPP_MIN_LOG_LEVEL=2`, read when torch_xla
+# loads its XLA, keeps C++ warnings out (errors still show).
 
 # %%
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("CPU_NUM_DEVICES", "8")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hides "GSPMD sharding propagation is going to be deprecated"
 DUMP_DIR = tempfile.TemporaryDirectory(prefix="torch-xla-hlo-")  # deleted when the kernel exits
 DUMP = Path(DUMP_DIR.name)
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DUMP} --xla_dump_hlo_as_text".strip()
@@ -572,7 +577,8 @@ for use in (False, True):
     jax.config.update("jax_use_shardy_partitioner", use)
     lowered = jax.jit(sgd_step).lower(*jax_args(dp_specs_jax, jmesh, ("data", None)))
     assert ("sdy.sharding" in lowered.as_text()) == use  # the partitioner really changed
-    found["Shardy" if use else "GSPMD"] = ops(lowered.compile())
+    with quiet():  # JAX's XLA read the log level before this notebook set it: hide GSPMD's notice
+        found["Shardy" if use else "GSPMD"] = ops(lowered.compile())
 print(f"GSPMD  {found['GSPMD']}\nShardy {found['Shardy']}")
 assert found["GSPMD"] == found["Shardy"]
 
@@ -681,7 +687,97 @@ for name, param in restored.named_parameters():
 # %% [markdown]
 # The checkpoint holds `fc1.weight` as the 8 blocks the devices held; the replicated model reads it whole.
 #
-# ## 10. Translation table
+# ## 10. More twins: global mesh, manual sharding, FSDPv2, `torch.compile`
+#
+# `xs.set_global_mesh(mesh)` is the default mesh of later calls that take none, as `jax.set_mesh` is in JAX.
+# `xs.enable_manual_sharding(t, spec)` hands each device its own block, as `jax.shard_map` does; the code
+# after it is per device, until `xs.disable_manual_sharding` puts the blocks back together:
+
+# %%
+xs.set_global_mesh(xmesh_dp)
+values = np.arange(16, dtype=np.float32).reshape(8, 2)
+t = xs.mark_sharding(torch.from_numpy(values).to(device), xmesh_dp, ("data", None)).global_tensor
+block = xs.enable_manual_sharding(t, ("data", None)).global_tensor  # the mesh: the global one
+block_shape = tuple(block.shape)
+doubled = xs.disable_manual_sharding(block * 2, ("data", None), t.shape).global_tensor
+torch_xla.sync()
+
+seen = []
+with jax.set_mesh(jmesh_dp):
+    body = lambda b: (seen.append(b.shape), b * 2)[1]  # records the per-device shape it traces
+    jdoubled = jax.shard_map(body, in_specs=P("data"), out_specs=P("data"))(values)  # no mesh=: the global one
+print(f"per device: torch_xla {block_shape}, jax {seen[0]} | whole: {tuple(doubled.shape)}, {jdoubled.shape}")
+assert xs.get_global_mesh() is xmesh_dp and block_shape == seen[0] == (1, 2)
+np.testing.assert_array_equal(doubled.cpu().numpy(), np.asarray(jdoubled))
+
+# %% [markdown]
+# **FSDPv2.** `SpmdFullyShardedDataParallel(module, mesh=...)` shards every parameter on its largest
+# dimension over the mesh axis named `fsdp`, and the output on the batch: FSDP written as annotations, the
+# JAX recipe of notebook 10. Trained like the runs of section 8, it gives their losses:
+
+# %%
+from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
+
+xmesh_fsdp = Mesh(np.arange(8), (8,), ("fsdp",))
+fsdp = FSDPv2(torch_model({}, xmesh_fsdp), mesh=xmesh_fsdp)
+print({name.removeprefix("_orig_module."): spec_of(p) for name, p in fsdp.named_parameters()})
+x, y = torch.from_numpy(X).to(device), torch.from_numpy(Y).to(device)
+xs.mark_sharding(x, xmesh_fsdp, ("fsdp", None))
+optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
+torch_xla_programs()
+fsdp_losses = []
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # torch: "Full backward hook is firing..." from FSDPv2's gradient barrier
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(fsdp(x), y)
+        loss.backward()
+        optimizer.step()
+        torch_xla.sync()
+        fsdp_losses.append(loss.item())
+print("FSDPv2 losses", np.round(fsdp_losses, 4), "| collectives:", collectives(torch_xla_programs()[-1]).kinds)
+assert spec_of(fsdp.module.fc1.weight) == "{devices=[8,1]0,1,2,3,4,5,6,7}"  # (64, 32): rows over 'fsdp'
+np.testing.assert_allclose(fsdp_losses, dp_losses_xla, rtol=1e-5)
+
+# %% [markdown]
+# **Dynamo.** `torch.compile(model, backend="openxla")` traces the model once with Dynamo and runs XLA's
+# program without tracing again; sharding annotations are kept. The tensor-parallel forward of section 7:
+
+# %%
+torch_xla_programs()
+compiled_model = torch.compile(torch_model(tp_specs_torch, xmesh_tp), backend="openxla")
+logits = compiled_model(x_xla)
+np.testing.assert_allclose(logits.detach().cpu().numpy(), reference, rtol=RTOL, atol=RTOL)
+dynamo_ops = [op for program in torch_xla_programs() for op in ops(program)]
+print("collectives:", dynamo_ops)
+assert ("all-reduce", "f32[32,8]", 8) in dynamo_ops  # the row-parallel sum, as without Dynamo
+
+# %% [markdown]
+# Three twins cannot run in this notebook:
+#
+# - `xr.use_spmd(auto=True)` lets XLA's auto-sharding choose the layouts; it must be the program's first
+#   call. JAX's `jit` has no automatic mode: you state shardings and the compiler propagates them.
+# - `xs.HybridMesh` orders devices by TPU chip coordinates and asserts it runs on TPU:
+
+# %%
+try:
+    xs.HybridMesh(ici_mesh_shape=(4, 2), axis_names=("data", "model"))
+    hybrid = "built"
+except AssertionError:
+    hybrid = "AssertionError"
+print("HybridMesh on CPU:", hybrid)
+assert hybrid == "AssertionError"
+
+# %% [markdown]
+# - **Several hosts.** On a TPU slice, start the same script on every worker, one process per host that
+#   drives all its chips: `gcloud compute tpus tpu-vm ssh NAME --worker=all --command="PJRT_DEVICE=TPU python
+#   train.py"`. On GPU machines, one process per machine: `PJRT_DEVICE=CUDA torchrun --nnodes=2
+#   --node_rank=R --nproc_per_node=1 --rdzv_endpoint=HOST0:PORT train.py`. JAX's twin is notebook 18.
+#
+# This notebook holds both runtimes in one process only because both run on CPU devices; on GPUs or TPUs
+# run each framework in a process of its own.
+#
+# ## 11. Translation table
 #
 # | | JAX | PyTorch/XLA 2.9 |
 # |---|---|---|
@@ -703,6 +799,13 @@ for name, param in restored.named_parameters():
 # | per-host data | `jax.make_array_from_process_local_data` | `MpDeviceLoader(..., input_sharding=...)` |
 # | hybrid mesh | `mesh_utils.create_hybrid_device_mesh` | `xs.HybridMesh(..., dcn_mesh_shape=...)` (TPU) |
 # | checkpoint | Orbax | `torch.distributed.checkpoint`, SPMD planners |
+# | default mesh | `jax.set_mesh(mesh)` | `xs.set_global_mesh(mesh)` |
+# | per-device code | `jax.shard_map` | `xs.enable_manual_sharding` ... `disable_manual_sharding` |
+# | FSDP | specs on the parameters (notebook 10) | `SpmdFullyShardedDataParallel(model, mesh=...)` |
+# | compile once | `jax.jit` | `torch.compile(model, backend="openxla")` |
+# | automatic layouts | none in `jit` | `xr.use_spmd(auto=True)` |
+# | launch on a TPU slice | `--worker=all`, one process per host | the same, with `PJRT_DEVICE=TPU` |
+# | launch on GPU hosts | one process per GPU or host | `torchrun --nproc_per_node=1`, one per host |
 
 # %% [markdown]
 # ## Exercises
