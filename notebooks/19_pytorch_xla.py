@@ -75,12 +75,12 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # hides "Tensorflow library n
 #
 # XLA marks GSPMD, the partitioner torch_xla uses (section 6), deprecated in favour of Shardy, with a C++
 # warning for every program GSPMD partitions. `TF_CPP_MIN_LOG_LEVEL=2`, read when torch_xla loads, hides
-# C++ warnings (errors still show).
+# C++ warnings; errors still show.
 
 # %%
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("CPU_NUM_DEVICES", "8")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hides "GSPMD sharding propagation is going to be deprecated"
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"  # importing JAX set 1; 2 hides "GSPMD ... is going to be deprecated"
 DUMP_DIR = tempfile.TemporaryDirectory(prefix="torch-xla-hlo-")  # deleted when the kernel exits
 DUMP = Path(DUMP_DIR.name)
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DUMP} --xla_dump_hlo_as_text".strip()
@@ -685,6 +685,7 @@ block_shape = tuple(block.shape)
 doubled = xs.disable_manual_sharding(block * 2, ("data", None), t.shape).global_tensor
 torch_xla.sync()
 
+use_shardy()
 seen = []
 with jax.set_mesh(jmesh_dp):
     body = lambda b: (seen.append(b.shape), b * 2)[1]  # records the per-device shape it traces
