@@ -3,8 +3,9 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/18_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/18_multihost.ipynb)
 #
-# Multi-host SPMD as it is really run: one script, started as one process per host, all driving one
-# global mesh. You run such a script, a file of this repository, as two processes of 4 CPU devices each.
+# This notebook teaches multi-host SPMD as it is really run: one script, started as one process per
+# host, all driving one global mesh. You run such a script, a file of this repository, as two processes
+# of 4 CPU devices each.
 #
 # **You will learn**
 # - the multi-host vocabulary and the one call that joins the processes, `jax.distributed.initialize`;
