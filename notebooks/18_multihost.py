@@ -374,6 +374,7 @@ assert defaults["heartbeat_timeout_seconds"].default == 100  # how long a silent
 # a different value in each process:
 
 # %%
+display(show(worker.device_put_compares))
 print(results["device_put"][0]["error"])
 for i, r in results["device_put"].items():  # both processes raise AssertionError, each with what it passed
     assert "passed to device_put is not the same on each process" in r["error"]
@@ -431,6 +432,7 @@ assert "SIGTERM caught" in outputs[1].stderr and "SIGTERM" not in outputs[0].std
 # function at a time.
 
 # %%
+display(show(worker.pmap_to_jit))
 for i, r in results["pmap"].items():
     print(f"process {i}: pmap gave a per-process {tuple(r['pmap_shape'])} array {np.round(r['pmap_loss'], 5)}, "
           f"jit a global loss {r['jit_loss']:.5f}")

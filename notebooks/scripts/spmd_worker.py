@@ -224,7 +224,12 @@ def batch_from_callback(mesh: Mesh) -> None:
 
 
 def preemption(mesh: Mesh, notice_at: int = 2, max_steps: int = 500) -> None:
-    """Train until every process agrees that a preemption notice came; that step is where all save."""
+    """Train until every process agrees that a preemption notice came; that step is where all save.
+
+    The preemption service starts in `jax.distributed.initialize` (config `jax_enable_preemption_service`,
+    on by default) and from then on catches SIGTERM; in a process that never joined a job,
+    `reached_preemption_sync_point` returns False.
+    """
     x, y, _ = global_batch(mesh)
     replicated = NamedSharding(mesh, P())
     params = jax.device_put(init_params(), replicated)
