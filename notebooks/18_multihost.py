@@ -333,7 +333,7 @@ assert list(files) == [0] and {"ocdbt.process_0", "ocdbt.process_1"} <= set(file
 # ## 7. The rule: same collectives, same order
 #
 # A collective returns only once every process has called it. `multihost_utils.sync_global_devices(name)`
-# is a barrier made of one: every process passes the same name, and it returns when all have. Process 1
+# is a barrier built from one: every process passes the same name, and it returns when all have. Process 1
 # slept before it:
 
 # %%
