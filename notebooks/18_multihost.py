@@ -417,6 +417,7 @@ print(results["agree"][1]["differ"])
 display(show(worker.preemption))
 pre = results["preemption"]
 print({i: f"notice after step {r['notice_at']}, save at step {r['save_at']}" for i, r in pre.items()})
+assert pre[0]["save_at"] is not None  # the sync point came
 assert pre[0]["save_at"] == pre[1]["save_at"] > pre[0]["notice_at"]  # one step for all, after the notice
 assert "SIGTERM caught" in outputs[1].stderr and "SIGTERM" not in outputs[0].stderr  # only process 1 got it
 

@@ -234,14 +234,16 @@ def preemption(mesh: Mesh, notice_at: int = 2, max_steps: int = 500) -> None:
     replicated = NamedSharding(mesh, P())
     params = jax.device_put(init_params(), replicated)
     step = jax.jit(train_step, out_shardings=(replicated, replicated))
+    save_at = None
     for i in range(max_steps):
         params, _ = step(params, x, y)
         if i == notice_at and jax.process_index() == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends one host before evicting it
         if multihost_utils.reached_preemption_sync_point(i):
-            break  # here every process would save a checkpoint (section 6) and exit
+            save_at = i  # here every process would save a checkpoint (section 6) and exit
+            break
         time.sleep(0.01)  # a training step takes time
-    report("preemption", notice_at=notice_at, save_at=i)
+    report("preemption", notice_at=notice_at, save_at=save_at)
 
 
 # --- porting multi-host pmap code: per-process arrays -> global arrays --------------------------------
