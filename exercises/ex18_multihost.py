@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, plain
 
 # The 1-D mesh jax.make_mesh builds on a TPU v5e-16 (v5e:4x4): the host of each position, in mesh order.
 V5E_16_HOSTS = (0, 0, 1, 1, 1, 1, 0, 2, 3, 3, 3, 3, 2, 2, 2, 0)
@@ -71,6 +71,7 @@ rows_of_host = Exercise(
 
 
 def _check_rows_per_process(answer: object) -> None:
+    answer = plain(answer)  # np.int64, a whole float or a 0-d array count as the number
     assert isinstance(answer, numbers.Real) and not isinstance(answer, bool) and float(answer).is_integer(), (
         f"give a whole number; got {answer!r}"
     )
@@ -99,7 +100,8 @@ HANGS = frozenset({"b", "d", "e"})
 
 
 def _check_which_hang(answer: object) -> None:
-    assert isinstance(answer, set | frozenset) and all(isinstance(a, str) for a in answer), (
+    answer = plain(answer)  # a list or tuple of letters counts as the set of them
+    assert isinstance(answer, frozenset | tuple) and all(isinstance(a, str) for a in answer), (
         f'give a set of letters, such as {{"a"}}; got {answer!r}'
     )
     letters = {a.strip().lower().strip("()") for a in answer}

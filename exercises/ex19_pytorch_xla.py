@@ -115,7 +115,8 @@ spec_from_string = Exercise(
     title="Exercise 2: read a spec string",
     checker=_check_spec_from_string,
     solution=("model", None),
-    wrong=(("data", None), (None, "model"), ("model",), PartitionSpec("model", None), ("model", ())),
+    wrong=(("data", None), (None, "model"), ("model",), PartitionSpec("model", None), ("model", ()),
+           ["model", None]),  # a list: mark_sharding caches by spec, and a list is unhashable (TypeError)
     hint="[2,1,4]: 2 blocks of rows, 1 block of columns, 4 copies of each block; which mesh axis has size 2?",
     explanation=(
         "Rows split in 2 over 'model', columns whole, and each block copied on the 4 devices of its 'model' "

@@ -4,20 +4,16 @@
 # *Runs locally only:* `make lab-xla` (PyTorch/XLA needs its own environment, about 4 GB).
 #
 # PyTorch/XLA shards a PyTorch program with XLA, the compiler behind JAX, from the same mesh and partition
-# specs. You run each PyTorch/XLA construct next to its JAX twin in one Python process, and check that both
-# put the same block on the same device, train an MLP to the same losses and get the same collectives; then
-# the multi-host calls, and a translation table.
+# specs. You run each PyTorch/XLA construct next to its JAX twin in one Python process and check that both
+# put the same block on the same device, train to the same losses and get the same collectives.
 #
-# torch-xla 2.9.0 pairs with torch 2.9.0, which PyPI serves on x86_64 only as a 4 GB CUDA build, so it
-# lives in its own environment, `.venv-xla` (Python 3.11, hence JAX 0.10.2): `make lab-xla` opens this
-# notebook there, `make test-xla` tests it.
+# torch-xla 2.9.0 needs torch 2.9.0, on x86_64 a 4 GB CUDA build, so it lives in its own environment,
+# `.venv-xla` (Python 3.11, hence JAX 0.10.2): `make lab-xla` opens this notebook there.
 #
 # **You will learn**
-# - `xr.use_spmd()`, `Mesh(...)` and `xs.mark_sharding(t, mesh, ('data', None))`, each beside its JAX twin;
-# - to read torch_xla's sharding string `{devices=[4,2]0,1,2,3,4,5,6,7}`, the `HloSharding` JAX builds too;
-# - that data- and tensor-parallel MLPs give the same losses and collectives in both;
-# - the multi-host twins: process index, device counts, a sharding data loader, a sharded checkpoint;
-# - that `mark_sharding` switches JAX to the GSPMD partitioner.
+# - `xr.use_spmd()`, `Mesh` and `xs.mark_sharding`, each beside its JAX twin, and torch_xla's sharding string;
+# - that data-parallel, tensor-parallel and FSDPv2 MLPs give the same losses in both;
+# - the multi-host twins, manual sharding and Dynamo; and that `mark_sharding` switches JAX to GSPMD.
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -53,7 +49,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_mesh, draw_sharding, type_string
+from utils import NOT_ANSWERED, collectives, draw_mesh, draw_sharding, quiet, type_string
 
 if importlib.util.find_spec("torch_xla") is None:
     raise ModuleNotFoundError(
@@ -73,16 +69,18 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # hides "Tensorflow library n
 # %% [markdown]
 # ## 1. Two runtimes in one process
 #
-# torch_xla has its own runtime, with its own copy of XLA, and reads its device count from `PJRT_DEVICE=CPU`
-# and `CPU_NUM_DEVICES=8` when that runtime starts: set them before the import.
+# torch_xla has its own runtime and copy of XLA, which read `PJRT_DEVICE=CPU` and `CPU_NUM_DEVICES=8` when
+# it starts: set them before the import. Its XLA writes every program it compiles to the folder
+# `--xla_dump_to` in `XLA_FLAGS` names (JAX read `XLA_FLAGS` at startup, so its programs do not go there).
 #
-# JAX hands you its partitioned program (`.lower(...).compile().as_text()`); torch_xla has no Python call
-# for it, but its XLA writes every program it compiles to the folder `--xla_dump_to` in `XLA_FLAGS` names.
-# JAX read `XLA_FLAGS` at startup, so its programs do not go there.
+# XLA marks GSPMD, the partitioner torch_xla uses (section 6), deprecated in favour of Shardy, with a C++
+# warning for every program GSPMD partitions. `TF_CPP_MIN_LOG_LEVEL=2`, read when torch_xla loads, hides
+# C++ warnings; errors still show.
 
 # %%
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("CPU_NUM_DEVICES", "8")
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"  # importing JAX set 1; 2 hides "GSPMD ... is going to be deprecated"
 DUMP_DIR = tempfile.TemporaryDirectory(prefix="torch-xla-hlo-")  # deleted when the kernel exits
 DUMP = Path(DUMP_DIR.name)
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DUMP} --xla_dump_hlo_as_text".strip()
@@ -115,11 +113,11 @@ def torch_xla_programs():
 #
 # ## 2. SPMD mode: one logical device
 #
-# JAX has no mode. A plain PyTorch/XLA program drives one device (`xla:0`), and its multi-process mode
-# (`torchrun`, `xmp.spawn`) runs one process per device; `xr.use_spmd()` switches it to SPMD,
-# before any tensor reaches the device. `mark_sharding` before it raises `RuntimeError`; `use_spmd()` after a
-# tensor or a `torch_xla.device()` call warns "Replicating tensors already initialized", and the next program
-# kills the process with a segmentation fault (not shown here). Asking for the device count is safe.
+# JAX has no mode. A plain PyTorch/XLA program drives one device (`xla:0`), its multi-process mode
+# (`torchrun`, `xmp.spawn`) one process per device; `xr.use_spmd()` switches to SPMD, before any tensor
+# reaches the device. `mark_sharding` before it raises `RuntimeError`; `use_spmd()` after a tensor warns
+# "Replicating tensors already initialized", and the next program crashes the process (a segmentation
+# fault). Both need a fresh process, about 40 s here, so neither runs below.
 
 # %%
 spmd_before = xr.is_spmd()
@@ -136,10 +134,9 @@ assert str(device) == "xla:0"
 #
 # ## 3. The mesh
 #
-# `Mesh(device_ids, mesh_shape, axis_names)` arranges device ids, in the order given, in a grid with named
-# axes. Its exact JAX twin is `jax.sharding.Mesh(devices.reshape(mesh_shape), axis_names)`. The usual
-# `jax.make_mesh` picks the order itself: on CPU ids in order, on a TPU board a ring (notebook 01). A
-# `(num_devices, 1)` mesh puts every device on `data`:
+# `Mesh(device_ids, mesh_shape, axis_names)` arranges device ids, in the order given, in a named grid:
+# `jax.sharding.Mesh(devices.reshape(mesh_shape), axis_names)`. `jax.make_mesh` picks the order itself (on
+# a TPU board a ring, notebook 01). A `(num_devices, 1)` mesh puts every device on `data`:
 
 # %%
 AUTO = (AxisType.Auto, AxisType.Auto)
@@ -239,8 +236,7 @@ assert {s.data.shape for s in jax_arrays["t1"].addressable_shards} == {(8, 2, 8)
 
 # %% [markdown]
 # Every device holds the same block, with the same numbers, in both frameworks. In the string, `[...]` lists
-# the blocks per dimension and then, with `last_tile_dim_replicate`, the copies of each block; the device ids
-# follow, block after block. `t2` has 4 blocks of 2 with 2 copies each: the mesh axis a spec leaves out
+# the blocks per dimension and, with `last_tile_dim_replicate`, the copies of each block; device ids follow. `t2` has 4 blocks of 2 with 2 copies each: the mesh axis a spec leaves out
 # replicates. `t3` splits one dimension over both axes, `data` major, like `P(('data', 'model'))`.
 #
 # The string is XLA's `HloSharding`, and JAX builds the same object; a private method returns it (its device
@@ -295,9 +291,8 @@ assert x.sharding.shard_shape(x.shape) == (2, 16)
 # %% [markdown]
 # ## 5. Pictures: `visualize_tensor_sharding` and `draw_sharding`
 #
-# torch_xla's picture is `visualize_tensor_sharding(t)`: a `rich` table of devices, returned and printed.
-# As it says when it prints, it shows up to the first two dimensions, so the split of `t1`'s third dimension
-# over `model` is not in it, and a 1-D tensor split 8 ways raises:
+# torch_xla's picture, `visualize_tensor_sharding(t)`, is a `rich` table of devices. It shows the first two
+# dimensions only, so `t1`'s split of its third over `model` is missing, and a 1-D tensor split 8 ways raises:
 
 # %%
 table = visualize_tensor_sharding(xla_tensors["t1"], use_color=False)
@@ -321,10 +316,9 @@ draw_sharding(jax_arrays["t1"])
 # %% [markdown]
 # ## 6. One MLP in both frameworks
 #
-# The model: 32 inputs, 64 hidden units, 8 classes, once as a `torch.nn.Module` and once as a JAX function.
-# The module can annotate its hidden activation with `mark_sharding` inside `forward`, the twin of
-# `jax.lax.with_sharding_constraint`. `nn.Linear(32, 64).weight` is `(64, 32)`, **(out, in)**, and computes
-# `x @ weight.T`; the JAX kernel is `(32, 64)`, **(in, out)**: one layout has transposed specs in the two.
+# 32 inputs, 64 hidden units, 8 classes, as a `torch.nn.Module` and as a JAX function. `mark_sharding`
+# inside `forward` is the twin of `jax.lax.with_sharding_constraint`. `nn.Linear(32, 64).weight` is
+# `(64, 32)`, **(out, in)**; the JAX kernel is `(32, 64)`, **(in, out)**: one layout, transposed specs.
 
 # %%
 class MLP(torch.nn.Module):
@@ -369,8 +363,7 @@ print({k: v.shape for k, v in params0.items()})
 #
 # XLA has two partitioners: GSPMD, and its successor Shardy, JAX's default (flag
 # `jax_use_shardy_partitioner`). torch_xla 2.9 uses GSPMD. Where JAX is installed, **every**
-# `xs.mark_sharding` call loads torch_xla's bridge to JAX (the `torchax` package, shipped in the torch_xla
-# wheel) and sets that flag to `False`. The flag is process-wide:
+# `xs.mark_sharding` loads torch_xla's bridge to JAX (`torchax`) and sets that process-wide flag to `False`:
 
 # %%
 switched = []
@@ -463,15 +456,15 @@ assert not any("jit_" in p.name for p in DUMP.glob("*.txt"))  # JAX's programs n
 
 # %% [markdown]
 # The same collectives in both, and the unsharded model's logits every time. Without an annotation, or
-# with the one the compiler would choose, one all-reduce sums the `(32, 8)` partial logits of the
-# row-parallel layer. A replicated `h` is obeyed though it helps nothing: an all-gather of the `(32, 64)`
-# activation comes first. An annotation on an activation is an instruction, not a hint, in both.
+# with the one the compiler would choose, one all-reduce sums the `(32, 8)` partial logits. A replicated
+# `h` is obeyed though it helps nothing: an all-gather of `h` comes first. An annotation is an
+# instruction, not a hint, in both.
 #
 # ## 8. Training: data parallel and tensor parallel
 #
-# Three SGD steps (learning rate 0.1) from the same weights on the same batch, four ways: data parallel on
-# the `(8, 1)` mesh (batch split over `data`, parameters unmarked, so replicated) and tensor parallel on the
-# `(1, 8)` mesh, in both frameworks. The torch_xla loop is ordinary PyTorch, run at `torch_xla.sync()`.
+# Three SGD steps (learning rate 0.1) from the same weights on the same batch: data parallel on the
+# `(8, 1)` mesh (parameters unmarked, so replicated) and tensor parallel on the `(1, 8)` mesh, in both
+# frameworks. The torch_xla loop is ordinary PyTorch, run at `torch_xla.sync()`.
 
 # %%
 def train_torch(specs, mesh, batch_spec, steps=3):
@@ -572,7 +565,8 @@ for use in (False, True):
     jax.config.update("jax_use_shardy_partitioner", use)
     lowered = jax.jit(sgd_step).lower(*jax_args(dp_specs_jax, jmesh, ("data", None)))
     assert ("sdy.sharding" in lowered.as_text()) == use  # the partitioner really changed
-    found["Shardy" if use else "GSPMD"] = ops(lowered.compile())
+    with quiet():  # JAX's XLA read the log level before this notebook set it: hide GSPMD's notice
+        found["Shardy" if use else "GSPMD"] = ops(lowered.compile())
 print(f"GSPMD  {found['GSPMD']}\nShardy {found['Shardy']}")
 assert found["GSPMD"] == found["Shardy"]
 
@@ -581,8 +575,8 @@ assert found["GSPMD"] == found["Shardy"]
 #
 # ## 9. Several hosts: the same program on every process
 #
-# On a pod every host runs the same program in its own process, which owns the devices attached to it.
-# Both frameworks name the process and count its devices (here, one process):
+# On a pod every host runs the same program in its own process. Both frameworks name the process and count
+# its devices (here, one process):
 
 # %%
 print(f"torch_xla: process {xr.process_index()} of {xr.process_count()},"
@@ -596,10 +590,9 @@ assert xr.addressable_device_count() == 1  # in SPMD mode: the one logical devic
 # %% [markdown]
 # Mind the word *runtime*: in SPMD mode `xr.addressable_device_count()` counts the one logical device.
 #
-# **Loading data.** `MpDeviceLoader` wraps a `DataLoader` and sends each batch to the devices already
-# sharded by `input_sharding`: a `ShardingSpec(mesh, spec)`, or a dict of them for a dict batch.
-# `minibatch=True` says each process loaded only its part of the global batch, as
-# `jax.make_array_from_process_local_data` does (notebook 18).
+# **Loading data.** `MpDeviceLoader` wraps a `DataLoader` and sends each batch to the devices sharded by
+# `input_sharding` (a `ShardingSpec`, or a dict of them). `minibatch=True` says each process loaded only
+# its part of the global batch, as with `jax.make_array_from_process_local_data` (notebook 18).
 
 # %%
 import torch_xla.distributed.parallel_loader as pl
@@ -630,10 +623,6 @@ for key, j in (("x", jx), ("y", jy)):
 
 # %% [markdown]
 # Each device got 2 of the 16 examples, the same 2 in both.
-#
-# **Hybrid meshes** put the slow links between TPU slices on one mesh axis: `xs.HybridMesh` in torch_xla,
-# `mesh_utils.create_hybrid_device_mesh` in JAX. Like `jax.make_mesh`, `HybridMesh` orders devices by the
-# chips' coordinates; it runs only on TPU.
 #
 # **Checkpoints.** `torch.distributed.checkpoint` with torch_xla's `SPMDSavePlanner` and `SPMDLoadPlanner`
 # writes the blocks of a sharded `state_dict` and reads them into another layout, as Orbax does in JAX.
@@ -681,34 +670,127 @@ for name, param in restored.named_parameters():
 # %% [markdown]
 # The checkpoint holds `fc1.weight` as the 8 blocks the devices held; the replicated model reads it whole.
 #
-# ## 10. Translation table
+# ## 10. More twins: global mesh, manual sharding, FSDPv2, `torch.compile`
+#
+# `xs.set_global_mesh(mesh)`, like `jax.set_mesh`, sets the mesh of later calls that name none.
+# `xs.enable_manual_sharding(t, spec)` hands each device its own block, as `jax.shard_map` does, until
+# `xs.disable_manual_sharding` puts the blocks back together:
+
+# %%
+xs.set_global_mesh(xmesh_dp)
+values = np.arange(16, dtype=np.float32).reshape(8, 2)
+t = xs.mark_sharding(torch.from_numpy(values).to(device), xmesh_dp, ("data", None)).global_tensor
+block = xs.enable_manual_sharding(t, ("data", None)).global_tensor  # the mesh: the global one
+block_shape = tuple(block.shape)
+doubled = xs.disable_manual_sharding(block * 2, ("data", None), t.shape).global_tensor
+torch_xla.sync()
+
+use_shardy()
+seen = []
+with jax.set_mesh(jmesh_dp):
+    body = lambda b: (seen.append(b.shape), b * 2)[1]  # records the per-device shape it traces
+    jdoubled = jax.shard_map(body, in_specs=P("data"), out_specs=P("data"))(values)  # no mesh=: the global one
+print(f"per device: torch_xla {block_shape}, jax {seen[0]} | whole: {tuple(doubled.shape)}, {jdoubled.shape}")
+assert xs.get_global_mesh() is xmesh_dp and block_shape == seen[0] == (1, 2)
+np.testing.assert_array_equal(doubled.cpu().numpy(), np.asarray(jdoubled))
+
+# %% [markdown]
+# **FSDPv2.** `SpmdFullyShardedDataParallel(module, mesh=...)` shards every parameter on its largest
+# dimension over the mesh axis `fsdp`, and the output on the batch: FSDP as annotations, like notebook 10.
+# Trained as in section 8, it gives the same losses:
+
+# %%
+from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
+
+xmesh_fsdp = Mesh(np.arange(8), (8,), ("fsdp",))
+fsdp = FSDPv2(torch_model({}, xmesh_fsdp), mesh=xmesh_fsdp)
+print({name.removeprefix("_orig_module."): spec_of(p) for name, p in fsdp.named_parameters()})
+x, y = torch.from_numpy(X).to(device), torch.from_numpy(Y).to(device)
+xs.mark_sharding(x, xmesh_fsdp, ("fsdp", None))
+optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
+torch_xla_programs()
+fsdp_losses = []
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # torch: "Full backward hook is firing..." from FSDPv2's gradient barrier
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(fsdp(x), y)
+        loss.backward()
+        optimizer.step()
+        torch_xla.sync()
+        fsdp_losses.append(loss.item())
+print("FSDPv2 losses", np.round(fsdp_losses, 4), "| collectives:", collectives(torch_xla_programs()[-1]).kinds)
+assert spec_of(fsdp.module.fc1.weight) == "{devices=[8,1]0,1,2,3,4,5,6,7}"  # (64, 32): rows over 'fsdp'
+np.testing.assert_allclose(fsdp_losses, dp_losses_xla, rtol=1e-5)
+
+# %% [markdown]
+# **Dynamo.** `torch.compile(model, backend="openxla")` traces once and reruns XLA's program without
+# tracing; annotations are kept. The tensor-parallel forward of section 7:
+
+# %%
+torch_xla_programs()
+compiled_model = torch.compile(torch_model(tp_specs_torch, xmesh_tp), backend="openxla")
+logits = compiled_model(x_xla)
+np.testing.assert_allclose(logits.detach().cpu().numpy(), reference, rtol=RTOL, atol=RTOL)
+dynamo_ops = [op for program in torch_xla_programs() for op in ops(program)]
+print("collectives:", dynamo_ops)
+assert ("all-reduce", "f32[32,8]", 8) in dynamo_ops  # the row-parallel sum, as without Dynamo
+
+# %% [markdown]
+# Three twins cannot run in this notebook:
+#
+# - `xr.use_spmd(auto=True)` lets XLA's auto-sharding choose the layouts; it must be the program's first
+#   call. JAX's `jit` has no automatic mode: you state shardings and the compiler propagates them.
+# - `xs.HybridMesh`, the twin of `mesh_utils.create_hybrid_device_mesh`, orders devices by TPU chip
+#   coordinates and puts the slow links between slices on one axis. It asserts it runs on TPU:
+
+# %%
+try:
+    xs.HybridMesh(ici_mesh_shape=(4, 2), axis_names=("data", "model"))
+    hybrid = "built"
+except AssertionError:
+    hybrid = "AssertionError"
+print("HybridMesh on CPU:", hybrid)
+assert hybrid == "AssertionError"
+
+# %% [markdown]
+# - **Several hosts.** On a TPU slice, start the script on every worker, one process per host: `gcloud compute tpus tpu-vm ssh NAME --worker=all --command="PJRT_DEVICE=TPU python
+#   train.py"`. On GPU machines, one process per machine: `PJRT_DEVICE=CUDA torchrun --nnodes=2
+#   --node_rank=R --nproc_per_node=1 --rdzv_endpoint=HOST0:PORT train.py`. JAX's twin is notebook 18.
+#
+# Both runtimes share this process only because both run on CPU devices; on GPUs or TPUs give each
+# framework a process of its own.
+#
+# ## 11. Translation table
 #
 # | | JAX | PyTorch/XLA 2.9 |
 # |---|---|---|
 # | SPMD | always | `xr.use_spmd()` first |
 # | devices | `jax.devices()`: 8 | `torch_xla.device()`: `xla:0` |
-# | mesh | `jax.sharding.Mesh(devices.reshape(4, 2), ('data', 'model'))` | `Mesh(np.arange(8), (4, 2), ('data', 'model'))` |
-# | mesh, ordered for the chips | `jax.make_mesh((4, 2), ('data', 'model'))` | `xs.HybridMesh(ici_mesh_shape=(4, 2))` (TPU) |
-# | spec | `P(None, 'data')` | `(None, 'data')`, one entry per dimension |
+# | mesh | `Mesh(devices.reshape(4, 2), ('data', 'model'))` | `Mesh(np.arange(8), (4, 2), ('data', 'model'))` |
+# | mesh in chip order | `jax.make_mesh` | `xs.HybridMesh` (TPU) |
+# | default mesh | `jax.set_mesh(mesh)` | `xs.set_global_mesh(mesh)` |
+# | spec | `P(None, 'data')` | `(None, 'data')`, every dimension |
 # | place | `jax.device_put(x, NamedSharding(mesh, spec))` | `xs.mark_sharding(t, mesh, spec)` |
-# | re-place | `jax.device_put` again | `xs.clear_sharding(t)`, then `mark_sharding` |
+# | re-place | `jax.device_put` again | `xs.clear_sharding`, then `mark_sharding` |
 # | activation | `jax.lax.with_sharding_constraint` | `xs.mark_sharding` in `forward` |
-# | inspect | `x.sharding`, `x.addressable_shards` | `torch_xla._XLAC._get_xla_sharding_spec(t)` |
-# | picture | `draw_sharding(x)` (course utils) | `visualize_tensor_sharding(t)` |
-# | compiled program | `.lower(...).compile().as_text()` | `XLA_FLAGS=--xla_dump_to=DIR` |
+# | per-device code | `jax.shard_map` | `xs.enable_manual_sharding` |
+# | inspect | `x.sharding` | `torch_xla._XLAC._get_xla_sharding_spec(t)` |
+# | compiled program | `.compile().as_text()` | `XLA_FLAGS=--xla_dump_to=DIR` |
+# | compile once | `jax.jit` | `torch.compile(model, backend="openxla")` |
 # | partitioner | Shardy | GSPMD |
+# | automatic layouts | none | `xr.use_spmd(auto=True)` |
 # | dense layer | kernel `(in, out)` | `weight` `(out, in)` |
-# | process | `jax.process_index()` | `xr.process_index()` |
-# | its devices | `jax.local_device_count()` | `xr.addressable_runtime_device_count()` |
+# | FSDP | parameter specs (notebook 10) | `SpmdFullyShardedDataParallel` |
+# | process, its devices | `jax.process_index()`, `jax.local_device_count()` | `xr.process_index()`, `xr.addressable_runtime_device_count()` |
 # | per-host data | `jax.make_array_from_process_local_data` | `MpDeviceLoader(..., input_sharding=...)` |
-# | hybrid mesh | `mesh_utils.create_hybrid_device_mesh` | `xs.HybridMesh(..., dcn_mesh_shape=...)` (TPU) |
+# | multi-slice mesh | `mesh_utils.create_hybrid_device_mesh` | `xs.HybridMesh(..., dcn_mesh_shape=...)` (TPU) |
 # | checkpoint | Orbax | `torch.distributed.checkpoint`, SPMD planners |
+# | launch: TPU slice | every worker (`--worker=all`) | the same, `PJRT_DEVICE=TPU` |
+# | launch: GPU hosts | one process per GPU or host | `torchrun --nproc_per_node=1`, one per host |
 
 # %% [markdown]
 # ## Exercises
-#
-# Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
-# `ex.<name>.reveal()` for the reference answer.
 #
 # **Exercise 1.** The tensor-parallel model marks `fc2.weight` of `nn.Linear(64, 8)` with
 # `xs.mark_sharding(model.fc2.weight, xmesh_tp, (None, 'model'))`. Which `PartitionSpec` gives the JAX
@@ -745,9 +827,9 @@ ex.string_from_spec.check(answer_3);
 #   annotation per tensor until `clear_sharding`.
 # - `mark_sharding` inside `forward` is `with_sharding_constraint`: an instruction, even where it costs an
 #   all-gather.
-# - The same MLP trains to the same losses in both; tensor parallelism gets the same collectives, data
-#   parallelism the same gradient bytes, packed differently.
-# - The multi-host calls translate one to one, from `xr.process_index()` to checkpoints with the SPMD planners.
+# - The same MLP trains to the same losses in both, also under FSDPv2; tensor parallelism gets the same
+#   collectives, data parallelism the same gradient bytes, packed differently.
+# - Multi-host calls, manual sharding, the global mesh and compiling once translate one to one.
 # - In one process, every `mark_sharding` turns JAX's Shardy off; switch it back before JAX compiles.
 #
 # **Next:** [00 · How this course runs](00_setup.ipynb) (back to the start), or the readable edition

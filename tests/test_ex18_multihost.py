@@ -29,7 +29,7 @@ def test_rows_of_host_rejects_slices_that_are_not_plain_ranges(answer):
     assert ex.rows_of_host.verdict(answer) is Verdict.WRONG
 
 
-@pytest.mark.parametrize("answer", [256, np.int64(256), 256.0, np.float32(256)])
+@pytest.mark.parametrize("answer", [256, np.int64(256), 256.0, np.float32(256), np.array(256), jax.numpy.int32(256)])
 def test_rows_per_process_accepts_numbers_from_numpy(answer):
     assert ex.rows_per_process.verdict(answer) is Verdict.CORRECT
 
@@ -39,9 +39,15 @@ def test_rows_per_process_rejects_what_is_not_a_whole_number(answer):
     assert ex.rows_per_process.verdict(answer) is Verdict.WRONG
 
 
-@pytest.mark.parametrize("answer", [{"b", "d", "e"}, {"B", "D", "E"}, {"(b)", "(d)", "(e)"}, frozenset("edb")])
+@pytest.mark.parametrize("answer", [{"b", "d", "e"}, {"B", "D", "E"}, {"(b)", "(d)", "(e)"}, frozenset("edb"),
+                                    ["b", "d", "e"], ("e", "d", "b"), np.array(["b", "d", "e"])])
 def test_which_hang_accepts_letters_in_any_form(answer):
     assert ex.which_hang.verdict(answer) is Verdict.CORRECT
+
+
+@pytest.mark.parametrize("answer", ["bde", ["b", "d"], ("b", "d", "e", "a"), {"b": 1, "d": 1, "e": 1}, [1, 2]])
+def test_which_hang_rejects_wrong_letters_and_other_forms(answer):
+    assert ex.which_hang.verdict(answer) is Verdict.WRONG
 
 
 def test_the_exercise_rows_agree_with_a_sharding_of_the_same_layout():

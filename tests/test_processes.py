@@ -1,4 +1,4 @@
-"""utils.processes: workers run together, the first failure stops them all, and nothing is left behind.
+"""notebooks/scripts/launcher.py: workers run together, the first failure stops them all, and nothing is left behind.
 
 The failures are provoked for real: a worker that exits with an error, one killed by a signal, one that
 ignores SIGTERM, one that starts a child of its own, a run that never ends, a parent killed with
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from notebooks.scripts.launcher import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
 from tools.course import ROOT
-from utils.processes import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
 
 PY = sys.executable
 LINUX = sys.platform.startswith("linux")
@@ -280,7 +280,7 @@ def _parent_running(commands: list[list[str]], pid_files: list[Path], *, interru
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from utils.processes import run_workers
+        from notebooks.scripts.launcher import run_workers
         run_workers({commands!r}, env={env!r}, timeout=600)
     """)
     parent = subprocess.Popen([PY, "-c", script], stderr=subprocess.PIPE, text=True,
@@ -523,7 +523,7 @@ def test_a_jupyter_kernel_restart_leaves_no_worker(tmp_path):
     pids = [tmp_path / f"worker{i}" for i in range(2)]
     worker = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(120)"
     cell = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from utils.processes import run_workers\n"
+            "from notebooks.scripts.launcher import run_workers\n"
             f"run_workers([[sys.executable, '-c', {worker!r}, {str(pids[0])!r}], "
             f"[sys.executable, '-c', {worker!r}, {str(pids[1])!r}]], timeout=120)")
     km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)

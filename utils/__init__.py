@@ -6,8 +6,7 @@ and ``jax.device_put`` themselves).
 - ``launch``: readying Colab (and Binder's memory note) before the setup cell starts JAX;
 - ``layout``, ``drawing``, ``inspecting``: the geometry, pictures, collectives and memory of a sharding;
 - ``capture``: C++ output kept out of a cell; ``tpu``: whether TPU programs compile here;
-- ``exercises``: self-checking exercises; ``explorer``: text boxes to try layouts in;
-- ``processes``: several worker processes run together, all stopped at the first failure.
+- ``exercises``: self-checking exercises; ``explorer``: text boxes to try layouts in.
 
 Names load lazily (PEP 562): ``from utils import setup_devices`` imports
 ``utils.devices`` and nothing else, so the setup cell can install packages
@@ -27,7 +26,6 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
     from .layout import matmul_traffic, tiles, type_string
-    from .processes import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
     from .tpu import tpu_compiler_available
 
 _SOURCES = {
@@ -41,16 +39,15 @@ _SOURCES = {
         "collectives", "compile_with_log", "format_bytes", "memory_per_device", "memory_spaces", "shard_table",
     ),
     "layout": ("matmul_traffic", "tiles", "type_string"),
-    "processes": ("WorkerOutput", "WorkersFailed", "free_loopback_port", "run_workers", "still_running"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 _SUBMODULES = frozenset({*_SOURCES, "launch"})
 
 __all__ = [  # every name the lazy loader serves
-    "NOT_ANSWERED", "DeviceCountError", "Exercise", "WorkerOutput", "WorkersFailed", "answer_errors", "collectives",
+    "NOT_ANSWERED", "DeviceCountError", "Exercise", "answer_errors", "collectives",
     "compile_with_log", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings", "explore",
-    "format_bytes", "free_loopback_port", "matmul_traffic", "memory_per_device", "memory_spaces", "quiet",
-    "run_workers", "setup_devices", "shard_table", "still_running", "tiles", "tpu_compiler_available", "type_string"
+    "format_bytes", "matmul_traffic", "memory_per_device", "memory_spaces", "quiet",
+    "setup_devices", "shard_table", "tiles", "tpu_compiler_available", "type_string"
 ]
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -41,7 +42,13 @@ from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-ROWS, D_IN, D_HIDDEN, STEPS, LR = 64, 16, 32, 5, 0.1
+ROWS, D_IN, D_HIDDEN, STEPS, LR = 64, 16, 32, 5, 0.1  # main() checks that the job's devices divide them
+
+
+def sizes_fit(devices: int, processes: int) -> bool:
+    """Whether every mesh of main() splits ROWS and D_HIDDEN evenly: up to 64 devices and 32 per process."""
+    per_process = devices // processes
+    return ROWS % devices == 0 and D_HIDDEN % per_process == 0 and D_HIDDEN % processes == 0
 
 
 # --- the model and the data: plain functions, the same as on one host ------------------------------
@@ -161,15 +168,14 @@ def checkpoint(params: dict[str, jax.Array], other_mesh: Mesh, directory: Path) 
 # --- every process runs the same collectives in the same order ------------------------------------
 
 
-def collectives_wait(mesh: Mesh, late: float = 1.0) -> None:
-    """A demonstration: a collective returns only once every process has called it."""
-    x, _, _ = global_batch(mesh)
-    multihost_utils.process_allgather(x, tiled=True)  # both: compiled, and the processes in step
+def collectives_wait(late: float) -> None:
+    """A collective returns only once every process has called it: here a barrier, process 1 `late` s late."""
+    multihost_utils.sync_global_devices("warm-up")  # both processes in step
     if jax.process_index() == 1:
-        time.sleep(late)  # process 1 reaches the next all-gather `late` seconds after process 0
+        time.sleep(late)  # process 1 reaches the barrier `late` seconds after process 0
     entered = time.time()
-    gathered = multihost_utils.process_allgather(x, tiled=True)
-    report("wait", entered=entered, returned=time.time(), gathered_shape=list(gathered.shape))
+    multihost_utils.sync_global_devices("after the sleep")  # every process must pass the same name
+    report("wait", late=late, entered=entered, returned=time.time())
 
 
 def device_put_compares(mesh: Mesh) -> None:
@@ -181,6 +187,63 @@ def device_put_compares(mesh: Mesh) -> None:
     except AssertionError as err:
         error = str(err)
     report("device_put", error=error)
+
+
+# --- small agreements between processes: one value for all, a barrier, a check -------------------------
+
+
+def agree_across_processes(losses: list[float]) -> None:
+    """Host values, not arrays: take process 0's, check they are equal. Each call is an all-gather."""
+    mine = {"seed": np.int32(100 + jax.process_index()), "lr": np.float32(LR)}  # the seed differs per process
+    agreed = multihost_utils.broadcast_one_to_all(mine)  # process 0's values, in every process
+    multihost_utils.assert_equal(np.array(losses), "the processes trained differently")  # passes: they agree
+    try:
+        multihost_utils.assert_equal(mine["seed"], "the seeds differ")
+        differ = ""
+    except AssertionError as err:
+        differ = str(err)
+    report("agree", mine=int(mine["seed"]), agreed={k: v.item() for k, v in agreed.items()}, differ=differ)
+
+
+def batch_from_callback(mesh: Mesh) -> None:
+    """`jax.make_array_from_callback` asks for each local device's block by its index into the global shape."""
+    asked = []
+
+    def block(index: tuple[slice, ...]) -> np.ndarray:
+        start, stop, _ = index[0].indices(ROWS)
+        asked.append((start, stop))
+        return load_rows(start, stop)[0]
+
+    x = jax.make_array_from_callback((ROWS, D_IN), NamedSharding(mesh, P("data")), block)
+    x_ref, _, _ = global_batch(mesh)
+    report("callback", asked=sorted(asked), same=all(
+        np.array_equal(a.data, b.data) for a, b in zip(x.addressable_shards, x_ref.addressable_shards, strict=True)))
+
+
+# --- preemption: SIGTERM is the notice; every process saves at the same step ----------------------------
+
+
+def preemption(mesh: Mesh, notice_at: int = 2, max_steps: int = 500) -> None:
+    """Train until every process agrees that a preemption notice came; that step is where all save.
+
+    The preemption service starts in `jax.distributed.initialize` (config `jax_enable_preemption_service`,
+    on by default) and from then on catches SIGTERM; in a process that never joined a job,
+    `reached_preemption_sync_point` returns False.
+    """
+    x, y, _ = global_batch(mesh)
+    replicated = NamedSharding(mesh, P())
+    params = jax.device_put(init_params(), replicated)
+    step = jax.jit(train_step, out_shardings=(replicated, replicated))
+    save_at = None
+    for i in range(max_steps):
+        params, _ = step(params, x, y)
+        if i == notice_at and jax.process_index() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends one host before evicting it
+        if multihost_utils.reached_preemption_sync_point(i):
+            save_at = i  # here every process would save a checkpoint (section 6) and exit
+            break
+        time.sleep(0.01)  # a training step takes time
+    report("preemption", notice_at=notice_at, save_at=save_at)
 
 
 # --- porting multi-host pmap code: per-process arrays -> global arrays --------------------------------
@@ -224,6 +287,10 @@ def main() -> None:
            local_device_ids=[d.id for d in jax.local_devices()], backend=jax.default_backend(),
            cpu_collectives=jax.config.jax_cpu_collectives_implementation)  # across processes, on CPU
 
+    if not sizes_fit(jax.device_count(), jax.process_count()):
+        raise SystemExit(f"raise ROWS and D_HIDDEN: {jax.device_count()} devices in {jax.process_count()} processes "
+                         f"cannot split {ROWS} rows and {D_HIDDEN} hidden units evenly")
+
     # 2. Three meshes over the same global devices.
     mesh_1d = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
     model_within = Mesh(mesh_utils.create_hybrid_device_mesh(  # 'data' across processes, 'model' inside one
@@ -241,9 +308,12 @@ def main() -> None:
     report("model_across", rows=ranges, losses=losses, processes=process_grid(model_across))
 
     results_back(mesh_1d)
+    batch_from_callback(mesh_1d)
     checkpoint(params, model_within, args.shared_dir / "checkpoint")
-    collectives_wait(mesh_1d)
+    collectives_wait(late=1.0)
     device_put_compares(mesh_1d)
+    agree_across_processes(losses)
+    preemption(mesh_1d)
     pmap_to_jit(mesh_1d)
     jax.distributed.shutdown()
 

@@ -29,7 +29,7 @@ Nothing outlives :func:`run_workers`:
 - output goes to temporary files, not pipes, so a worker that prints a lot can never block.
 
 :func:`free_loopback_port` picks a port for a coordinator on 127.0.0.1, and :func:`still_running`
-says which workers' process groups still hold a process (tests and notebooks assert it is none).
+says which workers' process groups still hold a process (the tests assert it is none).
 This module knows nothing of JAX: the commands it runs do all the JAX work themselves.
 """
 
