@@ -82,7 +82,7 @@ RTOL = 1e-5 if CPU else 1e-2
 # residual stream `x` is constrained to `('batch', None, None)` with `with_logical_constraint` (from
 # `flax.linen`; it reads the same rules); section 4 shows why.
 
-# %%
+# %% tags=["save"]
 dense_init = nnx.initializers.lecun_normal()
 embed_init = nnx.initializers.normal(0.02)
 part = nnx.with_partitioning  # part(init, names): an initializer whose arrays carry logical names
