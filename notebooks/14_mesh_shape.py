@@ -41,6 +41,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 import optax
 from flax import nnx
@@ -237,6 +238,20 @@ if CPU:
     assert comm["FSDP"].count("all-gather") >= 9 and comm["FSDP"].estimated_bytes > comm["data"].estimated_bytes
     assert max(comm, key=lambda name: comm[name].estimated_bytes) == "tensor"
 
+fig, (ax_mem, ax_comm) = plt.subplots(1, 2, figsize=(11, 3.2))
+x = np.arange(len(LAYOUTS))
+ax_mem.bar(x - 0.2, [held[n] / MiB for n in LAYOUTS], 0.4, label="state")
+ax_mem.bar(x + 0.2, [footprint[n] / MiB for n in LAYOUTS], 0.4, label=f"footprint ({jax.default_backend()} compiler)")
+ax_comm.bar(x, [comm[n].estimated_bytes / MiB for n in LAYOUTS], 0.6, color="tab:green")
+ax_mem.set(ylabel="MiB per device", title="memory per device", yscale="log")
+ax_comm.set(ylabel="MiB sent per device per step", title="communication (ring estimate)")
+for ax in (ax_mem, ax_comm):
+    ax.set_xticks(x, list(LAYOUTS))
+ax_mem.legend()
+fig.tight_layout()
+plt.close(fig)
+fig
+
 # %% [markdown]
 # Three kinds of traffic:
 # - **Gradients**, summed over `data`: here one combined all-reduce per step, of every gradient the
@@ -272,7 +287,9 @@ if CPU:
 
 # %% [markdown]
 # So this data-parallel step cannot overlap its gradient sum with the backward pass: the gradients
-# computed last (the embeddings') are in the same all-reduce as all the others.
+# computed last (the embeddings') are in the same all-reduce as all the others. For a program that can,
+# see notebook 12, section 3: with the layers in a `scan`, each layer's gradient is summed inside the
+# backward loop, as soon as that layer is done.
 #
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
@@ -353,7 +370,9 @@ print(f"FSDP, data axis 64: state {format_bytes(held['FSDP'])} per device, "
       f"1/{round(held['data'] / held['FSDP'])} of data parallelism's {format_bytes(held['data'])}")
 if CPU:
     assert footprint["tensor"] > footprint["2-D"]  # more model parallelism, more memory
-assert 60 * held["FSDP"] < held["data"]  # more data parallelism, less memory, once parameters are sharded over it
+# more data parallelism, less memory, once parameters are sharded over it: the state from the shardings
+# (layout arithmetic, the same on every backend; section 3 matched it to the compiled arguments on CPU)
+assert 60 * held["FSDP"] < held["data"]
 
 # %% [markdown]
 # A data axis that also shards the parameters divides the state by 64, on any backend. On the CPU
@@ -459,8 +478,8 @@ ex.divisibility.check(answer_3);
 #   the state over `data` first, add `model` when gathered weights or the batch per device
 #   become the limit, and keep `model` at most the number of heads.
 # - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
-#   all-reduce after the last matmul, and tensor-parallel all-reduces sit between matmuls (collective
-#   matmul can overlap them on TPU).
+#   all-reduce after the last matmul; tensor-parallel all-reduces sit between matmuls, and only a
+#   compiler that splits the matmul (collective matmul, on TPU) can overlap them.
 # - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
 #   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
 # - An axis wider than what it splits fails loudly for the batch (`IndivisibleError`) and silently
