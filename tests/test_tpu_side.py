@@ -1,14 +1,24 @@
 """The TPU side of the notebooks' compiler facts.
 
 A notebook asserts a compiler fact either for every backend (no guard) or for the CPU backend only
-(``if CPU:``). The unguarded ones must then also hold where the course runs on 8 real TPUs. This
-compiles the notebooks' programs, at the notebooks' shapes and layouts, ahead of time for a TPU v5e-8
-(``v5e:2x4``, no TPU needed) and checks each unguarded fact on the TPU program; where a notebook states
-a fact for the CPU backend only because the TPU program differs, the test shows the TPU's form. Notebooks
-12 and 13 show some TPU programs themselves; this covers the rest of their facts. Notebooks that show a
-TPU program beside every CPU one (04, 10, 15 to 18) assert their TPU side themselves; notebook 14 compiles
-one of its five layouts for TPU, and its tests here compile the others, at its size and at a real width.
-Skipped, with the reason, where libtpu is not installed.
+(``if CPU:``). The unguarded ones must also hold where the course runs on 8 real TPUs. This file compiles
+programs ahead of time for a TPU v5e-8 (``v5e:2x4``) or, for notebook 14, a ``v5e:8x8`` slice (no TPU
+needed) and checks those facts on the TPU program; where a notebook asserts a fact on the CPU only because
+the TPU program differs, the test asserts the TPU's form. What it checks, and where each program comes from:
+
+- 01, 02, 05, 06, and the single-layer programs of 08, 09 and 13: small programs (a matmul, a constraint,
+  a ``shard_map``) written here at the notebook's shapes and layouts;
+- 07, 08, 09, 13: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
+  own, read from its source by ``from_notebook``, the step is ``abstract_train_step`` below;
+- 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
+  notebook's code (its model from ``notebooks/models.py``, the rest read from its source);
+- 12: the wide model, its layouts and steps, executed from the notebook's source (``notebook_12``);
+- 14: the notebook's source up to its compile loop, run in a subprocess for ``v5e:8x8``: the five layouts at
+  its size, three at a real width (its own TPU cell compiles one layout).
+
+Not checked here: 00, 03, 04, 10 and 15 to 19. Notebooks 04, 10 and 15 to 18 compile their TPU programs
+themselves and assert on them (so do 12, 13 and 14 for some of theirs); 19 is PyTorch/XLA. Skipped, with
+the reason, where libtpu is not installed.
 """
 
 from __future__ import annotations
@@ -565,7 +575,11 @@ def test_11_tensor_parallel_sums_activations(transformer):
     nb, _, steps = transformer
     c = collectives(steps["tensor"])
     assert c.kinds <= {"all-reduce", "all-gather"}
-    assert sum(s == (nb.BATCH, nb.SEQ, nb.D_MODEL) for op in c.ops for s in op.shapes) >= 4  # 2 forward, 2 back
+    # Notebook 11 asserts 2 + 6 per layer on the CPU (embedding, attention out, MLP down forward; head, MLP up
+    # and q, k, v input gradients back) and says the TPU compiler adds q, k and v's input gradients first.
+    assert sum(s == (nb.BATCH, nb.SEQ, nb.D_MODEL) for op in c.ops for s in op.shapes) == 2 + 4 * nb.NUM_LAYERS
+    gathers = sorted(s for op in c.ops if op.kind == "all-gather" for s in op.shapes)
+    assert gathers == [(nb.BATCH, nb.SEQ, 8)] * 2  # the accuracy's argmax: each chip's best score and its index
 
 
 def test_11_two_d_activations_over_model_gradients_over_data(transformer):
