@@ -243,7 +243,7 @@ x = np.arange(len(LAYOUTS))
 ax_mem.bar(x - 0.2, [held[n] / MiB for n in LAYOUTS], 0.4, label="state")
 ax_mem.bar(x + 0.2, [footprint[n] / MiB for n in LAYOUTS], 0.4, label=f"footprint ({jax.default_backend()} compiler)")
 ax_comm.bar(x, [comm[n].estimated_bytes / MiB for n in LAYOUTS], 0.6, color="tab:green")
-ax_mem.set(ylabel="MiB per device", title="memory per device", yscale="log")
+ax_mem.set(ylabel="MiB per device (log scale)", title="memory per device", yscale="log")
 ax_comm.set(ylabel="MiB sent per device per step", title="communication (ring estimate)")
 for ax in (ax_mem, ax_comm):
     ax.set_xticks(x, list(LAYOUTS))

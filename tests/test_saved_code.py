@@ -5,6 +5,7 @@ tagged cell changes and the module is not regenerated, and check how the generat
 """
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,8 @@ def test_no_tagged_cell_is_refused():
 
 def test_the_module_imports_from_the_course_root_and_from_the_notebooks_folder():
     code = "from notebooks.models import MyTransformer, layer_norm; print(MyTransformer.__module__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the setup cell does
     for cwd in (ROOT, ROOT / "notebooks"):  # tests and scripts; a notebook's kernel (its setup cell adds the root)
         run = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); {code}"],
-                             cwd=cwd, capture_output=True, text=True, timeout=120)
+                             cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0 and run.stdout.strip() == "notebooks.models", run.stderr[-2000:]
