@@ -187,8 +187,9 @@ assert all("embed" in tuple(spec.get_value()) for _, spec in names)  # every par
 
 # %% [markdown]
 # Every parameter has an `'embed'` dimension; that will matter for FSDP. A rule splits a dimension by
-# its name, whatever its size, so FSDP below splits even the 64-element layer-norm vectors that notebook
-# 10's size threshold keeps whole: one tiny gather each, and every device holds exactly 1/8 of the state.
+# its name, whatever its size, so FSDP below splits even the 64-element layer-norm vectors that
+# notebook 10's size threshold keeps whole: they are gathered like any weight, and each device holds
+# 1/8 of the state.
 #
 # ## 2. Four strategies are four rule tables
 #
