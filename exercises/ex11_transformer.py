@@ -88,10 +88,10 @@ fsdp_tensor_rules = Exercise(
     ),
     hint="start from the 2-D table and change one rule: which logical name does FSDP split?",
     explanation=(
-        "Only 'embed' changes from the 2-D table: every parameter has an 'embed' dimension, so every matrix "
-        "is now split 8 ways, over 'data' on one side and 'model' on the other (the vocabulary and the "
-        "heads/mlp dimension). The layer norms and the position table have no other named dimension: they "
-        "are split 4 ways, over 'data' only."
+        "Only 'embed' changes from the 2-D table, and every parameter has an 'embed' dimension, so every "
+        "parameter is now split over 'data'. The matrices that also have a 'vocab', 'heads' or 'mlp' "
+        "dimension are split 8 ways: 'data' along 'embed', 'model' along the other. The layer norms and the "
+        "position table have only 'embed': they are split 4 ways, over 'data', and repeated along 'model'."
     ),
 )
 

@@ -41,10 +41,10 @@ import re
 
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 import optax
 from flax import nnx
-from flax.linen import with_logical_constraint
 from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -59,77 +59,13 @@ MiB = 2**20
 # %% [markdown]
 # ## 1. The model
 #
-# The model code is **the same as notebook 11's**, repeated so that this notebook runs on its own: a
-# decoder-only transformer whose parameters carry logical names (`'vocab'`, `'embed'`, `'heads'`,
-# `'mlp'`) and whose residual stream is constrained to `('batch', None, None)`.
+# The model is notebook 11's, imported rather than typed again: `notebooks/models.py` is generated from
+# the cells notebook 11 tags `save`. A decoder-only transformer whose parameters carry logical names
+# (`'vocab'`, `'embed'`, `'heads'`, `'mlp'`) and whose residual stream is constrained to
+# `('batch', None, None)`.
 
 # %%
-dense_init = nnx.initializers.lecun_normal()
-embed_init = nnx.initializers.normal(0.02)
-part = nnx.with_partitioning
-RESIDUAL = ("batch", None, None)
-
-
-def layer_norm(d_model, rngs):
-    return nnx.LayerNorm(d_model, scale_init=part(nnx.initializers.ones_init(), ("embed",)),
-                         bias_init=part(nnx.initializers.zeros_init(), ("embed",)), rngs=rngs)
-
-
-class Attention(nnx.Module):
-    def __init__(self, d_model, num_heads, *, rngs):
-        self.num_heads = num_heads
-        qkv = dict(kernel_init=part(dense_init, ("embed", "heads")), use_bias=False, rngs=rngs)
-        self.query = nnx.Linear(d_model, d_model, **qkv)
-        self.key = nnx.Linear(d_model, d_model, **qkv)
-        self.value = nnx.Linear(d_model, d_model, **qkv)
-        self.out = nnx.Linear(d_model, d_model, kernel_init=part(dense_init, ("heads", "embed")),
-                              use_bias=False, rngs=rngs)
-
-    def __call__(self, x):
-        b, s, d = x.shape
-        h = self.num_heads
-        q, k, v = (f(x).reshape(b, s, h, d // h) for f in (self.query, self.key, self.value))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(d // h))
-        scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -1e9)
-        y = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
-        return self.out(y.reshape(b, s, d))
-
-
-class MLP(nnx.Module):
-    def __init__(self, d_model, d_ff, *, rngs):
-        self.up = nnx.Linear(d_model, d_ff, kernel_init=part(dense_init, ("embed", "mlp")), use_bias=False, rngs=rngs)
-        self.down = nnx.Linear(d_ff, d_model, kernel_init=part(dense_init, ("mlp", "embed")), use_bias=False, rngs=rngs)
-
-    def __call__(self, x):
-        return self.down(jax.nn.gelu(self.up(x)))
-
-
-class Block(nnx.Module):
-    def __init__(self, d_model, num_heads, d_ff, *, rngs):
-        self.norm1, self.attn = layer_norm(d_model, rngs), Attention(d_model, num_heads, rngs=rngs)
-        self.norm2, self.mlp = layer_norm(d_model, rngs), MLP(d_model, d_ff, rngs=rngs)
-
-    def __call__(self, x):
-        x = with_logical_constraint(x + self.attn(self.norm1(x)), RESIDUAL)
-        return with_logical_constraint(x + self.mlp(self.norm2(x)), RESIDUAL)
-
-
-class MyTransformer(nnx.Module):
-    def __init__(self, d_model=64, num_layers=2, num_heads=8, d_ff=256, vocab_size=32, max_len=16, *, rngs):
-        self.tokens = nnx.Embed(vocab_size, d_model, embedding_init=part(embed_init, ("vocab", "embed")), rngs=rngs)
-        self.positions = nnx.Embed(max_len, d_model, embedding_init=part(embed_init, (None, "embed")), rngs=rngs)
-        self.blocks = nnx.List([Block(d_model, num_heads, d_ff, rngs=rngs) for _ in range(num_layers)])
-        self.norm = layer_norm(d_model, rngs)
-        self.head = nnx.Linear(d_model, vocab_size, kernel_init=part(dense_init, ("embed", "vocab")),
-                               use_bias=False, rngs=rngs)
-
-    def __call__(self, tokens):
-        x = self.tokens(tokens) + self.positions(jnp.arange(tokens.shape[1]))
-        x = with_logical_constraint(x, RESIDUAL)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
+from notebooks.models import MyTransformer
 
 # %% [markdown]
 # Now at a realistic width: `d_model = 512` with 8 heads of 64, `d_ff = 2048`, a vocabulary of 512,
@@ -302,6 +238,20 @@ if CPU:
     assert comm["FSDP"].count("all-gather") >= 9 and comm["FSDP"].estimated_bytes > comm["data"].estimated_bytes
     assert max(comm, key=lambda name: comm[name].estimated_bytes) == "tensor"
 
+fig, (ax_mem, ax_comm) = plt.subplots(1, 2, figsize=(11, 3.2))
+x = np.arange(len(LAYOUTS))
+ax_mem.bar(x - 0.2, [held[n] / MiB for n in LAYOUTS], 0.4, label="state")
+ax_mem.bar(x + 0.2, [footprint[n] / MiB for n in LAYOUTS], 0.4, label=f"footprint ({jax.default_backend()} compiler)")
+ax_comm.bar(x, [comm[n].estimated_bytes / MiB for n in LAYOUTS], 0.6, color="tab:green")
+ax_mem.set(ylabel="MiB per device (log scale)", title="memory per device", yscale="log")
+ax_comm.set(ylabel="MiB sent per device per step", title="communication (ring estimate)")
+for ax in (ax_mem, ax_comm):
+    ax.set_xticks(x, list(LAYOUTS))
+ax_mem.legend()
+fig.tight_layout()
+plt.close(fig)
+fig
+
 # %% [markdown]
 # Three kinds of traffic:
 # - **Gradients**, summed over `data`: here one combined all-reduce per step, of every gradient the
@@ -337,7 +287,9 @@ if CPU:
 
 # %% [markdown]
 # So this data-parallel step cannot overlap its gradient sum with the backward pass: the gradients
-# computed last (the embeddings') are in the same all-reduce as all the others.
+# computed last (the embeddings') are in the same all-reduce as all the others. For a program that can,
+# see notebook 12, section 3: with the layers in a `scan`, each layer's gradient is summed inside the
+# backward loop, as soon as that layer is done.
 #
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
@@ -418,7 +370,9 @@ print(f"FSDP, data axis 64: state {format_bytes(held['FSDP'])} per device, "
       f"1/{round(held['data'] / held['FSDP'])} of data parallelism's {format_bytes(held['data'])}")
 if CPU:
     assert footprint["tensor"] > footprint["2-D"]  # more model parallelism, more memory
-assert 60 * held["FSDP"] < held["data"]  # more data parallelism, less memory, once parameters are sharded over it
+# more data parallelism, less memory, once parameters are sharded over it: the state from the shardings
+# (layout arithmetic, the same on every backend; section 3 matched it to the compiled arguments on CPU)
+assert 60 * held["FSDP"] < held["data"]
 
 # %% [markdown]
 # A data axis that also shards the parameters divides the state by 64, on any backend. On the CPU
@@ -524,8 +478,8 @@ ex.divisibility.check(answer_3);
 #   the state over `data` first, add `model` when gathered weights or the batch per device
 #   become the limit, and keep `model` at most the number of heads.
 # - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
-#   all-reduce after the last matmul, and tensor-parallel all-reduces sit between matmuls (collective
-#   matmul can overlap them on TPU).
+#   all-reduce after the last matmul; tensor-parallel all-reduces sit between matmuls, and only a
+#   compiler that splits the matmul (collective matmul, on TPU) can overlap them.
 # - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
 #   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
 # - An axis wider than what it splits fails loudly for the batch (`IndivisibleError`) and silently

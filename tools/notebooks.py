@@ -3,16 +3,25 @@
 
     python tools/notebooks.py stamp     # write tools/course.py's badges and setup cell into every notebook
     python tools/notebooks.py readme    # rewrite README's table of notebooks
+    python tools/notebooks.py save      # write the cells tagged "save" to notebooks/models.py
 
 Each notebook ``notebooks/NN_name.ipynb`` is paired with ``notebooks/NN_name.py`` (percent format) by
 jupytext (``[tool.jupytext]`` in pyproject.toml); ``make sync`` pairs and strips them, and the
 pre-commit hooks do the same on every commit. ``stamp`` edits the ``.py`` sources (the launch badges
 under each title, the shared setup cell as the second cell) and then lets jupytext bring each
 ``.ipynb`` up to date, so both stay paired. Run it after changing ``tools/course.py``.
+
+``save`` keeps one copy of a program that several notebooks and tests use. A cell that defines it is
+tagged in its notebook (``# %% tags=["save"]`` in the ``.py`` source); ``save`` writes every tagged cell,
+in course order, to the module ``notebooks/models.py``, with the imports those cells need (taken from the
+notebook's own imports), and the others import it (``from notebooks.models import ...``). Run it after
+editing a tagged cell; ``tests/test_saved_code.py`` fails while the module is out of date.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import re
 import subprocess
 import sys
@@ -82,12 +91,106 @@ def readme() -> None:
     print(f"rewrote the table of {len(notebooks())} notebooks in README.md")
 
 
+SAVED = ROOT / "notebooks" / "models.py"
+SAVE_TAG = "save"
+
+
+def _imports(tree: ast.Module) -> dict[str, tuple[str | None, str, str | None]]:
+    """Bound name -> (module of a ``from`` import or None, imported name, alias) of each top-level import."""
+    bound = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            for alias in node.names:
+                bound[alias.asname or alias.name.split(".")[0]] = (module, alias.name, alias.asname)
+    return bound
+
+
+def _free_names(tree: ast.Module) -> set[str]:
+    """Names the code reads but never binds anywhere in it (assignment, def, class, argument, import)."""
+    loaded, bound = set(), set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add(node.asname or node.name.split(".")[0])
+    return loaded - bound
+
+
+def saved_cells(source: str, name: str) -> tuple[list[str], list[str]]:
+    """(the import lines the saved cells need, the sources of the cells tagged "save") of one notebook.
+
+    ``source`` is the notebook's percent-format text. Raises ValueError when a saved cell reads a name that
+    neither another saved cell nor one of the notebook's top-level imports binds: the module would not run.
+    """
+    import jupytext
+
+    cells = jupytext.reads(source, fmt="py:percent").cells
+    code = [c for c in cells if c.cell_type == "code"]
+    saved = [c.source.strip() for c in code if SAVE_TAG in c.metadata.get("tags", [])]
+    if not saved:
+        return [], []
+    imports = {}
+    for cell in code:
+        try:
+            imports.update(_imports(ast.parse(cell.source)))
+        except SyntaxError:  # a cell of IPython syntax binds nothing a saved cell can use
+            continue
+    wanted = sorted(_free_names(ast.parse("\n\n".join(saved))))
+    missing = [n for n in wanted if n not in imports]
+    if missing:
+        raise ValueError(f"{name}: the cells tagged {SAVE_TAG!r} use {missing}, which no import of the notebook "
+                         "and no saved cell defines; tag the cell that defines them too")
+    plain, froms = set(), {}
+    for n in wanted:
+        module, imported, alias = imports[n]
+        spelled = imported + (f" as {alias}" if alias else "")
+        if module is None:
+            plain.add(f"import {spelled}")
+        else:
+            froms.setdefault(module, set()).add(spelled)
+    lines = sorted(plain) + [f"from {m} import {', '.join(sorted(froms[m]))}" for m in sorted(froms)]
+    return lines, saved
+
+
+def saved_module(sources: dict[str, str]) -> str:
+    """The text of notebooks/models.py for {notebook source name: its percent-format text}, in that order."""
+    imports, parts, origins = [], [], []
+    for name, text in sources.items():
+        lines, cells = saved_cells(text, name)
+        if cells:
+            origins.append(name)
+            imports += [line for line in lines if line not in imports]
+            parts += [f"# --- from {name}\n{cell}" for cell in cells]
+    if not parts:
+        raise ValueError(f"no notebook has a cell tagged {SAVE_TAG!r}")
+    header = (f'"""Code saved from the notebooks: {", ".join(origins)}. GENERATED, do not edit.\n\n'
+              f"Each part is a notebook cell tagged {SAVE_TAG!r}. Edit the cell in its notebook, then run\n"
+              "`python tools/notebooks.py save`; tests/test_saved_code.py fails while this file is out of date.\n"
+              '"""\n')
+    return header + "\n".join(imports) + "\n\n\n" + "\n\n\n".join(parts) + "\n"
+
+
+def save() -> None:
+    sources = {f"notebooks/{source_of(p).name}": source_of(p).read_text() for p in notebooks()}
+    text = saved_module(sources)
+    if not SAVED.is_file() or SAVED.read_text() != text:
+        SAVED.write_text(text)
+        print(f"wrote {SAVED.relative_to(ROOT)}")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1:] or ["help"]
     if cmd == ["stamp"]:
         stamp()
     elif cmd == ["readme"]:
         readme()
+    elif cmd == ["save"]:
+        save()
     else:
         print(__doc__)
         sys.exit(2)

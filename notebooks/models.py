@@ -1,0 +1,78 @@
+"""Code saved from the notebooks: notebooks/11_transformer.py. GENERATED, do not edit.
+
+Each part is a notebook cell tagged 'save'. Edit the cell in its notebook, then run
+`python tools/notebooks.py save`; tests/test_saved_code.py fails while this file is out of date.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.linen import with_logical_constraint
+
+
+# --- from notebooks/11_transformer.py
+dense_init = nnx.initializers.lecun_normal()
+embed_init = nnx.initializers.normal(0.02)
+part = nnx.with_partitioning  # part(init, names): an initializer whose arrays carry logical names
+RESIDUAL = ("batch", None, None)  # the residual stream [batch, seq, embed]: split the batch only
+
+
+def layer_norm(d_model, rngs):
+    return nnx.LayerNorm(d_model, scale_init=part(nnx.initializers.ones_init(), ("embed",)),
+                         bias_init=part(nnx.initializers.zeros_init(), ("embed",)), rngs=rngs)
+
+
+class Attention(nnx.Module):
+    def __init__(self, d_model, num_heads, *, rngs):
+        self.num_heads = num_heads
+        qkv = dict(kernel_init=part(dense_init, ("embed", "heads")), use_bias=False, rngs=rngs)
+        self.query = nnx.Linear(d_model, d_model, **qkv)
+        self.key = nnx.Linear(d_model, d_model, **qkv)
+        self.value = nnx.Linear(d_model, d_model, **qkv)
+        self.out = nnx.Linear(d_model, d_model, kernel_init=part(dense_init, ("heads", "embed")),
+                              use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        b, s, d = x.shape
+        h = self.num_heads
+        q, k, v = (f(x).reshape(b, s, h, d // h) for f in (self.query, self.key, self.value))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(d // h))
+        scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -1e9)  # causal: no peeking ahead
+        y = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+        return self.out(y.reshape(b, s, d))
+
+
+class MLP(nnx.Module):
+    def __init__(self, d_model, d_ff, *, rngs):
+        self.up = nnx.Linear(d_model, d_ff, kernel_init=part(dense_init, ("embed", "mlp")), use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(d_ff, d_model, kernel_init=part(dense_init, ("mlp", "embed")), use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+class Block(nnx.Module):
+    def __init__(self, d_model, num_heads, d_ff, *, rngs):
+        self.norm1, self.attn = layer_norm(d_model, rngs), Attention(d_model, num_heads, rngs=rngs)
+        self.norm2, self.mlp = layer_norm(d_model, rngs), MLP(d_model, d_ff, rngs=rngs)
+
+    def __call__(self, x):
+        x = with_logical_constraint(x + self.attn(self.norm1(x)), RESIDUAL)
+        return with_logical_constraint(x + self.mlp(self.norm2(x)), RESIDUAL)
+
+
+class MyTransformer(nnx.Module):
+    def __init__(self, d_model=64, num_layers=2, num_heads=8, d_ff=256, vocab_size=32, max_len=16, *, rngs):
+        self.tokens = nnx.Embed(vocab_size, d_model, embedding_init=part(embed_init, ("vocab", "embed")), rngs=rngs)
+        self.positions = nnx.Embed(max_len, d_model, embedding_init=part(embed_init, (None, "embed")), rngs=rngs)
+        self.blocks = nnx.List([Block(d_model, num_heads, d_ff, rngs=rngs) for _ in range(num_layers)])
+        self.norm = layer_norm(d_model, rngs)
+        self.head = nnx.Linear(d_model, vocab_size, kernel_init=part(dense_init, ("embed", "vocab")),
+                               use_bias=False, rngs=rngs)
+
+    def __call__(self, tokens):  # int32[batch, seq] -> logits f32[batch, seq, vocab]
+        x = self.tokens(tokens) + self.positions(jnp.arange(tokens.shape[1]))
+        x = with_logical_constraint(x, RESIDUAL)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
