@@ -82,6 +82,7 @@ lint: env
 sync: env
 	$(BIN)/jupytext --sync notebooks/[0-9][0-9]_*.ipynb
 	$(BIN)/nbstripout notebooks/[0-9][0-9]_*.ipynb
+	$(BIN)/python tools/notebooks.py save
 strip: env
 	$(BIN)/nbstripout notebooks/[0-9][0-9]_*.ipynb
 

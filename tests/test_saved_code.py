@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.course import notebooks
+from tools.course import notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("notebook_tools", ROOT / "tools" / "notebooks.py")
