@@ -32,7 +32,7 @@ help:
 	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
 	@echo "make test-units     tests/ only;  make test-notebooks   notebooks/ only"
 	@echo "make env            build or re-sync the environment;  make lint   ruff"
-	@echo "make sync           pair notebooks with their .py sources (jupytext) and strip outputs;  make strip"
+	@echo "make sync           pair notebooks with their .py sources, strip outputs, write notebooks/models.py;  make strip"
 	@echo "make book           the executed book (Sphinx + MyST-NB) in build/book/html"
 	@echo "make bench          wall time and peak memory of each notebook against 30 s / 1 GB"
 	@echo "make lock           re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
