@@ -43,13 +43,28 @@ def short_dtype(dtype: Any) -> str:
     return _SHORT.get(name, name)
 
 
+class _Box:
+    """A rectangle of an array: ``start``/``stop`` bound each dimension."""
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
+
+    def index_string(self) -> str:
+        """Like numpy's indexing: '[0:32, 0:256]'."""
+        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
+
+
 @dataclass(frozen=True)
-class Tile:
+class Tile(_Box):
     """One distinct block of an array and every device that holds a copy of it.
 
-    ``start``/``stop`` are per-dimension bounds of the real data; ``padded``
-    is the per-dimension block size XLA allocates (larger than stop-start
-    only for uneven layouts).
+    ``devices`` are in replica order, as JAX numbers copies (``replica_id``):
+    mesh order, not id order. ``padded`` is the per-dimension block size XLA
+    allocates (larger than ``shape`` only for uneven layouts).
     """
 
     start: tuple[int, ...]
@@ -58,16 +73,8 @@ class Tile:
     padded: tuple[int, ...]
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
-
-    @property
     def is_uneven(self) -> bool:
         return self.shape != self.padded
-
-    def index_string(self) -> str:
-        """Like numpy's indexing: '[0:32, 0:256]'."""
-        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 
 def spec_entries(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
@@ -174,9 +181,10 @@ def tiles(shape: tuple[int, ...], sharding: Sharding) -> list[Tile]:
     """The distinct blocks of an array of ``shape`` and the devices holding each.
 
     For a ``NamedSharding`` the blocks are computed from the mesh and spec the
-    way XLA pads: a dimension of size n split k ways gets blocks of ceil(n/k),
-    so an uneven dimension ends in a short (or empty) block. Other shardings
-    use JAX's own ``devices_indices_map``. Tiles are sorted by position.
+    way XLA pads: n split k ways gives blocks of ceil(n/k), so an uneven
+    dimension ends in a short (or empty) block. Other shardings use JAX's own
+    ``devices_indices_map``. Tiles are sorted by position; each one's devices
+    are in replica order (the order of the mesh, or of the device assignment).
     """
     if isinstance(sharding, NamedSharding):
         return _named_tiles(shape, sharding)
@@ -189,7 +197,7 @@ def tiles(shape: tuple[int, ...], sharding: Sharding) -> list[Tile]:
         groups.setdefault(bounds, []).append(device.id)
     return _in_order(
         Tile(
-            tuple(a for a, _ in b), tuple(c for _, c in b), tuple(sorted(ids)),
+            tuple(a for a, _ in b), tuple(c for _, c in b), tuple(ids),
             tuple(c - a for a, c in b),
         )
         for b, ids in groups.items()
@@ -220,7 +228,7 @@ def _named_tiles(shape: tuple[int, ...], sharding: NamedSharding) -> list[Tile]:
             start.append(min(b * size, n))
             stop.append(min((b + 1) * size, n))
             padded.append(size)
-        out.append(Tile(tuple(start), tuple(stop), tuple(sorted(devs)), tuple(padded)))
+        out.append(Tile(tuple(start), tuple(stop), tuple(devs), tuple(padded)))  # devs in mesh order
     return _in_order(out)
 
 
@@ -254,14 +262,13 @@ def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = 
 
 
 @dataclass(frozen=True)
-class Piece:
+class Piece(_Box):
     """A rectangle of an operand that one device needs for its output block.
 
-    ``holders`` are the devices that hold it; ``source`` is the device it is
-    taken from: the device itself when ``held``, otherwise the holder nearest on
-    the mesh (fewest mesh coordinates differing, then lowest id). ``axes`` are
-    the mesh axes along which ``source`` differs from the device: the axes of
-    the all-gather that brings the piece (``()`` when held).
+    ``source`` is the device it comes from: the device itself when ``held``,
+    else the nearest holder on the mesh (fewest differing mesh coordinates,
+    then lowest id); ``axes`` are the mesh axes where the two differ, those
+    of the all-gather that brings it.
     """
 
     start: tuple[int, ...]
@@ -270,14 +277,6 @@ class Piece:
     source: int
     held: bool
     axes: tuple[str, ...]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
-
-    def index_string(self) -> str:
-        """Like numpy's indexing: '[0:128, 512:1024]'."""
-        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 
 @dataclass(frozen=True)
