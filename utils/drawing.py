@@ -1,22 +1,11 @@
-"""Pictures of shardings and meshes, drawn with matplotlib.
+"""Pictures of shardings and meshes, drawn with matplotlib; every function returns a ``Figure`` a test can read.
 
-The course's replacement for ``jax.debug.visualize_array_sharding``, which
-stops at 2-D arrays, needs ``rich`` and returns nothing a test can check.
-Here every function returns a ``matplotlib.figure.Figure``:
-
-- each block of the array is one rectangle whose ``gid`` is ``"tile"``,
-  sized in proportion to the data it holds and labelled (see
-  :func:`tile_labels` for the label format);
-- inside it, every device holding a copy is one card in that device's colour
-  (``gid`` ``"copy"``): one card fills the block; k copies are a stack of k
-  offset cards, like a deck, never side-by-side stripes (stripes would read as
-  a further split of the block);
-- padding that XLA adds to an uneven dimension is hatched, outside the array;
-- a device has the same colour in every figure (:func:`device_color`).
-
-:func:`draw_matmul` draws ``C = A @ B`` for one device: the blocks it holds,
-the blocks it must fetch, and whether its output block is only a partial sum.
-:func:`draw_permute` draws a ``ppermute`` as arrows on the mesh.
+(``jax.debug.visualize_array_sharding`` stops at 2-D, needs ``rich`` and returns nothing.) Each block of an
+array is a rectangle (``gid`` ``"tile"``) at its true proportions, labelled as :func:`tile_labels` says;
+every device holding a copy is a card in that device's colour (``"copy"``), k copies a deck of k offset
+cards, never stripes (they would read as a further split); XLA's padding of an uneven block is hatched.
+A device has one colour in every figure (:func:`device_color`). :func:`draw_matmul` draws ``C = A @ B``
+as one device sees it; :func:`draw_permute` draws a ``ppermute`` as arrows on the mesh.
 """
 
 from __future__ import annotations
@@ -39,12 +28,9 @@ from .layout import MatmulTraffic, Tile, as_layout, matmul_traffic, spec_entries
 
 
 def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
-    """In a Jupyter kernel whose backend is Agg, switch to inline display; return whether it switched.
+    """In a Jupyter kernel on Agg (MPLBACKEND=Agg, which prints '<Figure size ...>'), switch to inline.
 
-    A kernel started with MPLBACKEND=Agg (common in CI and some launchers) prints
-    '<Figure size ...>' instead of drawing the course's figures. Any other
-    backend is the user's choice (``%matplotlib widget``, inline, ...) and is
-    left alone; so is a plain Python or terminal IPython session (no kernel).
+    Returns whether it switched; any other backend, and a session without a kernel, is left alone.
     """
     if shell is None:
         try:
@@ -52,11 +38,7 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
         except ImportError:  # pragma: no cover - the course always has IPython
             return False
         shell = get_ipython()
-    if shell is None or not hasattr(shell, "kernel"):
-        return False
-    if backend is None:
-        backend = matplotlib.get_backend()
-    if str(backend).lower() != "agg":
+    if shell is None or not hasattr(shell, "kernel") or str(backend or matplotlib.get_backend()).lower() != "agg":
         return False
     shell.run_line_magic("matplotlib", "inline")
     return True
@@ -64,30 +46,18 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 
 _show_figures_inline()
 
-__all__ = [
-    "device_color",
-    "device_label",
-    "draw_matmul",
-    "draw_mesh",
-    "draw_permute",
-    "draw_sharding",
-    "draw_shardings",
-    "mesh_labels",
-    "tile_labels",
-]
+__all__ = ["device_color", "device_label", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding",
+           "draw_shardings", "mesh_labels", "tile_labels"]
 
-_BASE = [matplotlib.colormaps["tab10"](i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]
-_MORE = [matplotlib.colormaps["tab20b"](i) for i in range(20)] + [
-    matplotlib.colormaps["tab20c"](i) for i in range(16)
-]
+_PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
+                                                            ("tab20c", range(16))) for i in ids]
 
 
 def device_color(device_id: int) -> tuple[float, float, float, float]:
     """The colour of device ``device_id``: the same in every figure of the course."""
     if isinstance(device_id, bool) or not isinstance(device_id, int | np.integer) or device_id < 0:
         raise ValueError(f"device_color takes a device id (a whole number >= 0); got {device_id!r}")
-    palette = _BASE[:8] + _MORE
-    return palette[int(device_id) % len(palette)]
+    return _PALETTE[int(device_id) % len(_PALETTE)]
 
 
 def device_label(ids: Sequence[int]) -> str:
@@ -112,54 +82,36 @@ def device_label(ids: Sequence[int]) -> str:
 
 
 def _spec_text(sharding: Any) -> str:
-    spec = getattr(sharding, "spec", None)
-    return "" if spec is None else str(spec)
+    return str(getattr(sharding, "spec", ""))
 
 
 def _mesh_text(sharding: Any) -> str:
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None:
-        return type(sharding).__name__
-    return "mesh(" + ", ".join(f"{k}={v}" for k, v in dict(mesh.shape).items()) + ")"
+    return type(sharding).__name__ if mesh is None else f"mesh({', '.join(f'{k}={v}' for k, v in mesh.shape.items())})"
 
 
 def _panel_dims(ndim: int, dims: Sequence[int] | None) -> tuple[int | None, int | None]:
     """(row dim, column dim) to draw; None where the picture has no such axis."""
     if dims is None:
-        if ndim == 0:
-            return None, None
-        if ndim == 1:
-            return None, 0
-        return ndim - 2, ndim - 1
+        return (None, None) if ndim == 0 else (None, 0) if ndim == 1 else (ndim - 2, ndim - 1)
     dims = tuple(dims)
     if len(dims) != 2 or len(set(dims)) != 2 or not all(isinstance(d, int) for d in dims):
         raise ValueError(f"dims picks two different dimensions to draw, such as dims=(0, 2); got {dims}")
     bad = [d for d in dims if not -ndim <= d < ndim]
     if bad:
         raise ValueError(f"dims={dims} names dimension {bad[0]}, but the array has {ndim} dimension(s)")
-    r, c = (d % ndim for d in dims)
-    return r, c
+    return dims[0] % ndim, dims[1] % ndim
 
 
-def _panels(
-    shape: tuple[int, ...], all_tiles: list[Tile], r: int | None, c: int | None
-) -> list[tuple[str, list[Tile]]]:
+def _panels(shape: tuple[int, ...], all_tiles: list[Tile], r: int | None, c: int | None) -> list[tuple[str, list]]:
     """Group tiles by their block on the dimensions not drawn: one panel each."""
     others = [d for d in range(len(shape)) if d not in (r, c)]
     groups: dict[tuple[tuple[int, int], ...], list[Tile]] = {}
     for t in all_tiles:
         key = tuple((t.start[d], t.stop[d]) for d in others)
         groups.setdefault(key, []).append(t)
-    out = []
-    for key in sorted(groups):
-        if all(a == 0 and b == shape[d] for d, (a, b) in zip(others, key, strict=True)):
-            label = ""
-        else:
-            label = ", ".join(
-                f"dim {d} = {a}:{b}" for d, (a, b) in zip(others, key, strict=True) if (a, b) != (0, shape[d])
-            )
-        out.append((label, groups[key]))
-    return out
+    return [(", ".join(f"dim {d} = {a}:{b}" for d, (a, b) in zip(others, key, strict=True) if (a, b) != (0, shape[d])),
+             groups[key]) for key in sorted(groups)]
 
 
 _LABEL_BOX = dict(boxstyle="round,pad=0.15", facecolor="white", alpha=0.8, linewidth=0)
@@ -496,59 +448,56 @@ def draw_sharding(
     return _finish(fig)
 
 
+def _need_mesh(mesh: Any, caller: str) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{caller} needs a jax.sharding.Mesh with devices, such as "
+                        f"jax.make_mesh((4, 2), ('data', 'model')); got {type(mesh).__name__}")
+
+
+def _mesh_grid(ax: Axes, grid: np.ndarray, row_name: str | None, col_name: str, fontsize: float,
+               faded: frozenset = frozenset()) -> None:
+    """One cell per device id of ``grid`` (row 0 on top), labelled with its id; ``faded`` (i, j) cells hatched."""
+    rows, cols = grid.shape
+    for (i, j), dev in np.ndenumerate(grid):
+        dim = (i, j) in faded
+        ax.add_patch(Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, facecolor=device_color(int(dev)), linewidth=1.5,
+                               alpha=0.3 if dim else 0.8, edgecolor="0.3" if dim else "white", hatch=".." if dim else None,
+                               gid="device"))
+        ax.text(j + 0.5, i + 0.5, str(dev), ha="center", va="center", fontsize=fontsize, gid="device-label")
+    ax.set_aspect("equal")
+    ax.set_xticks(np.arange(cols) + 0.5, [str(j) if cols <= 16 else "" for j in range(cols)])
+    ax.set_yticks(np.arange(rows) + 0.5, [str(i) if rows <= 16 and row_name else "" for i in range(rows)])
+    ax.tick_params(length=0, labelsize=min(fontsize, 8))
+    _bare(ax)
+    ax.set_xlabel(f"{col_name} ({cols}) \u2192", fontsize=9)
+    if row_name is not None:
+        ax.set_ylabel(f"{row_name} ({rows}) \u2193", fontsize=9)
+
+
 def draw_mesh(mesh: Any, *, title: str | None = None) -> Figure:
     """Draw a device mesh: one cell per device, laid out on the named axes.
 
     1-D meshes are a row; 2-D meshes put the first axis down and the second
     across; axes beyond the last two become a row of panels.
     """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"draw_mesh needs a jax.sharding.Mesh with devices, such as jax.make_mesh((4, 2), ('data', 'model')); "
-            f"got {type(mesh).__name__}"
-        )
-    names = list(mesh.axis_names)
-    ids = np.vectorize(lambda d: d.id, otypes=[int])(mesh.devices)
-    if ids.ndim == 1:
-        ids = ids[None, :]
-        names2 = [None, names[0]]
-        lead: list[str] = []
-    else:
-        names2 = names[-2:]
-        lead = names[:-2]
-    lead_shape = ids.shape[:-2]
-    panels = list(np.ndindex(*lead_shape)) or [()]
-    ncols = min(len(panels), 4)
-    nrows = math.ceil(len(panels) / ncols)
-    rows, cols = ids.shape[-2:]
+    _need_mesh(mesh, "draw_mesh")
+    names, ids = list(mesh.axis_names), mesh.device_ids
+    grids = ids.reshape(-1, *ids.shape[-2:]) if ids.ndim > 1 else ids[None, None, :]
+    rows, cols = grids.shape[1:]
+    ncols = min(len(grids), 4)
+    nrows = math.ceil(len(grids) / ncols)
     cell = 0.9 if max(rows, cols) <= 8 else 0.45
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(max(cols * cell + 0.9, 2.2) * ncols, (rows * cell + 0.9) * nrows + 0.5), squeeze=False
-    )
-    fontsize = 9 if max(rows, cols) <= 8 else 6
-    for ax, idx in zip(axes.flat, panels, strict=False):
-        grid = ids[idx]
-        for i in range(rows):
-            for j in range(cols):
-                dev = int(grid[i, j])
-                ax.add_patch(Rectangle((j, i), 1, 1, facecolor=device_color(dev), alpha=0.8,
-                                       edgecolor="white", linewidth=2, gid="device"))
-                ax.text(j + 0.5, i + 0.5, str(dev), ha="center", va="center", fontsize=fontsize, gid="device-label")
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False,
+                             figsize=(max(cols * cell + 0.9, 2.2) * ncols, (rows * cell + 0.9) * nrows + 0.5))
+    for ax, grid, idx in zip(axes.flat, grids, np.ndindex(*ids.shape[:-2]), strict=False):
+        _mesh_grid(ax, grid, names[-2] if ids.ndim > 1 else None, names[-1], 9 if max(rows, cols) <= 8 else 6)
         ax.set_xlim(0, cols)
         ax.set_ylim(rows, 0)
-        ax.set_aspect("equal")
-        ax.set_xticks(np.arange(cols) + 0.5, [str(j) for j in range(cols)] if cols <= 16 else [""] * cols)
-        ax.set_yticks(np.arange(rows) + 0.5, [str(i) for i in range(rows)] if rows <= 16 else [""] * rows)
-        ax.tick_params(length=0, labelsize=fontsize)
-        _bare(ax)
-        ax.set_xlabel(f"{names2[1]} ({cols}) \u2192", fontsize=9)
-        if names2[0] is not None:
-            ax.set_ylabel(f"{names2[0]} ({rows}) \u2193", fontsize=9)
         if idx:
-            ax.set_title(", ".join(f"{n}={k}" for n, k in zip(lead, idx, strict=True)), fontsize=9)
-    for ax in list(axes.flat)[len(panels) :]:
+            ax.set_title(", ".join(f"{n}={k}" for n, k in zip(names, idx, strict=False)), fontsize=9)
+    for ax in list(axes.flat)[len(grids):]:
         ax.remove()
-    shape_text = ", ".join(f"{k}={v}" for k, v in dict(mesh.shape).items())
+    shape_text = ", ".join(f"{k}={v}" for k, v in mesh.shape.items())
     fig.suptitle(title if title is not None else f"Mesh({shape_text}): device ids", fontsize=10)
     return _finish(fig)
 
@@ -818,54 +767,33 @@ def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, 
     itself are drawn as "keeps its block". Arrows carry the label
     ``'dev S -> dev D'`` (``[a.get_label() for a in fig.axes[0].patches if a.get_gid() == 'permute-arrow']``).
     """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"draw_permute needs a jax.sharding.Mesh with devices, such as jax.make_mesh((4, 2), ('data', 'model')); "
-            f"got {type(mesh).__name__}"
-        )
-    names = list(mesh.axis_names)
+    _need_mesh(mesh, "draw_permute")
+    names, ids = list(mesh.axis_names), mesh.device_ids
     if axis_name not in names:
         raise ValueError(f"mesh has no axis {axis_name!r}; its axes are {tuple(names)}")
-    size = dict(mesh.shape)[axis_name]
-    pairs = _check_perm(perm, axis_name, size)
-    ids = np.vectorize(lambda dv: dv.id, otypes=[int])(mesh.devices)
-    axis = names.index(axis_name)
-    if ids.ndim == 1:
-        grid_ids, row_axis, col_axis = ids[None, :], None, 0
-    elif ids.ndim == 2:
-        grid_ids, row_axis, col_axis = ids, 0, 1
-    else:
-        if axis < ids.ndim - 2:
-            raise ValueError(
-                f"draw_permute draws the last two mesh axes; {axis_name!r} is not one of them: "
-                f"build the mesh with {axis_name!r} among its last two axes to draw it"
-            )
-        lead = ids.shape[:-2]
-        grid_ids = ids.reshape(-1, *ids.shape[-2:])[0]  # the first panel: every other panel is the same picture
-        row_axis, col_axis = ids.ndim - 2, ids.ndim - 1
-        title = title or f"first {', '.join(f'{n}=0' for n in names[: len(lead)])} slice shown; others alike"
-    rows, cols = grid_ids.shape
-    cell = 1.1
-    fig, ax = plt.subplots(figsize=(max(cols * cell + 2.0, 3.5), rows * cell + 1.4))
+    pairs = _check_perm(perm, axis_name, mesh.shape[axis_name])
+    if names.index(axis_name) < ids.ndim - 2:
+        raise ValueError(
+            f"draw_permute draws the last two mesh axes; {axis_name!r} is not one of them: "
+            f"build the mesh with {axis_name!r} among its last two axes to draw it"
+        )
+    if ids.ndim > 2:  # the first panel: every other panel is the same picture
+        title = title or f"first {', '.join(f'{n}=0' for n in names[:-2])} slice shown; others alike"
+    grid = ids.reshape(-1, *ids.shape[-2:])[0] if ids.ndim > 1 else ids[None, :]
+    along_rows = ids.ndim > 1 and names.index(axis_name) == ids.ndim - 2  # the permuted axis runs down the picture
+    rows, cols = grid.shape
+    fig, ax = plt.subplots(figsize=(max(cols * 1.1 + 2.0, 3.5), rows * 1.1 + 1.4))
     targets = {dst for _, dst in pairs}
-    for i in range(rows):
-        for j in range(cols):
-            dev = int(grid_ids[i, j])
-            index = (i if axis == row_axis else j) if ids.ndim > 1 else j
-            receives = index in targets
-            ax.add_patch(Rectangle((j + 0.06, i + 0.06), 0.88, 0.88, facecolor=device_color(dev),
-                                   alpha=0.8 if receives else 0.3, edgecolor="0.3" if not receives else "white",
-                                   hatch=None if receives else "..", linewidth=1.5, gid="device"))
-            ax.text(j + 0.5, i + 0.5, str(dev), ha="center", va="center", fontsize=10, gid="device-label")
-            if not receives:
-                ax.text(j + 0.5, i + 0.78, "receives zeros", ha="center", va="center", fontsize=6.5, gid="zeros-note",
-                        bbox=dict(_LABEL_BOX))
-    along_rows = ids.ndim > 1 and axis == row_axis  # the permuted axis runs down the picture
+    zeros = frozenset((i, j) for i in range(rows) for j in range(cols) if (i if along_rows else j) not in targets)
+    _mesh_grid(ax, grid, names[-2] if ids.ndim > 1 else None, names[-1], 10, zeros)
+    for i, j in sorted(zeros):
+        ax.text(j + 0.5, i + 0.78, "receives zeros", ha="center", va="center", fontsize=6.5, gid="zeros-note",
+                bbox=dict(_LABEL_BOX))
     pair_set = set(pairs)
     for src, dst in pairs:
         for g in range(cols if along_rows else rows):  # one group of devices per position on the other axis
             a, b = ((src, g), (dst, g)) if along_rows else ((g, src), (g, dst))
-            s_dev, d_dev = int(grid_ids[a]), int(grid_ids[b])
+            s_dev, d_dev = int(grid[a]), int(grid[b])
             if src == dst:
                 ax.text(a[1] + 0.5, a[0] + 0.22, "keeps its block", ha="center", va="center", fontsize=6.5,
                         gid="keeps-note")
@@ -880,29 +808,16 @@ def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, 
             arrow = FancyArrowPatch(
                 (a[1] + 0.5, a[0] + 0.5), (b[1] + 0.5, b[0] + 0.5), arrowstyle="-|>", mutation_scale=14,
                 connectionstyle=f"arc3,rad={rad}", shrinkA=14, shrinkB=14, linewidth=1.8,
-                color=_darker(device_color(s_dev)), gid="permute-arrow", zorder=3,
+                color=tuple(0.7 * v for v in device_color(s_dev)[:3]), gid="permute-arrow", zorder=3,
             )
             arrow.set_label(f"dev {s_dev} -> dev {d_dev}")
             ax.add_patch(arrow)
     margin = 0.9 if any(abs(t - f) > 1 for f, t in pairs) else 0.2  # room for the arcs of long jumps
     ax.set_xlim(-margin if along_rows else -0.2, cols + (margin if along_rows else 0.2))
     ax.set_ylim(rows + (0.2 if along_rows else margin), -0.2 if along_rows else -margin)
-    ax.set_aspect("equal")
-    ax.set_xticks(np.arange(cols) + 0.5, [str(j) for j in range(cols)])
-    ax.set_yticks(np.arange(rows) + 0.5, [str(i) for i in range(rows)] if ids.ndim > 1 else [""])
-    ax.tick_params(length=0, labelsize=8)
-    _bare(ax)
-    row_name = names[row_axis] if row_axis is not None else None
-    ax.set_xlabel(f"{names[col_axis]} ({cols}) \u2192", fontsize=9)
-    if row_name is not None:
-        ax.set_ylabel(f"{row_name} ({rows}) \u2193", fontsize=9)
     head = f"ppermute over {axis_name!r}: " + ", ".join(f"{s}\u2192{t}" for s, t in pairs)
     fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
     return _finish(fig)
-
-
-def _darker(color: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
-    return (color[0] * 0.7, color[1] * 0.7, color[2] * 0.7, 1.0)
 
 
 def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
