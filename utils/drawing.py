@@ -461,8 +461,8 @@ def _mesh_grid(ax: Axes, grid: np.ndarray, row_name: str | None, col_name: str, 
     for (i, j), dev in np.ndenumerate(grid):
         dim = (i, j) in faded
         ax.add_patch(Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, facecolor=device_color(int(dev)), linewidth=1.5,
-                               alpha=0.3 if dim else 0.8, edgecolor="0.3" if dim else "white", hatch=".." if dim else None,
-                               gid="device"))
+                               alpha=0.3 if dim else 0.8, edgecolor="0.3" if dim else "white",
+                               hatch=".." if dim else None, gid="device"))
         ax.text(j + 0.5, i + 0.5, str(dev), ha="center", va="center", fontsize=fontsize, gid="device-label")
     ax.set_aspect("equal")
     ax.set_xticks(np.arange(cols) + 0.5, [str(j) if cols <= 16 else "" for j in range(cols)])
