@@ -246,14 +246,8 @@ def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = 
     shape, x_dtype, sharding = as_layout(x, sharding, mesh)
     dtype = x_dtype if dtype is None else dtype
     entries = spec_entries(sharding.spec, len(shape)) if isinstance(sharding, NamedSharding) else [()] * len(shape)
-    dims = []
-    for n, axes in zip(shape, entries, strict=True):
-        if not axes:
-            dims.append(str(n))
-        elif len(axes) == 1:
-            dims.append(f"{n}@{axes[0]}")
-        else:
-            dims.append(f"{n}@({','.join(axes)})")
+    dims = [f"{n}@{axes[0]}" if len(axes) == 1 else f"{n}@({','.join(axes)})" if axes else str(n)
+            for n, axes in zip(shape, entries, strict=True)]
     return f"{short_dtype(dtype)}[{','.join(dims)}]"
 
 
@@ -414,20 +408,14 @@ def _operand(
 
 
 def _matmul_sharding(name: str, shape: tuple[int, ...], sharding: Any, mesh: Any) -> NamedSharding:
-    if isinstance(sharding, PartitionSpec):
-        if mesh is None:
-            raise ValueError(f"{name}: {sharding} needs a mesh; pass NamedSharding(mesh, {sharding})")
-        try:
-            check_spec(sharding, dict(mesh.shape), len(shape))
-        except ValueError as err:
-            raise ValueError(f"{name}: {err}") from None
-        sharding = NamedSharding(mesh, sharding)
-    if not isinstance(sharding, NamedSharding):
+    if isinstance(sharding, PartitionSpec) and mesh is None:
+        raise ValueError(f"{name}: {sharding} needs a mesh; pass NamedSharding(mesh, {sharding})")
+    if not isinstance(sharding, NamedSharding | PartitionSpec):
         raise TypeError(
             f"{name}: matmul traffic reads mesh axes, so it needs a NamedSharding(mesh, P(...)); "
             f"got {type(sharding).__name__}"
         )
-    if mesh is not None and (
+    if isinstance(sharding, NamedSharding) and mesh is not None and (
         tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names)
         or not np.array_equal(sharding.mesh.device_ids, mesh.device_ids)
     ):
@@ -435,11 +423,12 @@ def _matmul_sharding(name: str, shape: tuple[int, ...], sharding: Any, mesh: Any
             f"{name} lives on another mesh than A: put A, B and C on the same mesh "
             f"(same axis names, same devices in the same places)"
         )
+    named = sharding if isinstance(sharding, NamedSharding) else None
     try:
-        check_spec(sharding.spec, dict(sharding.mesh.shape), len(shape))
+        check_spec(named.spec if named else sharding, dict((named.mesh if named else mesh).shape), len(shape))
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
-    return sharding
+    return named or NamedSharding(mesh, sharding)
 
 
 def matmul_traffic(
