@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from .inspecting import format_bytes
-from .layout import MatmulTraffic, Tile, as_layout, matmul_traffic, spec_entries, tiles, type_string
+from .layout import MatmulTraffic, Tile, _axes_text, as_layout, matmul_traffic, spec_entries, tiles, type_string
 
 
 def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
@@ -713,7 +713,7 @@ def draw_matmul(
     if traffic.partial_axes:
         handles.insert(3, Patch(facecolor="none", edgecolor=_OUT, hatch="//", linewidth=0,
                                 label=f"partial sums dev {d} computes: added up over "
-                                      f"{_axes_words(traffic.partial_axes)} ({traffic.reduction})"))
+                                      f"{_axes_text(traffic.partial_axes)} ({traffic.reduction})"))
     fig.legend(handles=handles, loc="lower center", ncol=3 if len(handles) > 4 else 2, fontsize=8, frameon=False)
     summary = traffic.summary((names[0], names[1], names[2]))
     fig.suptitle(f"{title}\n{summary}" if title else summary, fontsize=10)
@@ -736,7 +736,7 @@ def _matmul_roles(traffic: MatmulTraffic, op: Any, panel_tiles: list[Tile]) -> d
                 roles[i] = [f"{part}fetched from dev {p.source}"]
         elif d in t.devices:  # the output: the device's own block
             if traffic.partial_axes:
-                roles[i] = [f"dev {d}'s block: partial sum over {_axes_words(traffic.partial_axes)}"]
+                roles[i] = [f"dev {d}'s block: partial sum over {_axes_text(traffic.partial_axes)}"]
             else:
                 roles[i] = [f"dev {d}'s block: complete"]
         elif traffic.reduction == "reduce-scatter" and _overlaps(t, traffic.computed_start, traffic.computed_stop):
@@ -750,10 +750,6 @@ def _overlaps(t: Tile, start: Sequence[int], stop: Sequence[int]) -> bool:
 
 def _inside(p: Any, t: Tile) -> bool:
     return all(a <= x and y <= b for a, b, x, y in zip(t.start, t.stop, p.start, p.stop, strict=True))
-
-
-def _axes_words(axes: Sequence[str]) -> str:
-    return " and ".join(repr(a) for a in axes)
 
 
 def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, title: str | None = None) -> Figure:
@@ -847,7 +843,7 @@ def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
 def tile_labels(fig: Figure) -> list[str]:
     """The label of every block drawn in ``fig``, panel by panel: what a reader sees.
 
-    A label is lines joined by ``'\\n'``, always in this order:
+    A label is lines joined by ``'\\n'`` (drawn side by side, ``' · '``, in a short block), in this order:
 
     1. the devices holding the block: ``'dev 3'``, ``'dev 0,2,4,6'``, ``'dev 0-7'``;
     2. the block's shape: ``'(32, 256)'``;
@@ -858,8 +854,7 @@ def tile_labels(fig: Figure) -> list[str]:
     7. only in :func:`draw_matmul`: the block's role for the chosen device
        (``'held by dev 0'``, ``'fetched from dev 1'``, ``"dev 0's block: partial sum over 'model'"``).
 
-    So ``'dev 0,1\\n(32, 512)\\n64.0 KiB\\n2 copies'`` is a (32, 512) block with a copy
-    on devices 0 and 1, and ``label.split('\\n')[0]`` is always the devices.
+    So ``'dev 0,1\\n(32, 512)\\n64.0 KiB\\n2 copies'`` is a (32, 512) block copied on devices 0 and 1.
     """
     if not isinstance(fig, Figure):
         raise TypeError(f"tile_labels reads a Figure returned by draw_sharding(s); got {type(fig).__name__}")
@@ -874,15 +869,10 @@ def mesh_labels(fig: Figure) -> list[list[list[int]]]:
     """
     if not isinstance(fig, Figure):
         raise TypeError(f"mesh_labels reads a Figure returned by draw_mesh; got {type(fig).__name__}")
-    grids = []
-    for ax in fig.axes:
-        cells = [(t.get_position(), int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label"]
-        if not cells:
-            continue
-        rows: dict[float, list[tuple[float, int]]] = {}
-        for (x, y), dev in cells:
-            rows.setdefault(y, []).append((x, dev))
-        grids.append([[dev for _, dev in sorted(row)] for _, row in sorted(rows.items())])
+    cells = [sorted((t.get_position()[::-1], int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label")
+             for ax in fig.axes]
+    grids = [[[dev for _, dev in row] for _, row in itertools.groupby(c, key=lambda cell: cell[0][0])]
+             for c in cells if c]
     if not grids:
         raise ValueError("this figure has no devices drawn: pass a Figure from draw_mesh")
     return grids

@@ -69,6 +69,13 @@ def format_bytes(n: float) -> str:
     return ""  # pragma: no cover
 
 
+class _Printed:
+    """Shown in a notebook by its ``__str__`` (a table), not a dataclass repr."""
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
 @dataclass(frozen=True)
 class CollectiveOp:
     """One collective of the compiled per-device program.
@@ -98,20 +105,14 @@ class CollectiveOp:
     @property
     def estimated_bytes(self) -> float:
         """Ring-formula estimate of the bytes each device sends (not measured); 0 for a group of one."""
-        n, b = self.group_size, self.result_bytes
-        if n <= 1:
-            return 0.0
-        return {
-            "all-gather": (n - 1) / n * b,
-            "reduce-scatter": (n - 1) * b,
-            "all-reduce": 2 * (n - 1) / n * b,
-            "all-to-all": (n - 1) / n * b,
-            "collective-permute": float(b),
-        }[self.kind]
+        n = self.group_size
+        share = {"all-gather": (n - 1) / n, "reduce-scatter": n - 1, "all-reduce": 2 * (n - 1) / n,
+                 "all-to-all": (n - 1) / n, "collective-permute": 1.0}[self.kind]
+        return 0.0 if n <= 1 else share * self.result_bytes
 
 
 @dataclass(frozen=True)
-class Collectives:
+class Collectives(_Printed):
     """Every collective found in a compiled program, in program order (see :func:`collectives`)."""
 
     ops: tuple[CollectiveOp, ...]
@@ -161,9 +162,6 @@ class Collectives:
             lines.append("(in loop): stated once in the loop body, runs once per iteration; counted once")
         return "\n".join(lines)
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
-
 
 def _hlo_text(compiled: Any) -> str:
     if isinstance(compiled, str):
@@ -171,19 +169,13 @@ def _hlo_text(compiled: Any) -> str:
     import jax
 
     if isinstance(compiled, jax.stages.Lowered):
-        raise TypeError(
-            "this is a Lowered program (before partitioning, so it has no collectives yet): "
-            "call .compile() on it first, e.g. jax.jit(f).lower(x).compile()"
-        )
+        raise TypeError("this is a Lowered program (before partitioning, so it has no collectives yet): "
+                        "call .compile() on it first, e.g. jax.jit(f).lower(x).compile()")
     if isinstance(compiled, jax.stages.Wrapped) or (callable(compiled) and not hasattr(compiled, "as_text")):
-        raise TypeError(
-            "pass the compiled program, not the function: jax.jit(f).lower(*args).compile()"
-        )
+        raise TypeError("pass the compiled program, not the function: jax.jit(f).lower(*args).compile()")
     if not hasattr(compiled, "as_text"):
-        raise TypeError(
-            f"expected a compiled program from jax.jit(f).lower(*args).compile(), or its HLO text; "
-            f"got {type(compiled).__name__}"
-        )
+        raise TypeError(f"expected a compiled program from jax.jit(f).lower(*args).compile(), or its HLO text; "
+                        f"got {type(compiled).__name__}")
     return compiled.as_text()
 
 
@@ -473,26 +465,22 @@ def collectives(compiled: Any) -> Collectives:
 def compile_with_log(lowered: Any) -> tuple[Any, str]:
     """Compile ``lowered`` and return ``(compiled, log)``: what XLA printed meanwhile.
 
-    XLA's C++ warnings (such as "Involuntary full rematerialization", printed
-    when a reshard goes through a full replica) bypass Python's ``warnings``
-    and ``sys.stderr``; they go straight to file descriptors 1 and 2. This
-    catches them during compilation (with :func:`utils.capture.quiet`) so a
-    notebook can show and assert them. Each fresh compilation prints again; a
-    cached one prints nothing.
+    XLA's C++ warnings ("Involuntary full rematerialization", when a reshard goes through a full
+    replica) go straight to file descriptors 1 and 2, past ``warnings`` and ``sys.stderr``; this
+    catches them (:func:`utils.capture.quiet`) so a notebook can assert them. A cached compile prints nothing.
     """
     import jax
 
     if not isinstance(lowered, jax.stages.Lowered):
-        raise TypeError(
-            f"compile_with_log takes a Lowered program, e.g. jax.jit(f).lower(*args); got {type(lowered).__name__}"
-        )
+        raise TypeError(f"compile_with_log takes a Lowered program, e.g. jax.jit(f).lower(*args); "
+                        f"got {type(lowered).__name__}")
     with quiet() as out:
         compiled = lowered.compile()
     return compiled, out.text
 
 
 @dataclass(frozen=True)
-class Memory:
+class Memory(_Printed):
     """Buffer sizes of one device's compiled program, in bytes, from ``compiled.memory_analysis()``.
 
     ``argument``/``output``: its shards of the inputs and outputs; ``temp``: temporaries as the compiler
@@ -547,9 +535,6 @@ class Memory:
                 parts.append(f"peak {format_bytes(self.peak)} counting on-chip VMEM too (not HBM)")
         where = "per device" if self.platform in ("", "cpu") else f"per {self.platform.upper()} device"
         return f"{where}: " + ", ".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
 
 def _platform(compiled: Any) -> str:
@@ -635,7 +620,7 @@ class ShardRow:
 
 
 @dataclass(frozen=True)
-class ShardTable:
+class ShardTable(_Printed):
     """Every device's shard of one array: what ``x.addressable_shards`` says, as a table."""
 
     rows: tuple[ShardRow, ...]
@@ -670,9 +655,6 @@ class ShardTable:
             f"{format_bytes(self.array_bytes)} array ({self.total_bytes / max(self.array_bytes, 1):.2g}x)"
         )
         return "\n".join(lines)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
 
 def shard_table(x: Any, sharding: Any = None, *, mesh: Any = None) -> ShardTable:
