@@ -188,10 +188,8 @@ def _ratio_text(ratio: float) -> str:
     return f"1:{1 / ratio:.3g}" if ratio < 1 else f"{ratio:.3g}:1"
 
 
-def _size(
-    shape: tuple[int, ...], labelled: list[tuple[Tile, list[str]]], r: int | None, c: int | None,
-    most: tuple[float, float], least: float = 3.6,
-) -> tuple[float, float, float]:
+def _size(shape: tuple[int, ...], labelled: list[tuple[Tile, list[str]]], r: int | None, c: int | None,
+          most: tuple[float, float], least: float = 3.6) -> tuple[float, float, float]:
     """(width, height, drawn height:width) in inches for one picture of ``shape``, sized so its labels are legible.
 
     A 2-D array keeps its true aspect (clamped to ``_MOST_STRETCH``) unless its labels cannot reach
@@ -241,16 +239,8 @@ def _bare(ax: Axes) -> None:
         ax.spines[side].set_visible(False)
 
 
-def _draw_tiles(
-    ax: Axes,
-    shape: tuple[int, ...],
-    sharding: Any,
-    labelled: list[tuple[Tile, list[str]]],
-    r: int | None,
-    c: int | None,
-    ratio: float,
-    alpha: float = 0.85,
-) -> list[Any]:
+def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[tuple[Tile, list[str]]], r: int | None,
+                c: int | None, ratio: float, alpha: float = 0.85) -> list[Any]:
     """Draw one 2-D view of labelled blocks: the array spans the unit square, drawn ``ratio`` times as tall as wide.
 
     Returns the label texts, in block order. Cards and label sizes wait for the layout (:func:`_finish`).
@@ -359,9 +349,8 @@ def _draw_deck(
                                edgecolor="white", linewidth=0.8, gid="copy", zorder=1.0 - i / (2 * k)))
 
 
-def _contents_lines(
-    x: Any, panel_tiles: list[Tile], contents: Callable[[np.ndarray], str] | None, name: str = "this array"
-) -> dict[int, list[str]]:
+def _contents_lines(x: Any, panel_tiles: list[Tile], contents: Callable[[np.ndarray], str] | None,
+                    name: str = "this array") -> dict[int, list[str]]:
     """The contents line(s) of each tile: one line when every copy reads the same, else one per device."""
     if contents is None:
         return {}
@@ -393,17 +382,9 @@ def _contents_lines(
     return out
 
 
-def draw_sharding(
-    x: Any,
-    sharding: Any = None,
-    *,
-    mesh: Any = None,
-    dims: Sequence[int] | None = None,
-    title: str | None = None,
-    show_bytes: bool = True,
-    max_panels: int = 16,
-    contents: Callable[[np.ndarray], str] | None = None,
-) -> Figure:
+def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Sequence[int] | None = None,
+                  title: str | None = None, show_bytes: bool = True, max_panels: int = 16,
+                  contents: Callable[[np.ndarray], str] | None = None) -> Figure:
     """Draw where every block of an array lives.
 
     ``x`` is a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct``, or a shape
@@ -536,14 +517,8 @@ def _named_leaves(arrays: Any) -> list[tuple[str, Any, Any]]:
     return items
 
 
-def draw_shardings(
-    arrays: Any,
-    *,
-    ncols: int = 3,
-    title: str | None = None,
-    show_bytes: bool = True,
-    contents: Callable[[np.ndarray], str] | None = None,
-) -> Figure:
+def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, show_bytes: bool = True,
+                   contents: Callable[[np.ndarray], str] | None = None) -> Figure:
     """Draw several arrays side by side, one panel each, named and typed.
 
     ``arrays`` is a dict of name -> array (or name -> (shape, sharding)), or
@@ -616,16 +591,8 @@ def _outline(ax: Axes, start: Sequence[int], stop: Sequence[int], shape: Sequenc
     ax.add_patch(Rectangle((x0, y0), w, h, gid=gid, zorder=2.0, **style))
 
 
-def draw_matmul(
-    lhs: Any,
-    rhs: Any,
-    out: Any,
-    *,
-    device: Any = 0,
-    title: str | None = None,
-    names: tuple[str, str, str] = ("A", "B", "C"),
-    show_bytes: bool = False,
-) -> Figure:
+def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | None = None,
+                names: tuple[str, str, str] = ("A", "B", "C"), show_bytes: bool = False) -> Figure:
     """Draw ``C = A @ B`` as one device sees it: what it holds, fetches, and adds up.
 
     ``lhs`` (A, shape (M, K)), ``rhs`` (B, (K, N)) and ``out`` (C, (M, N)) are

@@ -9,38 +9,22 @@ Bad input is turned into errors that say what to change, before JAX sees it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-__all__ = [
-    "MatmulTraffic",
-    "OperandTraffic",
-    "Piece",
-    "Tile",
-    "as_layout",
-    "check_spec",
-    "matmul_traffic",
-    "short_dtype",
-    "spec_entries",
-    "tiles",
-    "type_string",
-]
-
-_SHORT = {
-    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
-    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
-    "bool": "bool", "complex64": "c64", "complex128": "c128",
-}
+__all__ = ["MatmulTraffic", "OperandTraffic", "Piece", "Tile", "as_layout", "check_spec", "matmul_traffic",
+           "short_dtype", "spec_entries", "tiles", "type_string"]
 
 
 def short_dtype(dtype: Any) -> str:
-    """'float32' -> 'f32', the short names HLO and ``jax.typeof`` use."""
+    """'float32' -> 'f32', 'bfloat16' -> 'bf16', 'uint8' -> 'u8': the short names HLO and ``jax.typeof`` use."""
     name = np.dtype(dtype).name
-    return _SHORT.get(name, name)
+    m = re.fullmatch(r"(b?float|u?int|complex)(\d+)", name)
+    return name if m is None else {"float": "f", "bfloat": "bf", "int": "i", "uint": "u", "complex": "c"}[m[1]] + m[2]
 
 
 class _Box:
@@ -137,20 +121,15 @@ def as_layout(x: Any, sharding: Any = None, mesh: Any = None) -> tuple[tuple[int
     dtype: Any = np.float32
     if isinstance(x, jax.Array | jax.ShapeDtypeStruct):
         shape, dtype = tuple(x.shape), x.dtype
+        sharding = x.sharding if sharding is None else sharding
         if sharding is None:
-            sharding = x.sharding
-        if sharding is None:
-            raise ValueError(
-                "this ShapeDtypeStruct has no sharding: pass sharding=NamedSharding(mesh, P(...))"
-            )
+            raise ValueError("this ShapeDtypeStruct has no sharding: pass sharding=NamedSharding(mesh, P(...))")
     elif isinstance(x, tuple | list) and all(isinstance(d, int | np.integer) for d in x):
         shape = tuple(int(d) for d in x)
         if any(d < 0 for d in shape):
             raise ValueError(f"array shape {shape} has a negative dimension")
         if sharding is None:
-            raise ValueError(
-                f"a bare shape {shape} needs a layout: pass sharding=NamedSharding(mesh, P(...))"
-            )
+            raise ValueError(f"a bare shape {shape} needs a layout: pass sharding=NamedSharding(mesh, P(...))")
     else:
         raise TypeError(
             f"expected a jax.Array, a jax.ShapeDtypeStruct, or a shape tuple such as (128, 512); "
@@ -315,16 +294,12 @@ class MatmulTraffic:
     """What one device does for ``C = A @ B`` under the textbook plan.
 
     The plan: fetch the missing pieces of A and B (all-gather), multiply, and,
-    when A's and B's contracting dimension are split the same way, add the
-    partial sums across ``partial_axes`` (all-reduce, or reduce-scatter when C
-    is itself split over those axes). ``out`` is the device's block of C;
-    ``computed_start``/``computed_stop`` the block it multiplies out before
-    the reduction (larger than ``out`` only for a reduce-scatter).
-
-    This is the plan XLA's partitioner picks when C's layout follows from A's
-    and B's; when C is asked for in another layout the compiler may move
-    data differently (gather C instead, or permute blocks). The compiled
-    program is the truth: check it with ``utils.inspecting.collectives``.
+    when A and B split the contracting dimension alike, add the partial sums
+    over ``partial_axes`` (all-reduce, or reduce-scatter when C is split over
+    them too). ``out`` is the device's block of C; ``computed_start``/``_stop``
+    bound what it multiplies out before the reduction. XLA picks this plan when
+    C's layout follows from A's and B's; asked for another, it may move data
+    otherwise: check the program with ``utils.inspecting.collectives``.
     """
 
     device: int
