@@ -258,7 +258,7 @@ def test_label_lines_come_in_the_documented_order():
 
 def test_a_big_deck_shows_fewer_cards_when_the_block_is_small():
     fig, ax = plt.subplots()
-    drawing._draw_deck(ax, 0, 0, 1, 1, list(range(64)), (10.0, 10.0), 0.8)  # a 10 x 10 point block
+    drawing._draw_deck(ax, 0, 0, 1, 1, [device_color(i) for i in range(64)], (10.0, 10.0), 0.8)  # a 10 x 10 pt block
     cards = _cards(ax)
     assert 2 <= len(cards) < 64 and to_rgba(cards[0].get_facecolor(), 1.0) == to_rgba(device_color(0), 1.0)
     plt.close(fig)
@@ -650,3 +650,11 @@ def test_draw_matmul_draws_a_b_and_c_on_one_scale(case, sizes):
     assert min(sizes_pt) >= 6.5
     boxes = _label_boxes(fig)
     assert not [(p, q) for n, (p, a) in enumerate(boxes) for q, b in boxes[n + 1:] if a.overlaps(b)]
+
+
+def test_color_by_colours_the_cards_by_a_group_of_devices():
+    hosts = {d.id: d.id // 4 for d in jax.devices()}  # as if devices 0-3 and 4-7 sat on two hosts
+    fig = draw_sharding((16, 8), _ns(P(("data", "model"))), color_by=lambda d: hosts[d.id])
+    cards = sorted(_cards(fig.axes[0]), key=lambda c: c.get_y())
+    assert [to_rgba(c.get_facecolor(), 1.0) for c in cards] == [to_rgba(device_color(i // 4), 1.0) for i in range(8)]
+    assert [label.split("\n")[0] for label in tile_labels(fig)] == [f"dev {i}" for i in range(8)]  # still by device

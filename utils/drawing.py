@@ -240,7 +240,8 @@ def _bare(ax: Axes) -> None:
 
 
 def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[tuple[Tile, list[str]]], r: int | None,
-                c: int | None, ratio: float, alpha: float = 0.85) -> list[Any]:
+                c: int | None, ratio: float, alpha: float = 0.85, tint: Callable[[int], Any] = device_color
+                ) -> list[Any]:
     """Draw one 2-D view of labelled blocks: the array spans the unit square, drawn ``ratio`` times as tall as wide.
 
     Returns the label texts, in block order. Cards and label sizes wait for the layout (:func:`_finish`).
@@ -254,7 +255,7 @@ def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[
     labels = ax.__dict__.setdefault("_course_labels", [])
     texts = []
     for (t, lines), (x0, w, xpad, y0, h, ypad) in zip(labelled, ends, strict=True):
-        decks.append((x0, y0, w, h, t.devices, alpha))
+        decks.append((x0, y0, w, h, [tint(d) for d in t.devices], alpha))
         for pad in ((x0 + w, y0, xpad, h + ypad), (x0, y0 + h, w, ypad)):  # padding XLA allocates beyond the data
             if pad[2] and pad[3]:
                 ax.add_patch(Rectangle(pad[:2], *pad[2:], fill=False, hatch="///", edgecolor="0.45", linewidth=0.5,
@@ -309,8 +310,8 @@ def _finish(fig: Figure, **layout: Any) -> Figure:
         if not (queued or labels):
             continue
         ppu = _points_per_unit(ax)
-        for x0, y0, w, h, devices, alpha in queued:
-            _draw_deck(ax, x0, y0, w, h, devices, ppu, alpha)
+        for x0, y0, w, h, colours, alpha in queued:
+            _draw_deck(ax, x0, y0, w, h, colours, ppu, alpha)
         sized = [(text, lines, w * ppu[0], h * ppu[1]) for text, lines, w, h in labels]
         size = max(min([min(_best_font(lines, w, h), _MAX_FONT) for _, lines, w, h in sized] or [_MAX_FONT]), _MIN_FONT)
         for text, lines, w, h in sized:
@@ -323,19 +324,18 @@ def _finish(fig: Figure, **layout: Any) -> Figure:
 
 
 def _draw_deck(
-    ax: Axes, x0: float, y0: float, w: float, h: float, devices: Sequence[int], ppu: tuple[float, float], alpha: float
+    ax: Axes, x0: float, y0: float, w: float, h: float, colours: Sequence[Any], ppu: tuple[float, float], alpha: float
 ) -> None:
     """One card per device holding the block: one card fills it; k cards stack like a deck, offset down-right.
 
-    Replica 0 (``devices[0]``, JAX's numbering) is on top; the others peek out behind it in their
+    Replica 0 (``colours[0]``, JAX's numbering) is on top; the others peek out behind it in their
     colours. Too small a block for every card 1.5 points apart shows fewer (its label says 'k copies').
     """
-    k = len(devices)
+    k = len(colours)
     if w <= 0 or h <= 0:
         return
     if k == 1:
-        ax.add_patch(Rectangle((x0, y0), w, h, facecolor=device_color(devices[0]), alpha=alpha, linewidth=0,
-                               gid="copy", zorder=1.0))
+        ax.add_patch(Rectangle((x0, y0), w, h, facecolor=colours[0], alpha=alpha, linewidth=0, gid="copy", zorder=1.0))
         return
     w_pt, h_pt = w * ppu[0], h * ppu[1]
     room = _DECK_SHARE * min(w_pt, h_pt)
@@ -344,8 +344,8 @@ def _draw_deck(
     margin = min(1.5, 0.1 * min(w_pt, h_pt))
     sx, sy, mx, my = step / ppu[0], step / ppu[1], margin / ppu[0], margin / ppu[1]
     cw, ch = w - 2 * mx - (shown - 1) * sx, h - 2 * my - (shown - 1) * sy
-    for i, dev in enumerate(devices[:shown]):
-        ax.add_patch(Rectangle((x0 + mx + i * sx, y0 + my + i * sy), cw, ch, facecolor=device_color(dev), alpha=alpha,
+    for i, colour in enumerate(colours[:shown]):
+        ax.add_patch(Rectangle((x0 + mx + i * sx, y0 + my + i * sy), cw, ch, facecolor=colour, alpha=alpha,
                                edgecolor="white", linewidth=0.8, gid="copy", zorder=1.0 - i / (2 * k)))
 
 
@@ -384,7 +384,8 @@ def _contents_lines(x: Any, panel_tiles: list[Tile], contents: Callable[[np.ndar
 
 def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Sequence[int] | None = None,
                   title: str | None = None, show_bytes: bool = True, max_panels: int = 16,
-                  contents: Callable[[np.ndarray], str] | None = None) -> Figure:
+                  contents: Callable[[np.ndarray], str] | None = None, color_by: Callable[[Any], int] | None = None
+                  ) -> Figure:
     """Draw where every block of an array lives.
 
     ``x`` is a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct``, or a shape
@@ -400,6 +401,8 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
     becomes the label's last line, e.g. ``contents=lambda b: f"{b[0, 0]:.0f}"``;
     copies that differ get one line per device (``'dev 2: 5'``). A layout
     shows where blocks live, so a ``ppermute`` changes only these lines.
+    ``color_by`` colours each card by a group of its ``jax.Device`` instead of
+    the device itself, e.g. ``color_by=lambda d: d.process_index`` (hosts).
     """
     shape, dtype, sharding = as_layout(x, sharding, mesh)
     r, c = _panel_dims(len(shape), dims)
@@ -412,6 +415,8 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
     itemsize = np.dtype(dtype).itemsize
     labelled = [[(t, _tile_lines(t, itemsize, show_bytes, extra.get(i, ()))) for i, t in enumerate(panel_tiles)]
                 for (_, panel_tiles), extra in ((p, _contents_lines(x, p[1], contents)) for p in panels)]
+    by_id = {d.id: d for d in sharding.device_set}
+    tint = device_color if color_by is None else (lambda dev: device_color(int(color_by(by_id[dev]))))
     ncols = min(len(panels), 4)
     nrows = math.ceil(len(panels) / ncols)
     w, h, ratio = _size(shape, [item for panel in labelled for item in panel], r, c,
@@ -419,7 +424,7 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
     fig, axes = plt.subplots(nrows, ncols, figsize=(max((w + 0.6) * ncols, 4.5), (h + 0.9) * nrows + 0.5),
                              squeeze=False)
     for ax, (label, _), items in zip(axes.flat, panels, labelled, strict=False):
-        _draw_tiles(ax, shape, sharding, items, r, c, ratio)
+        _draw_tiles(ax, shape, sharding, items, r, c, ratio, tint=tint)
         if label:
             ax.set_title(label, fontsize=9)
     for ax in list(axes.flat)[len(panels):]:
