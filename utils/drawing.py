@@ -251,6 +251,7 @@ def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[
     ax.set_xlim(-0.01, max(1.0, *(x0 + w + xp for x0, w, xp, *_ in ends)) + 0.01)
     ax.set_ylim(max(1.0, *(y0 + h + yp for *_, y0, h, yp in ends)) + 0.01, -0.01)
     ax.set_aspect(ratio)
+    ax.set_anchor("N" if ax.get_anchor() == "C" else ax.get_anchor())  # spare room below, where display crops it
     decks = ax.__dict__.setdefault("_course_decks", [])  # drawn by _finish once the layout is final
     labels = ax.__dict__.setdefault("_course_labels", [])
     texts = []
