@@ -214,7 +214,7 @@ def _size(shape: tuple[int, ...], labelled: list[tuple[Tile, list[str]]], r: int
     best = (-1.0, least, least * ratios[0], ratios[0])  # (font, width, height, ratio)
     for ratio in ratios:
         for w in np.geomspace(least, most[0], 8):
-            w = min(w, most[1] / ratio) / xspan  # the array's width, its padding aside
+            w = min(w / xspan, most[1] / (ratio * yspan))  # the array's width, its padding aside
             f = font(w, w * ratio)
             if f > best[0] + 0.05:
                 best = (f, w * xspan, w * ratio * yspan, ratio)
@@ -230,8 +230,8 @@ def _dim_text(shape: tuple[int, ...], sharding: Any, d: int) -> str:
     axes = spec_entries(sharding.spec, len(shape))[d] if isinstance(sharding, NamedSharding) else ()
     if not axes:
         return f"dim {d} ({shape[d]})"
-    size = math.prod(dict(sharding.mesh.shape)[a] for a in axes)
-    return f"dim {d} ({shape[d]}) \u00f7 {chr(215).join(axes)} ({size})"
+    size, names = math.prod(dict(sharding.mesh.shape)[a] for a in axes), "\u00d7".join(axes)
+    return f"dim {d} ({shape[d]}) \u00f7 {names} ({size})"
 
 
 def _bare(ax: Axes) -> None:
