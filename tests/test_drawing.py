@@ -65,7 +65,8 @@ def test_3d_array_with_none_data_model():
     assert len(labels) == 8
     assert all("(2, 32, 256)" in label for label in labels)
     assert sorted(label.split("\n")[0] for label in labels) == [f"dev {i}" for i in range(8)]
-    assert fig.axes[0].get_xlabel() == "dim 2 (512)" and fig.axes[0].get_ylabel() == "dim 1 (128)"
+    assert fig.axes[0].get_xlabel() == "dim 2 (512) \u00f7 model (2)"
+    assert fig.axes[0].get_ylabel() == "dim 1 (128) \u00f7 data (4)"
 
 
 def test_3d_array_with_sharded_leading_dim_gives_panels():
@@ -77,7 +78,7 @@ def test_3d_array_with_sharded_leading_dim_gives_panels():
 def test_dims_picks_the_drawn_dimensions():
     fig = draw_sharding((8, 16, 32), NamedSharding(MESH, P("data", None, "model")), dims=(0, 2))
     assert len(fig.axes) == 1 and len(tile_labels(fig)) == 8
-    assert fig.axes[0].get_ylabel() == "dim 0 (8)"
+    assert fig.axes[0].get_ylabel() == "dim 0 (8) \u00f7 data (4)"
 
 
 def test_replicated_array_is_one_block_with_a_card_for_every_device():
@@ -232,8 +233,9 @@ def test_replicated_block_is_a_deck_not_a_split():
     assert len(cards) == 8  # one card per device
     left = [c for c in cards if c.get_x() < 0.5]
     assert [to_rgba(c.get_facecolor(), 1.0) for c in left] == [to_rgba(device_color(d), 1.0) for d in (0, 2, 4, 6)]
-    # every card is nearly the whole block (a stripe would be a quarter of it), each one offset down-right
-    assert all(c.get_width() > 0.8 * 0.5 and c.get_height() > 0.8 for c in left)
+    # every card covers most of the block (a stripe would be a quarter of it), each one offset down-right
+    assert all(c.get_width() * c.get_height() > 0.6 * 0.5 * 1.0 for c in left)
+    assert all(c.get_width() > 0.8 * 0.5 and c.get_height() > 0.75 for c in left)
     assert [c.get_x() for c in left] == sorted(c.get_x() for c in left)
     assert [c.get_y() for c in left] == sorted(c.get_y() for c in left)
     assert [c.get_zorder() for c in left] == sorted((c.get_zorder() for c in left), reverse=True)  # dev 0 on top
@@ -256,7 +258,7 @@ def test_label_lines_come_in_the_documented_order():
 
 def test_a_big_deck_shows_fewer_cards_when_the_block_is_small():
     fig, ax = plt.subplots()
-    drawing._draw_deck(ax, 0, 0, 1, 1, list(range(64)), (10.0, 10.0), 0.8)  # a 10 x 10 point block
+    drawing._draw_deck(ax, 0, 0, 1, 1, [device_color(i) for i in range(64)], (10.0, 10.0), 0.8)  # a 10 x 10 pt block
     cards = _cards(ax)
     assert 2 <= len(cards) < 64 and to_rgba(cards[0].get_facecolor(), 1.0) == to_rgba(device_color(0), 1.0)
     plt.close(fig)
@@ -286,8 +288,8 @@ def test_many_blocks_in_one_dimension_wrap_onto_rows():
     # 64 blocks of a 1-D array, as on a 64-device mesh (tests run with 8 devices, so the tiles are made by hand)
     tiles_64 = [Tile((16 * i,), (16 * (i + 1),), (i,), (16,)) for i in range(64)]
     fig, ax = plt.subplots(figsize=(9, 4))
-    drawing._draw_tiles(ax, (1024,), tiles_64, None, 0, 4, True, 9.0)
-    drawing._finish_blocks(fig)
+    drawing._draw_tiles(ax, (1024,), None, [(t, drawing._tile_lines(t, 4, True)) for t in tiles_64], None, 0, 0.3)
+    drawing._finish(fig)
     assert len(_patches(fig, "array")) == 4  # 4 rows of 16 blocks
     ys = sorted({round(p.get_y(), 6) for p in _patches(fig, "tile")})
     assert len(ys) == 4 and ax.get_xlabel() == "dim 0 (1024), wrapped: 256 per row"
@@ -542,3 +544,117 @@ def test_inline_switch_needs_a_kernel():
     shell = _FakeShell(kernel=False)  # terminal IPython: no kernel, nothing to display inline
     assert drawing._show_figures_inline(shell, "agg") is False and shell.magics == []
     assert drawing._show_figures_inline(None, "agg") is False  # plain Python (pytest): no shell at all
+
+
+# --- one true aspect per array, one scale per matmul, axes that name the mesh axes ----------------------------------
+
+
+def _extents(fig):
+    """The drawn outline of each panel's array, in pixels of the rendered figure: one Bbox per panel."""
+    FigureCanvasAgg(fig).draw()
+    return [p.get_window_extent() for ax in fig.axes for p in ax.patches if p.get_gid() == "array"]
+
+
+def _ratio(box):
+    return box.height / box.width
+
+
+SPECS_128x512 = [P("data"), P(None, "model"), P("data", "model"), P()]
+
+
+def test_every_layout_of_one_array_is_drawn_at_its_true_aspect_and_the_same_size():
+    grid = draw_shardings({str(s): ((128, 512), _ns(s)) for s in SPECS_128x512}, ncols=4)
+    boxes = _extents(grid)
+    assert len(boxes) == 4 and all(abs(_ratio(b) - 128 / 512) < 0.01 for b in boxes)
+    assert max(b.width for b in boxes) - min(b.width for b in boxes) < 1  # pixels
+    assert not any("not to scale" in ax.get_xlabel() for ax in grid.axes)
+    mesh_1d = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    for fig in [draw_sharding((128, 512), NamedSharding(mesh_1d, P("data")))] + [
+            draw_sharding((128, 512), _ns(s)) for s in SPECS_128x512]:
+        (box,) = _extents(fig)
+        assert abs(_ratio(box) - 0.25) < 0.01  # wider than tall, as the array is
+    tall = draw_sharding((512, 128), _ns(P("data", "model")))
+    assert abs(_ratio(_extents(tall)[0]) - 4) < 0.04
+    panels = draw_sharding((2, 128, 512), _ns(P("model", "data", None)))
+    assert [round(_ratio(b), 2) for b in _extents(panels)] == [0.25, 0.25]
+
+
+def test_an_extreme_aspect_is_clamped_and_says_so():
+    fig = draw_sharding((8, 4096), _ns(P(None, "model")))
+    (box,) = _extents(fig)
+    assert abs(_ratio(box) - 1 / 8) < 0.01
+    assert "not to scale (true height:width 1:512)" in fig.axes[0].get_xlabel()
+
+
+def test_thin_blocks_put_their_label_lines_side_by_side():
+    mesh_1d = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    fig = draw_sharding((128, 512), NamedSharding(mesh_1d, P("data")))
+    texts = [t for t in fig.axes[0].texts if t.get_gid() == "tile-label"]
+    assert texts[0].get_text() == "dev 0 \u00b7 (16, 512) \u00b7 32.0 KiB"  # as drawn: one row
+    assert tile_labels(fig)[0] == "dev 0\n(16, 512)\n32.0 KiB"  # as documented: one line each
+    assert all(t.get_fontsize() >= 6.5 for t in texts)
+
+
+def test_axis_labels_name_the_mesh_axes_that_cut_them():
+    ax = draw_sharding((128, 512), _ns(P("data", "model"))).axes[0]
+    assert (ax.get_ylabel(), ax.get_xlabel()) == ("dim 0 (128) \u00f7 data (4)", "dim 1 (512) \u00f7 model (2)")
+    ax = draw_sharding((128, 512), _ns(P(None, ("data", "model")))).axes[0]
+    assert (ax.get_ylabel(), ax.get_xlabel()) == ("dim 0 (128)", "dim 1 (512) \u00f7 data\u00d7model (8)")
+    ax = draw_sharding((10,), _ns(P(("model", "data")))).axes[0]
+    assert ax.get_xlabel() == "dim 0 (10) \u00f7 model\u00d7data (8)"
+
+
+def test_replica_zero_is_the_top_card_of_each_deck():
+    reversed_mesh = jax.sharding.Mesh(np.array(jax.devices())[::-1].reshape(4, 2), ("data", "model"),
+                                      axis_types=(AxisType.Auto,) * 2)
+    x = jax.device_put(jnp.ones((16, 8)), NamedSharding(reversed_mesh, P(None, "model")))
+    first = {s.device.id for s in x.addressable_shards if s.replica_id == 0}
+    cards = _cards(draw_sharding(x).axes[0])
+    tops = {}
+    for card in cards:  # the top card of each block: the highest zorder at its left edge's block
+        block = int(card.get_x() >= 0.5)
+        if block not in tops or card.get_zorder() > tops[block].get_zorder():
+            tops[block] = card
+    colours = {to_rgba(device_color(d), 1.0): d for d in range(8)}
+    assert {colours[to_rgba(c.get_facecolor(), 1.0)] for c in tops.values()} == first == {7, 6}
+
+
+MATMUL_CASES = {  # notebook 04's shapes, C[I, K] = A[I, J] @ B[J, K] with I, J, K = 128, 256, 512
+    "1": (P("data", None), P(None, "model"), P("data", "model")),
+    "2": (P("data", "model"), P(None, "model"), P("data", "model")),
+    "3": (P(None, "model"), P("model", None), P()),
+    "3'": (P("data", "model"), P("model", None), P("data", "model")),
+    "4": (P("data", None), P(None, "data"), P(None, "data")),
+}
+
+
+@pytest.mark.parametrize("case", MATMUL_CASES)
+@pytest.mark.parametrize("sizes", [(128, 256, 512), (512, 1024, 1024), (8, 2048, 64)], ids=str)
+def test_draw_matmul_draws_a_b_and_c_on_one_scale(case, sizes):
+    i, j, k = sizes
+    a, b, c = MATMUL_CASES[case]
+    fig = draw_matmul(((i, j), _ns(a)), ((j, k), _ns(b)), _ns(c))
+    box_a, box_b, box_c = _extents(fig)
+    assert abs(box_a.y0 - box_c.y0) < 1 and abs(box_a.y1 - box_c.y1) < 1  # A's rows are C's rows
+    assert abs(box_b.x0 - box_c.x0) < 1 and abs(box_b.x1 - box_c.x1) < 1  # B's columns are C's columns
+    assert box_a.x1 < box_c.x0 and box_b.y0 > box_c.y1  # A to the left of C, B above it
+    assert abs(box_a.width - box_b.height) < 1  # J is one length in A and in B
+    longest = max(sizes)
+    if min(sizes) * 4 >= longest:  # to scale: the same pixels per element everywhere
+        assert abs(box_c.width / box_c.height - k / i) < 0.02 * k / i
+        assert abs(box_a.width / box_a.height - j / i) < 0.02 * j / i
+        assert not any("not to scale" in ax.get_xlabel() for ax in fig.axes)
+    else:  # lengths compressed (the shortest drawn at a quarter of the longest), and the panels say so
+        assert any("not to scale" in ax.get_xlabel() for ax in fig.axes)
+    sizes_pt = [t.get_fontsize() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
+    assert min(sizes_pt) >= 6.5
+    boxes = _label_boxes(fig)
+    assert not [(p, q) for n, (p, a) in enumerate(boxes) for q, b in boxes[n + 1:] if a.overlaps(b)]
+
+
+def test_color_by_colours_the_cards_by_a_group_of_devices():
+    hosts = {d.id: d.id // 4 for d in jax.devices()}  # as if devices 0-3 and 4-7 sat on two hosts
+    fig = draw_sharding((16, 8), _ns(P(("data", "model"))), color_by=lambda d: hosts[d.id])
+    cards = sorted(_cards(fig.axes[0]), key=lambda c: c.get_y())
+    assert [to_rgba(c.get_facecolor(), 1.0) for c in cards] == [to_rgba(device_color(i // 4), 1.0) for i in range(8)]
+    assert [label.split("\n")[0] for label in tile_labels(fig)] == [f"dev {i}" for i in range(8)]  # still by device

@@ -208,10 +208,30 @@ def test_shard_table_of_a_real_array():
     assert "(2x)" in str(table)
 
 
-def test_shard_table_computed_from_a_layout_agrees_with_the_runtime():
-    for spec in [P(), P("data"), P(None, "model"), P("data", "model"), P(("model", "data"))]:
-        x = jax.device_put(jnp.ones((16, 8)), NamedSharding(MESH, spec))
-        assert shard_table((16, 8), NamedSharding(MESH, spec)).rows == shard_table(x).rows
+_ORDERS = {"ids": list(range(8)), "reversed": list(range(7, -1, -1)), "v5e ring": [0, 1, 2, 3, 7, 6, 5, 4],
+           "shuffled": [5, 2, 7, 0, 3, 6, 1, 4]}
+
+
+@pytest.mark.parametrize("order", _ORDERS, ids=str)
+@pytest.mark.parametrize("shape,names", [((4, 2), ("data", "model")), ((2, 4), ("data", "model")), ((8,), ("data",)),
+                                         ((2, 2, 2), ("data", "model", "pipe"))], ids=str)
+def test_shard_table_computed_from_a_layout_numbers_replicas_as_jax_does(order, shape, names):
+    devices = np.array(jax.devices())[_ORDERS[order]].reshape(shape)
+    mesh = Mesh(devices, names, axis_types=(AxisType.Auto,) * len(shape))
+    specs = [P(), P(names[0]), P(None, names[-1]), P(names)]
+    for spec in specs + ([P(names[-1], names[0]), P(names[1], None)] if len(names) > 1 else []):
+        sharding = NamedSharding(mesh, spec)
+        x = jax.device_put(jnp.ones((16, 8)), sharding)
+        computed = shard_table(jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=sharding))
+        assert computed.rows == shard_table(x).rows, spec
+        assert [(r.device, r.replica) for r in computed.rows] == sorted(
+            (s.device.id, s.replica_id) for s in x.addressable_shards)
+
+
+def test_shard_table_replicas_follow_the_mesh_not_the_ids():
+    mesh_rev = Mesh(np.array(jax.devices())[::-1].reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    rows = shard_table((16, 8), NamedSharding(mesh_rev, P("data", None))).rows
+    assert [(r.device, r.replica) for r in rows][:4] == [(0, 1), (1, 0), (2, 1), (3, 0)]
 
 
 def test_shard_table_bad_input():

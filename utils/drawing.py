@@ -1,22 +1,11 @@
-"""Pictures of shardings and meshes, drawn with matplotlib.
+"""Pictures of shardings and meshes, drawn with matplotlib; every function returns a ``Figure`` a test can read.
 
-The course's replacement for ``jax.debug.visualize_array_sharding``, which
-stops at 2-D arrays, needs ``rich`` and returns nothing a test can check.
-Here every function returns a ``matplotlib.figure.Figure``:
-
-- each block of the array is one rectangle whose ``gid`` is ``"tile"``,
-  sized in proportion to the data it holds and labelled (see
-  :func:`tile_labels` for the label format);
-- inside it, every device holding a copy is one card in that device's colour
-  (``gid`` ``"copy"``): one card fills the block; k copies are a stack of k
-  offset cards, like a deck, never side-by-side stripes (stripes would read as
-  a further split of the block);
-- padding that XLA adds to an uneven dimension is hatched, outside the array;
-- a device has the same colour in every figure (:func:`device_color`).
-
-:func:`draw_matmul` draws ``C = A @ B`` for one device: the blocks it holds,
-the blocks it must fetch, and whether its output block is only a partial sum.
-:func:`draw_permute` draws a ``ppermute`` as arrows on the mesh.
+(``jax.debug.visualize_array_sharding`` stops at 2-D, needs ``rich`` and returns nothing.) Each block of an
+array is a rectangle (``gid`` ``"tile"``) at its true proportions, labelled as :func:`tile_labels` says;
+every device holding a copy is a card in that device's colour (``"copy"``), k copies a deck of k offset
+cards, never stripes (they would read as a further split); XLA's padding of an uneven block is hatched.
+A device has one colour in every figure (:func:`device_color`). :func:`draw_matmul` draws ``C = A @ B``
+as one device sees it; :func:`draw_permute` draws a ``ppermute`` as arrows on the mesh.
 """
 
 from __future__ import annotations
@@ -29,21 +18,19 @@ from typing import Any
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from .inspecting import format_bytes
-from .layout import MatmulTraffic, Tile, as_layout, matmul_traffic, tiles, type_string
+from .layout import MatmulTraffic, Tile, _axes_text, as_layout, matmul_traffic, spec_entries, tiles, type_string
 
 
 def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
-    """In a Jupyter kernel whose backend is Agg, switch to inline display; return whether it switched.
+    """In a Jupyter kernel on Agg (MPLBACKEND=Agg, which prints '<Figure size ...>'), switch to inline.
 
-    A kernel started with MPLBACKEND=Agg (common in CI and some launchers) prints
-    '<Figure size ...>' instead of drawing the course's figures. Any other
-    backend is the user's choice (``%matplotlib widget``, inline, ...) and is
-    left alone; so is a plain Python or terminal IPython session (no kernel).
+    Returns whether it switched; any other backend, and a session without a kernel, is left alone.
     """
     if shell is None:
         try:
@@ -51,11 +38,7 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
         except ImportError:  # pragma: no cover - the course always has IPython
             return False
         shell = get_ipython()
-    if shell is None or not hasattr(shell, "kernel"):
-        return False
-    if backend is None:
-        backend = matplotlib.get_backend()
-    if str(backend).lower() != "agg":
+    if shell is None or not hasattr(shell, "kernel") or str(backend or matplotlib.get_backend()).lower() != "agg":
         return False
     shell.run_line_magic("matplotlib", "inline")
     return True
@@ -63,30 +46,18 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 
 _show_figures_inline()
 
-__all__ = [
-    "device_color",
-    "device_label",
-    "draw_matmul",
-    "draw_mesh",
-    "draw_permute",
-    "draw_sharding",
-    "draw_shardings",
-    "mesh_labels",
-    "tile_labels",
-]
+__all__ = ["device_color", "device_label", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding",
+           "draw_shardings", "mesh_labels", "tile_labels"]
 
-_BASE = [matplotlib.colormaps["tab10"](i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]
-_MORE = [matplotlib.colormaps["tab20b"](i) for i in range(20)] + [
-    matplotlib.colormaps["tab20c"](i) for i in range(16)
-]
+_PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
+                                                            ("tab20c", range(16))) for i in ids]
 
 
 def device_color(device_id: int) -> tuple[float, float, float, float]:
     """The colour of device ``device_id``: the same in every figure of the course."""
     if isinstance(device_id, bool) or not isinstance(device_id, int | np.integer) or device_id < 0:
         raise ValueError(f"device_color takes a device id (a whole number >= 0); got {device_id!r}")
-    palette = _BASE[:8] + _MORE
-    return palette[int(device_id) % len(palette)]
+    return _PALETTE[int(device_id) % len(_PALETTE)]
 
 
 def device_label(ids: Sequence[int]) -> str:
@@ -111,106 +82,210 @@ def device_label(ids: Sequence[int]) -> str:
 
 
 def _spec_text(sharding: Any) -> str:
-    spec = getattr(sharding, "spec", None)
-    return "" if spec is None else str(spec)
+    return str(getattr(sharding, "spec", ""))
 
 
 def _mesh_text(sharding: Any) -> str:
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None:
-        return type(sharding).__name__
-    return "mesh(" + ", ".join(f"{k}={v}" for k, v in dict(mesh.shape).items()) + ")"
+    return type(sharding).__name__ if mesh is None else f"mesh({', '.join(f'{k}={v}' for k, v in mesh.shape.items())})"
 
 
 def _panel_dims(ndim: int, dims: Sequence[int] | None) -> tuple[int | None, int | None]:
     """(row dim, column dim) to draw; None where the picture has no such axis."""
     if dims is None:
-        if ndim == 0:
-            return None, None
-        if ndim == 1:
-            return None, 0
-        return ndim - 2, ndim - 1
+        return (None, None) if ndim == 0 else (None, 0) if ndim == 1 else (ndim - 2, ndim - 1)
     dims = tuple(dims)
     if len(dims) != 2 or len(set(dims)) != 2 or not all(isinstance(d, int) for d in dims):
         raise ValueError(f"dims picks two different dimensions to draw, such as dims=(0, 2); got {dims}")
     bad = [d for d in dims if not -ndim <= d < ndim]
     if bad:
         raise ValueError(f"dims={dims} names dimension {bad[0]}, but the array has {ndim} dimension(s)")
-    r, c = (d % ndim for d in dims)
-    return r, c
+    return dims[0] % ndim, dims[1] % ndim
 
 
-def _panels(
-    shape: tuple[int, ...], all_tiles: list[Tile], r: int | None, c: int | None
-) -> list[tuple[str, list[Tile]]]:
+def _panels(shape: tuple[int, ...], all_tiles: list[Tile], r: int | None, c: int | None) -> list[tuple[str, list]]:
     """Group tiles by their block on the dimensions not drawn: one panel each."""
     others = [d for d in range(len(shape)) if d not in (r, c)]
     groups: dict[tuple[tuple[int, int], ...], list[Tile]] = {}
     for t in all_tiles:
         key = tuple((t.start[d], t.stop[d]) for d in others)
         groups.setdefault(key, []).append(t)
-    out = []
-    for key in sorted(groups):
-        if all(a == 0 and b == shape[d] for d, (a, b) in zip(others, key, strict=True)):
-            label = ""
-        else:
-            label = ", ".join(
-                f"dim {d} = {a}:{b}" for d, (a, b) in zip(others, key, strict=True) if (a, b) != (0, shape[d])
-            )
-        out.append((label, groups[key]))
-    return out
-
-
-def _label_lines(panel_tiles: list[Tile], show_bytes: bool, extra: Mapping[int, Sequence[str]] | None = None) -> int:
-    """The most lines any block label of this panel has (see :func:`tile_labels`)."""
-    return max(
-        (2 + show_bytes + t.is_uneven + (len(t.devices) > 1) + len((extra or {}).get(i, ()))
-         for i, t in enumerate(panel_tiles)),
-        default=3,
-    )
-
-
-def _panel_inches(
-    shape: tuple[int, ...], panel_tiles: list[Tile], r: int | None, c: int | None, lines: int = 3
-) -> tuple[float, float]:
-    """Panel size: true proportions where labels fit, stretched where blocks would be too thin.
-
-    Each row of blocks gets at least the height of its labels' ``lines``.
-    """
-    n_rows = len({(t.start[r], t.stop[r]) for t in panel_tiles}) if r is not None else 1
-    n_cols = len({(t.start[c], t.stop[c]) for t in panel_tiles}) if c is not None else 1
-    per_row, wrapped_rows = _wrap(panel_tiles, r, c)
-    if per_row:
-        n_cols = _WRAP
-    width = min(max(1.15 * n_cols, 3.6), 9.0)
-    if r is None:
-        return width, max(0.9, (0.2 + 0.14 * lines) * wrapped_rows)
-    true_height = width * shape[r] / max(shape[c] if c is not None else 1, 1)
-    return width, min(max(true_height, (0.2 + 0.14 * lines) * n_rows, 0.9), 7.0)
-
-
-_WRAP = 16  # a 1-D view of more blocks than this is wrapped onto rows of this many blocks
-
-
-def _wrap(panel_tiles: list[Tile], r: int | None, c: int | None) -> tuple[int, int]:
-    """(elements per row, rows) for a 1-D view of many blocks, wrapped like text; (0, 1) when it fits on one row.
-
-    Rows hold ``_WRAP`` blocks each, so row breaks fall between blocks and labels stay legible on big meshes.
-    """
-    if r is not None or c is None or len(panel_tiles) <= _WRAP:
-        return 0, 1
-    block = max(t.padded[c] for t in panel_tiles)
-    if block == 0:
-        return 0, 1
-    per_row = _WRAP * block
-    end = max(t.start[c] + t.padded[c] for t in panel_tiles)
-    return per_row, math.ceil(end / per_row)
+    return [(", ".join(f"dim {d} = {a}:{b}" for d, (a, b) in zip(others, key, strict=True) if (a, b) != (0, shape[d])),
+             groups[key]) for key in sorted(groups)]
 
 
 _LABEL_BOX = dict(boxstyle="round,pad=0.15", facecolor="white", alpha=0.8, linewidth=0)
+_MIN_FONT, _GOOD_FONT, _MAX_FONT = 6.5, 8.0, 9.0  # label sizes in points: never below the first
 _DECK_STEP_PT = 4.0  # offset between two cards of a deck, in points
 _DECK_SHARE = 0.35  # a deck's offsets take at most this share of the block's smaller side
 _CARD_MIN_STEP_PT = 1.5  # below this, cards are indistinguishable: show fewer (the label says how many)
+_WRAP = 16  # a 1-D view of more blocks than this is wrapped onto rows of this many blocks
+_MOST_STRETCH = 8.0  # a 2-D array is drawn at its true aspect unless more than this many times wider than tall
+
+
+def _tile_lines(t: Tile, itemsize: int, show_bytes: bool, extra: Sequence[str] = ()) -> list[str]:
+    """The lines of a block's label, in the order :func:`tile_labels` documents."""
+    lines = [device_label(t.devices), str(t.shape).replace(",)", ")")]
+    if show_bytes:
+        lines.append(format_bytes(math.prod(t.shape) * itemsize))
+    if t.is_uneven:
+        lines.append("padded to " + str(t.padded).replace(",)", ")"))
+    if len(t.devices) > 1:
+        lines.append(f"{len(t.devices)} copies")
+    return lines + list(extra)
+
+
+def _layouts(lines: Sequence[str]) -> list[str]:
+    """The label as k rows, k = len(lines) down to 1: a short, wide block takes its lines side by side."""
+    n = len(lines)
+    return ["\n".join(" \u00b7 ".join(lines[round(i * n / k): round((i + 1) * n / k)]) for i in range(k))
+            for k in range(n, 0, -1)]
+
+
+def _fit(text: str, w_pt: float, h_pt: float) -> float:
+    """The largest font size (points) at which ``text`` fits a block of ``w_pt`` x ``h_pt`` points."""
+    rows = text.split("\n")
+    return min(0.85 * h_pt / (1.3 * len(rows) + 0.4), 0.92 * w_pt / (0.6 * max(map(len, rows)) + 1))
+
+
+def _best_font(lines: Sequence[str], w_pt: float, h_pt: float) -> float:
+    return max(_fit(text, w_pt, h_pt) for text in _layouts(lines)) if w_pt > 0 and h_pt > 0 else _MAX_FONT
+
+
+def _placer(shape: tuple[int, ...], panel_tiles: list[Tile], r: int | None, c: int | None) -> tuple[Any, int, int]:
+    """``place(tile) -> (x0, w, xpad, y0, h, ypad)`` in a unit square (row 0 at the top), and the wrapping.
+
+    A 1-D view of more than ``_WRAP`` blocks is wrapped like text onto rows of ``_WRAP`` blocks:
+    ``(place, elements per row, rows)``; ``(place, 0, 1)`` when not wrapped.
+    """
+    per_row, rows = 0, 1
+    if r is None and c is not None and len(panel_tiles) > _WRAP and max(t.padded[c] for t in panel_tiles):
+        per_row = _WRAP * max(t.padded[c] for t in panel_tiles)
+        rows = math.ceil(max(t.start[c] + t.padded[c] for t in panel_tiles) / per_row)
+
+    def span(t: Tile, d: int | None, offset: int = 0, n: int | None = None) -> tuple[float, float, float]:
+        if d is None:
+            return 0.0, 1.0, 0.0
+        n = n or max(shape[d], 1)
+        a, b = t.start[d] - offset, t.stop[d] - offset
+        return a / n, (b - a) / n, max(t.padded[d] - (b - a), 0) / n
+
+    def place(t: Tile) -> tuple[float, float, float, float, float, float]:
+        if not per_row:
+            return (*span(t, c), *span(t, r))
+        row = t.start[c] // per_row
+        return (*span(t, c, row * per_row, per_row), (row + 0.08) / rows, 0.84 / rows, 0.0)
+
+    return place, per_row, rows
+
+
+def _aspect(shape: tuple[int, ...], r: int | None, c: int | None) -> float | None:
+    """Height:width of the drawn view; None for a 1-D view (a strip has no aspect)."""
+    return None if r is None or c is None else max(shape[r], 1) / max(shape[c], 1)
+
+
+def _ratio_text(ratio: float) -> str:
+    return f"1:{1 / ratio:.3g}" if ratio < 1 else f"{ratio:.3g}:1"
+
+
+def _size(shape: tuple[int, ...], labelled: list[tuple[Tile, list[str]]], r: int | None, c: int | None,
+          most: tuple[float, float], least: float = 3.6) -> tuple[float, float, float]:
+    """(width, height, drawn height:width) in inches for one picture of ``shape``, sized so its labels are legible.
+
+    A 2-D array keeps its true aspect (clamped to ``_MOST_STRETCH``) unless its labels cannot reach
+    ``_MIN_FONT`` within ``most`` (width, height) inches at that aspect; it is then drawn nearer square,
+    and :func:`_draw_tiles` says "not to scale". A 1-D array has no aspect: its strip is as tall as its
+    labels need.
+    """
+    place, _, _ = _placer(shape, [t for t, _ in labelled], r, c)
+    boxes = [(place(t), lines) for t, lines in labelled]
+    xspan = max(1.0, *(x0 + w + xp for (x0, w, xp, *_), _ in boxes))  # padding drawn beyond the array
+    yspan = max(1.0, *(y0 + h + yp for (*_, y0, h, yp), _ in boxes))
+
+    def font(w: float, h: float) -> float:
+        return min(_best_font(lines, 72 * w * (bw + xp), 72 * h * (bh + yp)) for (_, bw, xp, _, bh, yp), lines in boxes)
+
+    true = _aspect(shape, r, c)
+    if true is None:
+        ratios = [0.12, 0.18, 0.25, 0.35, 0.5, 0.7]
+    else:
+        start = min(max(true, 1 / _MOST_STRETCH), _MOST_STRETCH)
+        ratios = [start ** (1 - i / 6) for i in range(7)]  # from the true aspect towards a square
+    best = (-1.0, least, least * ratios[0], ratios[0])  # (font, width, height, ratio)
+    for ratio in ratios:
+        for w in np.geomspace(least, most[0], 8):
+            w = min(w / xspan, most[1] / (ratio * yspan))  # the array's width, its padding aside
+            f = font(w, w * ratio)
+            if f > best[0] + 0.05:
+                best = (f, w * xspan, w * ratio * yspan, ratio)
+            if f >= _GOOD_FONT:
+                return best[1:]
+        if best[0] >= _MIN_FONT:
+            break
+    return best[1:]
+
+
+def _dim_text(shape: tuple[int, ...], sharding: Any, d: int) -> str:
+    """'dim 0 (128) ÷ data (4)': a dimension and the mesh axes that cut it."""
+    axes = spec_entries(sharding.spec, len(shape))[d] if isinstance(sharding, NamedSharding) else ()
+    if not axes:
+        return f"dim {d} ({shape[d]})"
+    size, names = math.prod(dict(sharding.mesh.shape)[a] for a in axes), "\u00d7".join(axes)
+    return f"dim {d} ({shape[d]}) \u00f7 {names} ({size})"
+
+
+def _bare(ax: Axes) -> None:
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+
+
+def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[tuple[Tile, list[str]]], r: int | None,
+                c: int | None, ratio: float, alpha: float = 0.85, tint: Callable[[int], Any] = device_color
+                ) -> list[Any]:
+    """Draw one 2-D view of labelled blocks: the array spans the unit square, drawn ``ratio`` times as tall as wide.
+
+    Returns the label texts, in block order. Cards and label sizes wait for the layout (:func:`_finish`).
+    """
+    place, per_row, rows = _placer(shape, [t for t, _ in labelled], r, c)
+    ends = [place(t) for t, _ in labelled]
+    ax.set_xlim(-0.01, max(1.0, *(x0 + w + xp for x0, w, xp, *_ in ends)) + 0.01)
+    ax.set_ylim(max(1.0, *(y0 + h + yp for *_, y0, h, yp in ends)) + 0.01, -0.01)
+    ax.set_aspect(ratio)
+    ax.set_anchor("N" if ax.get_anchor() == "C" else ax.get_anchor())  # spare room below, where display crops it
+    decks = ax.__dict__.setdefault("_course_decks", [])  # drawn by _finish once the layout is final
+    labels = ax.__dict__.setdefault("_course_labels", [])
+    texts = []
+    for (t, lines), (x0, w, xpad, y0, h, ypad) in zip(labelled, ends, strict=True):
+        decks.append((x0, y0, w, h, [tint(d) for d in t.devices], alpha))
+        for pad in ((x0 + w, y0, xpad, h + ypad), (x0, y0 + h, w, ypad)):  # padding XLA allocates beyond the data
+            if pad[2] and pad[3]:
+                ax.add_patch(Rectangle(pad[:2], *pad[2:], fill=False, hatch="///", edgecolor="0.45", linewidth=0.5,
+                                       gid="padding"))
+        ax.add_patch(Rectangle((x0, y0), w, h, fill=False, edgecolor="black", linewidth=1.0, gid="tile", zorder=1.5))
+        text = ax.text(x0 + (w + xpad) / 2, y0 + (h + ypad) / 2, "\n".join(lines), ha="center", va="center",
+                       fontsize=_MAX_FONT, gid="tile-label", bbox=dict(_LABEL_BOX), zorder=3)
+        text.set_label("\n".join(lines))  # what tile_labels reads, however the label is laid out
+        labels.append((text, lines, w + xpad, h + ypad))
+        texts.append(text)
+    for row in range(rows):  # the array's outline (row by row when wrapped)
+        length = min(shape[c] - row * per_row, per_row) / per_row if per_row else 1.0
+        ax.add_patch(Rectangle((0, (row + 0.08) / rows if per_row else 0), length, 0.84 / rows if per_row else 1,
+                               fill=False, edgecolor="black", linewidth=2.0, gid="array", zorder=1.6))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.tick_params(length=0)
+    _bare(ax)
+    xlabel = _dim_text(shape, sharding, c) if c is not None else ""
+    if per_row:
+        xlabel += f", wrapped: {per_row} per row"
+        ax.set_yticks([(k + 0.5) / rows for k in range(rows)], [f"{k * per_row}:" for k in range(rows)], fontsize=7)
+    true = _aspect(shape, r, c)
+    if r is not None:
+        ax.set_ylabel(_dim_text(shape, sharding, r), fontsize=8)
+    if true is not None and abs(math.log(ratio / true)) > 0.01:
+        xlabel += f"\nnot to scale (true height:width {_ratio_text(true)})"
+    ax.set_xlabel(xlabel, fontsize=8)
+    return texts
 
 
 def _points_per_unit(ax: Axes) -> tuple[float, float]:
@@ -223,56 +298,45 @@ def _points_per_unit(ax: Axes) -> tuple[float, float]:
     return 72 * box.width * fig_w / max(abs(x1 - x0), 1e-9), 72 * box.height * fig_h / max(abs(y1 - y0), 1e-9)
 
 
-def _finish_blocks(fig: Figure) -> None:
-    """Draw the cards every ``_draw_tiles`` call queued on ``fig``: call after ``tight_layout``.
+def _finish(fig: Figure, **layout: Any) -> Figure:
+    """Lay ``fig`` out, then draw the cards and size the labels ``_draw_tiles`` queued (they need final sizes).
 
-    Card offsets are in points, so they need the axes' final size; patches
-    inside the axes do not change the layout, so drawing them last is safe.
+    One font size serves every label of a panel: the largest that fits every block (at least ``_MIN_FONT``);
+    each label takes as many rows as fit at that size, and a block too small for it shows its first lines.
     """
+    fig.tight_layout(**layout)
     for ax in fig.axes:
         queued = ax.__dict__.pop("_course_decks", [])
         labels = ax.__dict__.pop("_course_labels", [])
-        if queued or labels:
-            ppu = _points_per_unit(ax)
-            for x0, y0, w, h, devices, alpha in queued:
-                _draw_deck(ax, x0, y0, w, h, devices, ppu, alpha)
-            _fit_labels(labels, ppu)
-
-
-_MIN_FONT = 4.5
-
-
-def _fit_labels(labels: Sequence[tuple[Any, float, float]], ppu: tuple[float, float]) -> None:
-    """One font size for every label of a panel: the largest (up to each label's own size) that fits every block."""
-    sizes = []
-    for text, w, h in labels:
-        lines = text.get_text().split("\n")
-        w_pt, h_pt = w * ppu[0], h * ppu[1]
-        if w_pt <= 0 or h_pt <= 0:
+        if not (queued or labels):
             continue
-        fit = min(0.85 * h_pt / (1.3 * len(lines) + 0.4), 0.92 * w_pt / (0.6 * max(len(line) for line in lines) + 1))
-        sizes.append(min(text.get_fontsize(), fit))
-    if sizes:
-        size = max(min(sizes), _MIN_FONT)
-        for text, _, _ in labels:
+        ppu = _points_per_unit(ax)
+        for x0, y0, w, h, colours, alpha in queued:
+            _draw_deck(ax, x0, y0, w, h, colours, ppu, alpha)
+        sized = [(text, lines, w * ppu[0], h * ppu[1]) for text, lines, w, h in labels]
+        size = max(min([min(_best_font(lines, w, h), _MAX_FONT) for _, lines, w, h in sized] or [_MAX_FONT]), _MIN_FONT)
+        for text, lines, w, h in sized:
+            while len(lines) > 1 and _best_font(lines, w, h) < size:  # too small a block: its first lines only
+                lines = lines[:-1]
+            text.set_text(next((t for t in _layouts(lines) if _fit(t, w, h) >= size), _layouts(lines)[-1]))
             text.set_fontsize(size)
+    plt.close(fig)  # the notebook shows the returned figure once, not twice
+    return fig
 
 
 def _draw_deck(
-    ax: Axes, x0: float, y0: float, w: float, h: float, devices: Sequence[int], ppu: tuple[float, float], alpha: float
+    ax: Axes, x0: float, y0: float, w: float, h: float, colours: Sequence[Any], ppu: tuple[float, float], alpha: float
 ) -> None:
     """One card per device holding the block: one card fills it; k cards stack like a deck, offset down-right.
 
-    The first device's card is on top; the others peek out behind it, each in
-    its device's colour. When the block is too small to show every card at
-    least 1.5 points apart, fewer are shown (the label still says 'k copies').
+    Replica 0 (``colours[0]``, JAX's numbering) is on top; the others peek out behind it in their
+    colours. Too small a block for every card 1.5 points apart shows fewer (its label says 'k copies').
     """
-    k = len(devices)
+    k = len(colours)
     if w <= 0 or h <= 0:
         return
     if k == 1:
-        ax.add_patch(Rectangle((x0, y0), w, h, facecolor=device_color(devices[0]), alpha=alpha, linewidth=0,
-                               gid="copy", zorder=1.0))
+        ax.add_patch(Rectangle((x0, y0), w, h, facecolor=colours[0], alpha=alpha, linewidth=0, gid="copy", zorder=1.0))
         return
     w_pt, h_pt = w * ppu[0], h * ppu[1]
     room = _DECK_SHARE * min(w_pt, h_pt)
@@ -281,111 +345,13 @@ def _draw_deck(
     margin = min(1.5, 0.1 * min(w_pt, h_pt))
     sx, sy, mx, my = step / ppu[0], step / ppu[1], margin / ppu[0], margin / ppu[1]
     cw, ch = w - 2 * mx - (shown - 1) * sx, h - 2 * my - (shown - 1) * sy
-    for i, dev in enumerate(devices[:shown]):  # first device on top; the others peek out behind it
-        ax.add_patch(Rectangle((x0 + mx + i * sx, y0 + my + i * sy), cw, ch, facecolor=device_color(dev), alpha=alpha,
+    for i, colour in enumerate(colours[:shown]):
+        ax.add_patch(Rectangle((x0 + mx + i * sx, y0 + my + i * sy), cw, ch, facecolor=colour, alpha=alpha,
                                edgecolor="white", linewidth=0.8, gid="copy", zorder=1.0 - i / (2 * k)))
 
 
-def _draw_tiles(
-    ax: Axes,
-    shape: tuple[int, ...],
-    panel_tiles: list[Tile],
-    r: int | None,
-    c: int | None,
-    itemsize: int,
-    show_bytes: bool,
-    fontsize: float,
-    extra: Mapping[int, Sequence[str]] | None = None,
-    alpha: float = 0.85,
-) -> list[tuple[Tile, Any]]:
-    """Draw one 2-D view: the array spans [0, 1] x [0, 1], row 0 at the top.
-
-    ``extra`` maps a tile's position in ``panel_tiles`` to label lines added at
-    the end (contents, a matmul role). Returns (tile, label text) pairs.
-    """
-    nr = shape[r] if r is not None else 1
-    nc = shape[c] if c is not None else 1
-    width, height = 1.0, 1.0
-    per_row, wrapped_rows = _wrap(panel_tiles, r, c)
-
-    def span(t: Tile, d: int | None, n: int, extent: float) -> tuple[float, float, float]:
-        if d is None:
-            return 0.0, extent, 0.0
-        a, b, p = t.start[d], t.stop[d], t.padded[d]
-        unit = extent / max(n, 1)
-        return a * unit, (b - a) * unit, max(p - (b - a), 0) * unit
-
-    def place(t: Tile) -> tuple[float, float, float, float, float, float]:
-        """x0, w, xpad, y0, h, ypad of a tile; a wrapped 1-D view puts row k of blocks at height k."""
-        if not per_row:
-            return (*span(t, c, nc, width), *span(t, r, nr, height))
-        assert c is not None
-        row = t.start[c] // per_row
-        a, b, p = t.start[c] - row * per_row, t.stop[c] - row * per_row, t.padded[c]
-        return a / per_row, (b - a) / per_row, max(p - (b - a), 0) / per_row, (row + 0.08) / wrapped_rows, \
-            0.84 / wrapped_rows, 0.0
-
-    pad_right = pad_down = 0.0
-    for t in panel_tiles:
-        x0, w, xpad, y0, h, ypad = place(t)
-        pad_right, pad_down = max(pad_right, x0 + w + xpad - width), max(pad_down, y0 + h + ypad - height)
-    xlim = (-0.01, width + pad_right + 0.01)
-    ylim = (height + pad_down + 0.01, -0.01)
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
-    decks = ax.__dict__.setdefault("_course_decks", [])  # drawn by _finish_blocks once the layout is final
-
-    drawn = []
-    for i, t in enumerate(panel_tiles):
-        x0, w, xpad, y0, h, ypad = place(t)
-        decks.append((x0, y0, w, h, t.devices, alpha))
-        if xpad:  # padding XLA allocates beyond the real data
-            ax.add_patch(Rectangle((x0 + w, y0), xpad, h + ypad, fill=False, hatch="///",
-                                   edgecolor="0.45", linewidth=0.5, gid="padding"))
-        if ypad:
-            ax.add_patch(Rectangle((x0, y0 + h), w, ypad, fill=False, hatch="///",
-                                   edgecolor="0.45", linewidth=0.5, gid="padding"))
-        ax.add_patch(Rectangle((x0, y0), w, h, fill=False, edgecolor="black", linewidth=1.0, gid="tile", zorder=1.5))
-        lines = [device_label(t.devices), str(t.shape).replace(",)", ")")]
-        if show_bytes:
-            lines.append(format_bytes(math.prod(t.shape) * itemsize))
-        if t.is_uneven:
-            lines.append("padded to " + str(t.padded).replace(",)", ")"))
-        if len(t.devices) > 1:
-            lines.append(f"{len(t.devices)} copies")
-        lines.extend((extra or {}).get(i, ()))
-        cx, cy = x0 + (w + xpad) / 2, y0 + (h + ypad) / 2  # uneven blocks: centred over data + padding
-        text = ax.text(cx, cy, "\n".join(lines), ha="center", va="center", fontsize=fontsize, gid="tile-label",
-                       bbox=dict(_LABEL_BOX), zorder=3)
-        ax.__dict__.setdefault("_course_labels", []).append((text, w + xpad, h + ypad))  # sized by _finish_blocks
-        drawn.append((t, text))
-    if per_row:  # the array's outline, row by row
-        for row in range(wrapped_rows):
-            length = min(nc - row * per_row, per_row) / per_row
-            ax.add_patch(Rectangle((0, (row + 0.08) / wrapped_rows), length, 0.84 / wrapped_rows, fill=False,
-                                   edgecolor="black", linewidth=2.0, gid="array", zorder=1.6))
-    else:
-        ax.add_patch(Rectangle((0, 0), width, height, fill=False, edgecolor="black", linewidth=2.0, gid="array",
-                               zorder=1.6))
-    ax.set_xticks([])
-    ax.set_yticks([])
-    for side in ("top", "right", "bottom", "left"):
-        ax.spines[side].set_visible(False)
-    if per_row:
-        ax.set_xlabel(f"dim {c} ({nc}), wrapped: {per_row} per row", fontsize=fontsize + 1)
-        ax.set_yticks([(row + 0.5) / wrapped_rows for row in range(wrapped_rows)],
-                      [f"{row * per_row}:" for row in range(wrapped_rows)], fontsize=fontsize)
-        ax.tick_params(length=0)
-    elif c is not None:
-        ax.set_xlabel(f"dim {c} ({nc})", fontsize=fontsize + 1)
-    if r is not None:
-        ax.set_ylabel(f"dim {r} ({nr})", fontsize=fontsize + 1)
-    return drawn
-
-
-def _contents_lines(
-    x: Any, panel_tiles: list[Tile], contents: Callable[[np.ndarray], str] | None, name: str = "this array"
-) -> dict[int, list[str]]:
+def _contents_lines(x: Any, panel_tiles: list[Tile], contents: Callable[[np.ndarray], str] | None,
+                    name: str = "this array") -> dict[int, list[str]]:
     """The contents line(s) of each tile: one line when every copy reads the same, else one per device."""
     if contents is None:
         return {}
@@ -417,71 +383,82 @@ def _contents_lines(
     return out
 
 
-def _fontsize(n_tiles: int) -> float:
-    """The largest label font for a panel of ``n_tiles`` blocks; labels shrink further if their block is small."""
-    return 9.0 if n_tiles <= 4 else 8.0 if n_tiles <= 16 else 7.0
-
-
-def draw_sharding(
-    x: Any,
-    sharding: Any = None,
-    *,
-    mesh: Any = None,
-    dims: Sequence[int] | None = None,
-    title: str | None = None,
-    show_bytes: bool = True,
-    max_panels: int = 16,
-    contents: Callable[[np.ndarray], str] | None = None,
-) -> Figure:
+def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Sequence[int] | None = None,
+                  title: str | None = None, show_bytes: bool = True, max_panels: int = 16,
+                  contents: Callable[[np.ndarray], str] | None = None, color_by: Callable[[Any], int] | None = None
+                  ) -> Figure:
     """Draw where every block of an array lives.
 
     ``x`` is a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct``, or a shape
     such as ``(128, 512)`` together with ``sharding`` (a ``NamedSharding``, or
     a ``PartitionSpec`` with ``mesh=``). 1-D arrays are drawn as a row, 2-D as
-    a grid; for N-D arrays ``dims`` picks the two dimensions drawn (default:
-    the last two) and the blocks of the other dimensions become a grid of
-    panels. The title gives the course's type notation and the spec.
+    a grid at the array's true aspect; for N-D arrays ``dims`` picks the two
+    dimensions drawn (default: the last two) and the blocks of the other
+    dimensions become a grid of panels. Each axis names the mesh axes that cut
+    it (``dim 0 (128) ÷ data (4)``); the title gives the type and the spec.
 
     ``contents`` (for a real ``jax.Array`` only) labels each block with what it
-    holds: it is called on each device's shard data (a numpy array) and its
-    string becomes the label's last line, e.g. ``contents=lambda b: f"{b[0, 0]:.0f}"``.
-    A layout picture shows where blocks live, not what they hold: a collective
-    that moves data but keeps the layout (``ppermute``) changes only these lines.
-    Copies that read the same give one line; copies that differ give one line
-    per device (``'dev 2: 5'``).
+    holds: it is called on each device's shard (a numpy array) and its string
+    becomes the label's last line, e.g. ``contents=lambda b: f"{b[0, 0]:.0f}"``;
+    copies that differ get one line per device (``'dev 2: 5'``). A layout
+    shows where blocks live, so a ``ppermute`` changes only these lines.
+    ``color_by`` colours each card by a group of its ``jax.Device`` instead of
+    the device itself, e.g. ``color_by=lambda d: d.process_index`` (hosts).
     """
     shape, dtype, sharding = as_layout(x, sharding, mesh)
     r, c = _panel_dims(len(shape), dims)
-    all_tiles = tiles(shape, sharding)
-    panels = _panels(shape, all_tiles, r, c)
+    panels = _panels(shape, tiles(shape, sharding), r, c)
     if len(panels) > max_panels:
         raise ValueError(
             f"this layout needs {len(panels)} panels (more than max_panels={max_panels}): "
             f"pick the sharded dimensions with dims=(i, j), or raise max_panels"
         )
-    extras = [_contents_lines(x, panel_tiles, contents) for _, panel_tiles in panels]
-    lines = max(_label_lines(p, show_bytes, e) for (_, p), e in zip(panels, extras, strict=True))
+    itemsize = np.dtype(dtype).itemsize
+    labelled = [[(t, _tile_lines(t, itemsize, show_bytes, extra.get(i, ()))) for i, t in enumerate(panel_tiles)]
+                for (_, panel_tiles), extra in ((p, _contents_lines(x, p[1], contents)) for p in panels)]
+    by_id = {d.id: d for d in sharding.device_set}
+    tint = device_color if color_by is None else (lambda dev: device_color(int(color_by(by_id[dev]))))
     ncols = min(len(panels), 4)
     nrows = math.ceil(len(panels) / ncols)
-    pw, ph = _panel_inches(shape, panels[0][1], r, c, lines)
-    if ncols > 1:
-        pw, ph = pw * 0.75, ph * 0.75
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(max(pw * ncols, 5.0), ph * nrows + 0.5 * nrows + 0.8), squeeze=False
-    )
-    itemsize = np.dtype(dtype).itemsize
-    for ax, (label, panel_tiles), extra in zip(axes.flat, panels, extras, strict=False):
-        _draw_tiles(ax, shape, panel_tiles, r, c, itemsize, show_bytes, _fontsize(len(panel_tiles)), extra)
+    w, h, ratio = _size(shape, [item for panel in labelled for item in panel], r, c,
+                        (9.0, 6.5) if ncols == 1 else (3.6, 3.0), 3.6 if ncols == 1 else 2.6)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max((w + 0.6) * ncols, 4.5), (h + 0.9) * nrows + 0.5),
+                             squeeze=False)
+    for ax, (label, _), items in zip(axes.flat, panels, labelled, strict=False):
+        _draw_tiles(ax, shape, sharding, items, r, c, ratio, tint=tint)
         if label:
             ax.set_title(label, fontsize=9)
-    for ax in list(axes.flat)[len(panels) :]:
+    for ax in list(axes.flat)[len(panels):]:
         ax.remove()
     head = title if title is not None else type_string(shape, sharding, dtype=dtype)
     fig.suptitle(f"{head}\n{_spec_text(sharding)} on {_mesh_text(sharding)}", fontsize=10)
-    fig.tight_layout()
-    _finish_blocks(fig)
-    plt.close(fig)  # the notebook shows the returned figure once, not twice
-    return fig
+    return _finish(fig)
+
+
+def _need_mesh(mesh: Any, caller: str) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{caller} needs a jax.sharding.Mesh with devices, such as "
+                        f"jax.make_mesh((4, 2), ('data', 'model')); got {type(mesh).__name__}")
+
+
+def _mesh_grid(ax: Axes, grid: np.ndarray, row_name: str | None, col_name: str, fontsize: float,
+               faded: frozenset = frozenset()) -> None:
+    """One cell per device id of ``grid`` (row 0 on top), labelled with its id; ``faded`` (i, j) cells hatched."""
+    rows, cols = grid.shape
+    for (i, j), dev in np.ndenumerate(grid):
+        dim = (i, j) in faded
+        ax.add_patch(Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, facecolor=device_color(int(dev)), linewidth=1.5,
+                               alpha=0.3 if dim else 0.8, edgecolor="0.3" if dim else "white",
+                               hatch=".." if dim else None, gid="device"))
+        ax.text(j + 0.5, i + 0.5, str(dev), ha="center", va="center", fontsize=fontsize, gid="device-label")
+    ax.set_aspect("equal")
+    ax.set_xticks(np.arange(cols) + 0.5, [str(j) if cols <= 16 else "" for j in range(cols)])
+    ax.set_yticks(np.arange(rows) + 0.5, [str(i) if rows <= 16 and row_name else "" for i in range(rows)])
+    ax.tick_params(length=0, labelsize=min(fontsize, 8))
+    _bare(ax)
+    ax.set_xlabel(f"{col_name} ({cols}) \u2192", fontsize=9)
+    if row_name is not None:
+        ax.set_ylabel(f"{row_name} ({rows}) \u2193", fontsize=9)
 
 
 def draw_mesh(mesh: Any, *, title: str | None = None) -> Figure:
@@ -490,66 +467,29 @@ def draw_mesh(mesh: Any, *, title: str | None = None) -> Figure:
     1-D meshes are a row; 2-D meshes put the first axis down and the second
     across; axes beyond the last two become a row of panels.
     """
-    from jax.sharding import Mesh
-
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"draw_mesh needs a jax.sharding.Mesh with devices, such as jax.make_mesh((4, 2), ('data', 'model')); "
-            f"got {type(mesh).__name__}"
-        )
-    names = list(mesh.axis_names)
-    ids = np.vectorize(lambda d: d.id, otypes=[int])(mesh.devices)
-    if ids.ndim == 1:
-        ids = ids[None, :]
-        names2 = [None, names[0]]
-        lead: list[str] = []
-    else:
-        names2 = names[-2:]
-        lead = names[:-2]
-    lead_shape = ids.shape[:-2]
-    panels = list(np.ndindex(*lead_shape)) or [()]
-    ncols = min(len(panels), 4)
-    nrows = math.ceil(len(panels) / ncols)
-    rows, cols = ids.shape[-2:]
+    _need_mesh(mesh, "draw_mesh")
+    names, ids = list(mesh.axis_names), mesh.device_ids
+    grids = ids.reshape(-1, *ids.shape[-2:]) if ids.ndim > 1 else ids[None, None, :]
+    rows, cols = grids.shape[1:]
+    ncols = min(len(grids), 4)
+    nrows = math.ceil(len(grids) / ncols)
     cell = 0.9 if max(rows, cols) <= 8 else 0.45
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(max(cols * cell + 0.9, 2.2) * ncols, (rows * cell + 0.9) * nrows + 0.5), squeeze=False
-    )
-    fontsize = 9 if max(rows, cols) <= 8 else 6
-    for ax, idx in zip(axes.flat, panels, strict=False):
-        grid = ids[idx]
-        for i in range(rows):
-            for j in range(cols):
-                dev = int(grid[i, j])
-                ax.add_patch(Rectangle((j, i), 1, 1, facecolor=device_color(dev), alpha=0.8,
-                                       edgecolor="white", linewidth=2, gid="device"))
-                ax.text(j + 0.5, i + 0.5, str(dev), ha="center", va="center", fontsize=fontsize, gid="device-label")
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False,
+                             figsize=(max(cols * cell + 0.9, 2.2) * ncols, (rows * cell + 0.9) * nrows + 0.5))
+    for ax, grid, idx in zip(axes.flat, grids, np.ndindex(*ids.shape[:-2]), strict=False):
+        _mesh_grid(ax, grid, names[-2] if ids.ndim > 1 else None, names[-1], 9 if max(rows, cols) <= 8 else 6)
         ax.set_xlim(0, cols)
         ax.set_ylim(rows, 0)
-        ax.set_aspect("equal")
-        ax.set_xticks(np.arange(cols) + 0.5, [str(j) for j in range(cols)] if cols <= 16 else [""] * cols)
-        ax.set_yticks(np.arange(rows) + 0.5, [str(i) for i in range(rows)] if rows <= 16 else [""] * rows)
-        ax.tick_params(length=0, labelsize=fontsize)
-        for side in ("top", "right", "bottom", "left"):
-            ax.spines[side].set_visible(False)
-        ax.set_xlabel(f"{names2[1]} ({cols}) \u2192", fontsize=9)
-        if names2[0] is not None:
-            ax.set_ylabel(f"{names2[0]} ({rows}) \u2193", fontsize=9)
         if idx:
-            ax.set_title(", ".join(f"{n}={k}" for n, k in zip(lead, idx, strict=True)), fontsize=9)
-    for ax in list(axes.flat)[len(panels) :]:
+            ax.set_title(", ".join(f"{n}={k}" for n, k in zip(names, idx, strict=False)), fontsize=9)
+    for ax in list(axes.flat)[len(grids):]:
         ax.remove()
-    shape_text = ", ".join(f"{k}={v}" for k, v in dict(mesh.shape).items())
+    shape_text = ", ".join(f"{k}={v}" for k, v in mesh.shape.items())
     fig.suptitle(title if title is not None else f"Mesh({shape_text}): device ids", fontsize=10)
-    fig.tight_layout()
-    _finish_blocks(fig)
-    plt.close(fig)
-    return fig
+    return _finish(fig)
 
 
 def _is_shape_and_sharding(v: Any) -> bool:
-    from jax.sharding import Sharding
-
     return isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], tuple | list) and isinstance(v[1], Sharding)
 
 
@@ -583,22 +523,17 @@ def _named_leaves(arrays: Any) -> list[tuple[str, Any, Any]]:
     return items
 
 
-def draw_shardings(
-    arrays: Any,
-    *,
-    ncols: int = 3,
-    title: str | None = None,
-    show_bytes: bool = True,
-    contents: Callable[[np.ndarray], str] | None = None,
-) -> Figure:
+def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, show_bytes: bool = True,
+                   contents: Callable[[np.ndarray], str] | None = None) -> Figure:
     """Draw several arrays side by side, one panel each, named and typed.
 
     ``arrays`` is a dict of name -> array (or name -> (shape, sharding)), or
     any pytree of arrays such as ``nnx.state(model)``: the panel titles are the
     pytree paths, e.g. ``linear1/kernel``. N-D arrays show their last two
-    dimensions (use :func:`draw_sharding` for the full picture). ``contents``
-    labels each block with what it holds, as in :func:`draw_sharding`; every
-    array must then be a real ``jax.Array``.
+    dimensions (use :func:`draw_sharding` for the full picture). Panels are
+    all one size and each array has its true aspect, so arrays of one shape
+    are drawn alike whatever their layout. ``contents`` is as in
+    :func:`draw_sharding`; every array must then be a real ``jax.Array``.
     """
     if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
         raise ValueError(f"ncols must be a whole number >= 1; got {ncols!r}")
@@ -612,30 +547,29 @@ def draw_shardings(
         except (TypeError, ValueError) as err:
             raise type(err)(f"{name}: {err}") from None
         r, c = _panel_dims(len(shape), None)
-        panel = _panels(shape, tiles(shape, sh), r, c)[0]
-        views.append((name, shape, dtype, sh, r, c, panel, _contents_lines(x, panel[1], contents, repr(name))))
-    sizes = [_panel_inches(shape, panel[1], r, c, _label_lines(panel[1], show_bytes, extra))
-             for _, shape, _, _, r, c, panel, extra in views]
-    aspects = [min(max(h / w, 0.22), 1.0) for w, h in sizes]
-    cell_w = max(3.8, *(w * 0.8 for w, _ in sizes))
-    cell_h = cell_w * max(aspects) + 1.0
+        panel_label, panel_tiles = _panels(shape, tiles(shape, sh), r, c)[0]
+        extra = _contents_lines(x, panel_tiles, contents, repr(name))
+        itemsize = np.dtype(dtype).itemsize
+        labelled = [(t, _tile_lines(t, itemsize, show_bytes, extra.get(i, ()))) for i, t in enumerate(panel_tiles)]
+        size = _size(shape, labelled, r, c, (9.0, 6.0) if ncols == 1 else (4.5, 4.0) if ncols == 2 else (3.6, 3.0), 2.6)
+        key = tuple(shape[d] if d is not None else None for d in (r, c))
+        views.append((key, name, shape, dtype, sh, r, c, panel_label, labelled, size))
+    ratios: dict[tuple, float] = {}  # one drawn shape, one aspect: the furthest from true (in 1-D the tallest strip)
+    for key, _, shape, _, _, r, c, *_, (_, _, ratio) in views:
+        true = _aspect(shape, r, c) or 1e-9
+        ratios[key] = max(ratios.get(key, true), ratio, key=lambda q, t=true: abs(math.log(q / t)))
+    cell_w = max(w for *_, (w, _, _) in views) + 0.5
+    cell_h = max(h for *_, (_, h, _) in views) + 1.1
     fig, axes = plt.subplots(nrows, ncols, figsize=(cell_w * ncols, cell_h * nrows + 0.4), squeeze=False)
-    for ax, aspect, (name, shape, dtype, sh, r, c, (panel_label, panel_tiles), lines) in zip(
-        axes.flat, aspects, views, strict=False
-    ):
-        ax.set_box_aspect(aspect)  # each panel keeps its own proportions (a bias stays a thin strip)
-        _draw_tiles(ax, shape, panel_tiles, r, c, np.dtype(dtype).itemsize, show_bytes,
-                    _fontsize(len(panel_tiles)), lines)
+    for ax, (key, name, shape, dtype, sh, r, c, panel_label, labelled, _) in zip(axes.flat, views, strict=False):
+        _draw_tiles(ax, shape, sh, labelled, r, c, ratios[key])
         extra = f"\n(first block of {panel_label.split(' = ')[0]})" if panel_label else ""
         ax.set_title(f"{name}\n{type_string(shape, sh, dtype=dtype)}{extra}", fontsize=9)
-    for ax in list(axes.flat)[len(items) :]:
+    for ax in list(axes.flat)[len(items):]:
         ax.remove()
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    _finish_blocks(fig)
-    plt.close(fig)
-    return fig
+    return _finish(fig)
 
 
 _HELD, _FETCH, _OUT = "#1a7f37", "#cf222e", "#6639ba"  # green, red, purple: the roles in draw_matmul
@@ -643,8 +577,6 @@ _HELD, _FETCH, _OUT = "#1a7f37", "#cf222e", "#6639ba"  # green, red, purple: the
 
 def _matmul_operand(name: str, x: Any, mesh: Any = None) -> tuple[tuple[int, ...], Any, Any]:
     """(shape, dtype, sharding) of a matmul operand: an array, a ShapeDtypeStruct, or a (shape, sharding) pair."""
-    from jax.sharding import PartitionSpec, Sharding
-
     if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], Sharding | PartitionSpec):
         x, sharding = x
     else:
@@ -658,11 +590,6 @@ def _matmul_operand(name: str, x: Any, mesh: Any = None) -> tuple[tuple[int, ...
         ) from None
 
 
-def _faded(ax: Axes, text: Any) -> None:
-    text.set_alpha(0.45)
-    text.get_bbox_patch().set_alpha(0.35)
-
-
 def _outline(ax: Axes, start: Sequence[int], stop: Sequence[int], shape: Sequence[int], gid: str, **style: Any) -> None:
     """An outline (or hatched overlay) over rows start[0]:stop[0], columns start[1]:stop[1] of a 2-D panel."""
     y0, x0 = start[0] / shape[0], start[1] / shape[1]
@@ -670,29 +597,23 @@ def _outline(ax: Axes, start: Sequence[int], stop: Sequence[int], shape: Sequenc
     ax.add_patch(Rectangle((x0, y0), w, h, gid=gid, zorder=2.0, **style))
 
 
-def draw_matmul(
-    lhs: Any,
-    rhs: Any,
-    out: Any,
-    *,
-    device: Any = 0,
-    title: str | None = None,
-    names: tuple[str, str, str] = ("A", "B", "C"),
-    show_bytes: bool = False,
-) -> Figure:
+def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | None = None,
+                names: tuple[str, str, str] = ("A", "B", "C"), show_bytes: bool = False) -> Figure:
     """Draw ``C = A @ B`` as one device sees it: what it holds, fetches, and adds up.
 
     ``lhs`` (A, shape (M, K)), ``rhs`` (B, (K, N)) and ``out`` (C, (M, N)) are
     each a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct`` with a sharding,
     or a ``(shape, NamedSharding)`` pair; ``out`` may also be just C's
-    ``NamedSharding`` or ``PartitionSpec`` (its shape follows from A and B),
-    e.g. ``compiled.output_shardings``. The three panels sit side by side. For
+    ``NamedSharding`` or ``PartitionSpec`` (e.g. ``compiled.output_shardings``).
+    The classic layout, on one scale: B above C, A to the left of C, so A's
+    rows line up with C's rows and B's columns with C's columns. For
     ``device``: its blocks of A and B are outlined in green ("held by dev 0");
-    the pieces it needs for its block of C but does not hold are hatched red
-    ("fetched from dev 1": an all-gather); its block of C is outlined in
-    purple, with "partial sum over 'model'" when A and B split the contracting
-    dimension (an all-reduce, or a reduce-scatter when C is split over that
-    axis too). Blocks it does not use are faded. The title says what moves.
+    pieces it needs but does not hold are hatched red ("fetched from dev 1":
+    an all-gather); its block of C is outlined in purple, with "partial sum
+    over 'model'" when A and B split the contracting dimension alike (an
+    all-reduce, or a reduce-scatter when C is split over that axis too).
+    Blocks it does not use are faded; the title says what moves. A dimension
+    more than 4x another is drawn shorter, and the panels say 'not to scale'.
 
     The geometry is :func:`utils.layout.matmul_traffic`, the textbook plan;
     assert against it, and against the compiled program's collectives.
@@ -700,11 +621,8 @@ def draw_matmul(
     a_shape, a_dtype, a_sh = _matmul_operand(names[0], lhs)
     mesh = getattr(a_sh, "mesh", None)
     b_shape, b_dtype, b_sh = _matmul_operand(names[1], rhs, mesh)
-    from jax.sharding import PartitionSpec, Sharding
-
     if isinstance(out, PartitionSpec | Sharding):
-        c_sh = out
-        c_dtype = np.result_type(a_dtype, b_dtype)
+        c_sh, c_dtype = out, np.result_type(a_dtype, b_dtype)
     else:
         c_shape, c_dtype, c_sh = _matmul_operand(names[2], out, mesh)
         if len(a_shape) == 2 and len(b_shape) == 2 and c_shape != (a_shape[0], b_shape[1]):
@@ -716,50 +634,47 @@ def draw_matmul(
     c_shape = (a_shape[0], b_shape[1])
     c_sh = c_sh if isinstance(c_sh, Sharding) else as_layout(c_shape, c_sh, mesh)[2]
     d = traffic.device
-
-    panels = [(names[0], a_shape, a_dtype, a_sh, traffic.lhs), (names[1], b_shape, b_dtype, b_sh, traffic.rhs),
-              (f"{names[2]} = {names[0]} @ {names[1]}", c_shape, c_dtype, c_sh, None)]
-    views = []
-    for _, shape, _, sh, op in panels:
+    # one scale for M, K and N; where the longest is over 4x the shortest, lengths go as size**p (shortest: 1/4)
+    dims = (a_shape[0], a_shape[1], c_shape[1])
+    p = min(1.0, math.log(4) / math.log(max(dims) / max(min(dims), 1)) if max(dims) > 4 * min(dims) else 1.0)
+    m, k, n = (max(v, 1) ** p for v in dims)
+    scale = min(8.5 / (k + n), 5.5 / (k + m))
+    legend_in, head_in = 0.7, 0.75
+    fig = plt.figure(figsize=(scale * (k + n) + 1.8, scale * (k + m) + 1.9 + legend_in + head_in))
+    grid = fig.add_gridspec(2, 2, width_ratios=[k, n], height_ratios=[k, m])
+    panels = [  # name, shape, dtype, sharding, operand traffic, grid cell, anchor, height:width
+        (names[0], a_shape, a_dtype, a_sh, traffic.lhs, grid[1, 0], "NE", m / k),
+        (names[1], b_shape, b_dtype, b_sh, traffic.rhs, grid[0, 1], "SW", k / n),
+        (f"{names[2]} = {names[0]} @ {names[1]}", c_shape, c_dtype, c_sh, None, grid[1, 1], "NW", m / n),
+    ]
+    for name, shape, dtype, sh, op, cell, anchor, ratio in panels:
+        ax = fig.add_subplot(cell, anchor=anchor)
         panel_tiles = tiles(shape, sh)
-        views.append((panel_tiles, _matmul_roles(traffic, op, panel_tiles)))
-    top = max(a_shape[1], b_shape[1])
-    sizes = []
-    for (_, shape, _, _, _), (panel_tiles, roles) in zip(panels, views, strict=True):
-        n_rows = len({(t.start[0], t.stop[0]) for t in panel_tiles})
-        n_cols = len({(t.start[1], t.stop[1]) for t in panel_tiles})
-        w = min(max(4.2 * shape[1] / top, 1.1 * n_cols, 1.6), 7.0)
-        lines = _label_lines(panel_tiles, show_bytes, roles)
-        h = min(max(w * min(max(shape[0] / shape[1], 0.25), 1.6), (0.2 + 0.14 * lines) * n_rows, 0.9), 7.0)
-        sizes.append((w, h))
-    legend_in = 0.6
-    fig_h = max(h for _, h in sizes) + 1.4 + legend_in
-    fig, axes = plt.subplots(1, 3, figsize=(sum(w for w, _ in sizes) + 2.4, fig_h),
-                             gridspec_kw={"width_ratios": [w for w, _ in sizes]})
-    for ax, (w, h), (name, shape, dtype, sh, op), (panel_tiles, roles) in zip(axes, sizes, panels, views, strict=True):
-        ax.set_box_aspect(h / w)
-        fontsize = _fontsize(len(panel_tiles)) - 0.5
-        drawn = _draw_tiles(ax, shape, panel_tiles, 0, 1, np.dtype(dtype).itemsize, show_bytes, fontsize, roles)
-        for i, (t, text) in enumerate(drawn):
+        roles = _matmul_roles(traffic, op, panel_tiles)
+        labelled = [(t, _tile_lines(t, np.dtype(dtype).itemsize, show_bytes, roles.get(i, ())))
+                    for i, t in enumerate(panel_tiles)]
+        texts = _draw_tiles(ax, shape, sh, labelled, 0, 1, ratio)
+        for i, (t, text) in enumerate(zip(panel_tiles, texts, strict=True)):
             if i not in roles:
-                _faded(ax, text)
+                text.set_alpha(0.45)
+                text.get_bbox_patch().set_alpha(0.35)
                 _outline(ax, t.start, t.stop, shape, "faded", facecolor="white", alpha=0.6, linewidth=0)
+            else:
+                edge = _OUT if op is None else _HELD if d in t.devices else _FETCH
+                text.get_bbox_patch().set(edgecolor=edge, linewidth=1.5, alpha=0.9)
         if op is not None:
             _outline(ax, op.held.start, op.held.stop, shape, "held", fill=False, edgecolor=_HELD, linewidth=3)
             for p in op.missing:
                 _outline(ax, p.start, p.stop, shape, "fetched", fill=False, hatch="xx", edgecolor=_FETCH,
                          linewidth=2.5, linestyle="--")
-            for i, (t, text) in enumerate(drawn):
-                if i in roles:
-                    text.get_bbox_patch().set(edgecolor=_HELD if d in t.devices else _FETCH, linewidth=1.5, alpha=0.9)
         else:
             if traffic.partial_axes:
                 _outline(ax, traffic.computed_start, traffic.computed_stop, shape, "partial", fill=False,
                          edgecolor=_OUT, linewidth=0, hatch="//")
             _outline(ax, traffic.out.start, traffic.out.stop, shape, "out", fill=False, edgecolor=_OUT, linewidth=3)
-            for i, (_, text) in enumerate(drawn):
-                if i in roles:
-                    text.get_bbox_patch().set(edgecolor=_OUT, linewidth=1.5, alpha=0.9)
+            ax.yaxis.set_label_position("right")  # A's ylabel, on the left, names these rows too
+        if name == names[1]:
+            ax.xaxis.set_label_position("top")  # C's xlabel, below C, names these columns too
         ax.set_title(f"{name}\n{type_string(shape, sh, dtype=dtype)}   {_spec_text(sh)}", fontsize=9)
     handles = [
         Patch(facecolor="none", edgecolor=_HELD, linewidth=2.5, label=f"held by dev {d}"),
@@ -771,15 +686,12 @@ def draw_matmul(
     if traffic.partial_axes:
         handles.insert(3, Patch(facecolor="none", edgecolor=_OUT, hatch="//", linewidth=0,
                                 label=f"partial sums dev {d} computes: added up over "
-                                      f"{_axes_words(traffic.partial_axes)} ({traffic.reduction})"))
+                                      f"{_axes_text(traffic.partial_axes)} ({traffic.reduction})"))
     fig.legend(handles=handles, loc="lower center", ncol=3 if len(handles) > 4 else 2, fontsize=8, frameon=False)
     summary = traffic.summary((names[0], names[1], names[2]))
     fig.suptitle(f"{title}\n{summary}" if title else summary, fontsize=10)
-    head_in = 0.2 * (fig._suptitle.get_text().count("\n") + 1)  # type: ignore[union-attr]
-    fig.tight_layout(rect=(0, legend_in / fig_h, 1, 1 - head_in / fig_h))
-    _finish_blocks(fig)
-    plt.close(fig)
-    return fig
+    fig_h = fig.get_size_inches()[1]
+    return _finish(fig, rect=(0, legend_in / fig_h, 1, 1 - head_in / fig_h))
 
 
 def _matmul_roles(traffic: MatmulTraffic, op: Any, panel_tiles: list[Tile]) -> dict[int, list[str]]:
@@ -797,7 +709,7 @@ def _matmul_roles(traffic: MatmulTraffic, op: Any, panel_tiles: list[Tile]) -> d
                 roles[i] = [f"{part}fetched from dev {p.source}"]
         elif d in t.devices:  # the output: the device's own block
             if traffic.partial_axes:
-                roles[i] = [f"dev {d}'s block: partial sum over {_axes_words(traffic.partial_axes)}"]
+                roles[i] = [f"dev {d}'s block: partial sum over {_axes_text(traffic.partial_axes)}"]
             else:
                 roles[i] = [f"dev {d}'s block: complete"]
         elif traffic.reduction == "reduce-scatter" and _overlaps(t, traffic.computed_start, traffic.computed_stop):
@@ -813,10 +725,6 @@ def _inside(p: Any, t: Tile) -> bool:
     return all(a <= x and y <= b for a, b, x, y in zip(t.start, t.stop, p.start, p.stop, strict=True))
 
 
-def _axes_words(axes: Sequence[str]) -> str:
-    return " and ".join(repr(a) for a in axes)
-
-
 def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, title: str | None = None) -> Figure:
     """Draw ``jax.lax.ppermute(x, axis_name, perm)`` as arrows between devices on the mesh.
 
@@ -828,56 +736,33 @@ def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, 
     itself are drawn as "keeps its block". Arrows carry the label
     ``'dev S -> dev D'`` (``[a.get_label() for a in fig.axes[0].patches if a.get_gid() == 'permute-arrow']``).
     """
-    from jax.sharding import Mesh
-
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"draw_permute needs a jax.sharding.Mesh with devices, such as jax.make_mesh((4, 2), ('data', 'model')); "
-            f"got {type(mesh).__name__}"
-        )
-    names = list(mesh.axis_names)
+    _need_mesh(mesh, "draw_permute")
+    names, ids = list(mesh.axis_names), mesh.device_ids
     if axis_name not in names:
         raise ValueError(f"mesh has no axis {axis_name!r}; its axes are {tuple(names)}")
-    size = dict(mesh.shape)[axis_name]
-    pairs = _check_perm(perm, axis_name, size)
-    ids = np.vectorize(lambda dv: dv.id, otypes=[int])(mesh.devices)
-    axis = names.index(axis_name)
-    if ids.ndim == 1:
-        grid_ids, row_axis, col_axis = ids[None, :], None, 0
-    elif ids.ndim == 2:
-        grid_ids, row_axis, col_axis = ids, 0, 1
-    else:
-        if axis < ids.ndim - 2:
-            raise ValueError(
-                f"draw_permute draws the last two mesh axes; {axis_name!r} is not one of them: "
-                f"build the mesh with {axis_name!r} among its last two axes to draw it"
-            )
-        lead = ids.shape[:-2]
-        grid_ids = ids.reshape(-1, *ids.shape[-2:])[0]  # the first panel: every other panel is the same picture
-        row_axis, col_axis = ids.ndim - 2, ids.ndim - 1
-        title = title or f"first {', '.join(f'{n}=0' for n in names[: len(lead)])} slice shown; others alike"
-    rows, cols = grid_ids.shape
-    cell = 1.1
-    fig, ax = plt.subplots(figsize=(max(cols * cell + 2.0, 3.5), rows * cell + 1.4))
+    pairs = _check_perm(perm, axis_name, mesh.shape[axis_name])
+    if names.index(axis_name) < ids.ndim - 2:
+        raise ValueError(
+            f"draw_permute draws the last two mesh axes; {axis_name!r} is not one of them: "
+            f"build the mesh with {axis_name!r} among its last two axes to draw it"
+        )
+    if ids.ndim > 2:  # the first panel: every other panel is the same picture
+        title = title or f"first {', '.join(f'{n}=0' for n in names[:-2])} slice shown; others alike"
+    grid = ids.reshape(-1, *ids.shape[-2:])[0] if ids.ndim > 1 else ids[None, :]
+    along_rows = ids.ndim > 1 and names.index(axis_name) == ids.ndim - 2  # the permuted axis runs down the picture
+    rows, cols = grid.shape
+    fig, ax = plt.subplots(figsize=(max(cols * 1.1 + 2.0, 3.5), rows * 1.1 + 1.4))
     targets = {dst for _, dst in pairs}
-    for i in range(rows):
-        for j in range(cols):
-            dev = int(grid_ids[i, j])
-            index = (i if axis == row_axis else j) if ids.ndim > 1 else j
-            receives = index in targets
-            ax.add_patch(Rectangle((j + 0.06, i + 0.06), 0.88, 0.88, facecolor=device_color(dev),
-                                   alpha=0.8 if receives else 0.3, edgecolor="0.3" if not receives else "white",
-                                   hatch=None if receives else "..", linewidth=1.5, gid="device"))
-            ax.text(j + 0.5, i + 0.5, str(dev), ha="center", va="center", fontsize=10, gid="device-label")
-            if not receives:
-                ax.text(j + 0.5, i + 0.78, "receives zeros", ha="center", va="center", fontsize=6.5, gid="zeros-note",
-                        bbox=dict(_LABEL_BOX))
-    along_rows = ids.ndim > 1 and axis == row_axis  # the permuted axis runs down the picture
+    zeros = frozenset((i, j) for i in range(rows) for j in range(cols) if (i if along_rows else j) not in targets)
+    _mesh_grid(ax, grid, names[-2] if ids.ndim > 1 else None, names[-1], 10, zeros)
+    for i, j in sorted(zeros):
+        ax.text(j + 0.5, i + 0.78, "receives zeros", ha="center", va="center", fontsize=6.5, gid="zeros-note",
+                bbox=dict(_LABEL_BOX))
     pair_set = set(pairs)
     for src, dst in pairs:
         for g in range(cols if along_rows else rows):  # one group of devices per position on the other axis
             a, b = ((src, g), (dst, g)) if along_rows else ((g, src), (g, dst))
-            s_dev, d_dev = int(grid_ids[a]), int(grid_ids[b])
+            s_dev, d_dev = int(grid[a]), int(grid[b])
             if src == dst:
                 ax.text(a[1] + 0.5, a[0] + 0.22, "keeps its block", ha="center", va="center", fontsize=6.5,
                         gid="keeps-note")
@@ -892,33 +777,16 @@ def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, 
             arrow = FancyArrowPatch(
                 (a[1] + 0.5, a[0] + 0.5), (b[1] + 0.5, b[0] + 0.5), arrowstyle="-|>", mutation_scale=14,
                 connectionstyle=f"arc3,rad={rad}", shrinkA=14, shrinkB=14, linewidth=1.8,
-                color=_darker(device_color(s_dev)), gid="permute-arrow", zorder=3,
+                color=tuple(0.7 * v for v in device_color(s_dev)[:3]), gid="permute-arrow", zorder=3,
             )
             arrow.set_label(f"dev {s_dev} -> dev {d_dev}")
             ax.add_patch(arrow)
     margin = 0.9 if any(abs(t - f) > 1 for f, t in pairs) else 0.2  # room for the arcs of long jumps
     ax.set_xlim(-margin if along_rows else -0.2, cols + (margin if along_rows else 0.2))
     ax.set_ylim(rows + (0.2 if along_rows else margin), -0.2 if along_rows else -margin)
-    ax.set_aspect("equal")
-    ax.set_xticks(np.arange(cols) + 0.5, [str(j) for j in range(cols)])
-    ax.set_yticks(np.arange(rows) + 0.5, [str(i) for i in range(rows)] if ids.ndim > 1 else [""])
-    ax.tick_params(length=0, labelsize=8)
-    for side in ("top", "right", "bottom", "left"):
-        ax.spines[side].set_visible(False)
-    row_name = names[row_axis] if row_axis is not None else None
-    ax.set_xlabel(f"{names[col_axis]} ({cols}) \u2192", fontsize=9)
-    if row_name is not None:
-        ax.set_ylabel(f"{row_name} ({rows}) \u2193", fontsize=9)
     head = f"ppermute over {axis_name!r}: " + ", ".join(f"{s}\u2192{t}" for s, t in pairs)
     fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
-    fig.tight_layout()
-    _finish_blocks(fig)
-    plt.close(fig)
-    return fig
-
-
-def _darker(color: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
-    return (color[0] * 0.7, color[1] * 0.7, color[2] * 0.7, 1.0)
+    return _finish(fig)
 
 
 def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
@@ -948,7 +816,7 @@ def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
 def tile_labels(fig: Figure) -> list[str]:
     """The label of every block drawn in ``fig``, panel by panel: what a reader sees.
 
-    A label is lines joined by ``'\\n'``, always in this order:
+    A label is lines joined by ``'\\n'`` (drawn side by side, ``' · '``, in a short block), in this order:
 
     1. the devices holding the block: ``'dev 3'``, ``'dev 0,2,4,6'``, ``'dev 0-7'``;
     2. the block's shape: ``'(32, 256)'``;
@@ -959,12 +827,11 @@ def tile_labels(fig: Figure) -> list[str]:
     7. only in :func:`draw_matmul`: the block's role for the chosen device
        (``'held by dev 0'``, ``'fetched from dev 1'``, ``"dev 0's block: partial sum over 'model'"``).
 
-    So ``'dev 0,1\\n(32, 512)\\n64.0 KiB\\n2 copies'`` is a (32, 512) block with a copy
-    on devices 0 and 1, and ``label.split('\\n')[0]`` is always the devices.
+    So ``'dev 0,1\\n(32, 512)\\n64.0 KiB\\n2 copies'`` is a (32, 512) block copied on devices 0 and 1.
     """
     if not isinstance(fig, Figure):
         raise TypeError(f"tile_labels reads a Figure returned by draw_sharding(s); got {type(fig).__name__}")
-    return [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
+    return [t.get_label() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
 
 
 def mesh_labels(fig: Figure) -> list[list[list[int]]]:
@@ -975,15 +842,10 @@ def mesh_labels(fig: Figure) -> list[list[list[int]]]:
     """
     if not isinstance(fig, Figure):
         raise TypeError(f"mesh_labels reads a Figure returned by draw_mesh; got {type(fig).__name__}")
-    grids = []
-    for ax in fig.axes:
-        cells = [(t.get_position(), int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label"]
-        if not cells:
-            continue
-        rows: dict[float, list[tuple[float, int]]] = {}
-        for (x, y), dev in cells:
-            rows.setdefault(y, []).append((x, dev))
-        grids.append([[dev for _, dev in sorted(row)] for _, row in sorted(rows.items())])
+    cells = [sorted((t.get_position()[::-1], int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label")
+             for ax in fig.axes]
+    grids = [[[dev for _, dev in row] for _, row in itertools.groupby(c, key=lambda cell: cell[0][0])]
+             for c in cells if c]
     if not grids:
         raise ValueError("this figure has no devices drawn: pass a Figure from draw_mesh")
     return grids

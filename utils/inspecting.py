@@ -1,36 +1,18 @@
 """What the compiler did: collectives in the HLO, per-device memory, shard tables.
 
-These read the *compiled* program (``jax.jit(f).lower(*args).compile()``),
-which is the partitioned, per-device program: the only place where the
-collectives that GSPMD/Shardy inserted can be seen and counted. A program
-compiled ahead of time for a TPU topology (``jax.experimental.topologies``,
-no TPU needed) is read the same way.
+These read the *compiled* program (``jax.jit(f).lower(*args).compile()``, or one compiled ahead of time
+for a TPU topology): the partitioned per-device program, the only place the collectives that the
+partitioner inserted can be counted. How each backend writes a collective:
 
-The backend that compiled the program changes how a collective is written:
-
-- A reduce-scatter that the *partitioner* inserts (the gradient of a weight
-  sharded ``P('data', None)``, for example) appears in a CPU program as an
-  ``all-reduce`` followed by a ``dynamic-slice``: the CPU compiler keeps the
-  pair, and :func:`collectives` reports what is there, an all-reduce. The TPU
-  compiler fuses the pair into one op, a ``fusion`` that calls a computation
-  named ``%all-reduce-scatter``; :func:`collectives` counts it as one
-  reduce-scatter. A reduce-scatter written by hand (``jax.lax.psum_scatter``
-  in ``shard_map``) is a ``reduce-scatter`` op on CPU. On TPU it is one when
-  each device's part fills whole 8-row tiles: scattering ``f32[32,512]`` or
-  ``f32[64,512]`` over 4 devices (8 or 16 rows each) gives a reduce-scatter,
-  but ``f32[16,512]`` or ``f32[40,512]`` (4 or 10 rows each) an ``all-reduce``
-  of the whole array (and 6 rows each a padded reduce-scatter plus a
-  collective-permute).
-- The TPU compiler converts f32 matmul operands to bf16 before gathering them
-  (the TPU's default matmul precision), so its all-gathers move half the
-  bytes of the CPU's; ``result_bytes`` follows the type the program states.
-- The TPU compiler runs some collectives asynchronously, split into a start,
-  several steps that overlap with compute, and a done; each such chain is one
-  collective here.
-- The GPU compiler runs most collectives as ``-start``/``-done`` pairs, and
-  often flattens a combined all-reduce into one 1-D buffer (``f32[8320]`` for
-  an ``f32[8,16,64]`` and an ``f32[8,16,1]``): the kinds, groups and bytes it
-  reports are exact, the per-array shapes are gone.
+- a reduce-scatter the *partitioner* inserts (the gradient of a weight at ``P('data', None)``) is, on
+  CPU, an ``all-reduce`` then a ``dynamic-slice``, reported as the all-reduce it is; the TPU compiler
+  fuses the pair (a fusion calling ``%all-reduce-scatter``), reported as one reduce-scatter;
+- ``jax.lax.psum_scatter`` is a ``reduce-scatter`` on CPU; on TPU only where each device's part fills
+  whole 8-row tiles (``f32[32,512]`` over 4 devices), else an ``all-reduce`` of the whole array;
+- the TPU gathers f32 matmul operands as bf16 (half the bytes: ``result_bytes`` follows the stated
+  type) and runs some collectives as async chains, each counted once;
+- the GPU writes ``-start``/``-done`` pairs and may flatten a combined all-reduce into one 1-D buffer:
+  kinds, groups and bytes stay exact, the per-array shapes are lost.
 """
 
 from __future__ import annotations
@@ -39,6 +21,7 @@ import contextlib
 import math
 import re
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +47,6 @@ __all__ = [
 ]
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-FORMS = ("op", "async", "fused")
 
 _BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
          "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128,
@@ -87,40 +69,28 @@ def format_bytes(n: float) -> str:
     return ""  # pragma: no cover
 
 
+class _Printed:
+    """Shown in a notebook by its ``__str__`` (a table), not a dataclass repr."""
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
 @dataclass(frozen=True)
 class CollectiveOp:
     """One collective of the compiled per-device program.
 
-    - ``kind``: one of :data:`COLLECTIVES`.
-    - ``name``: the HLO instruction's name (for a TPU fused reduce-scatter, the
-      fusion's name), to find it in ``compiled.as_text()``.
-    - ``result_type``: the per-device type of what the op produces, without
-      layouts (``{1,0:T(8,128)}``): ``'bf16[1024,1024]'``; a tuple of equal
-      arrays is ``'4 x f32[8]'``.
-    - ``result_bytes``: the size of that result on each device, from the type
-      the program states (so a bf16 all-gather counts 2 bytes per element; TPU
-      tile padding is not included). For an async pair, the bytes of the
-      result only, not of the start op's (operand, result, ...) tuple.
-    - ``group_size``: how many devices talk in each group (for
-      collective-permute, the size of the largest ring of its
-      source-target pairs).
-    - ``shapes``: the shape of each array the op produces, as the program
-      states it: several for a combined op, one 1-D shape for an op the
-      compiler flattened (GPU), so compare kinds, groups and bytes across
-      backends, not shapes.
-    - ``form``: how the program writes it: ``'op'`` (one synchronous
-      instruction), ``'async'`` (a ``-start``/``-done`` pair, an
-      ``async-start`` wrapper, or the TPU's chain of async-collective fusions),
-      ``'fused'`` (inside a fusion: the TPU's all-reduce + dynamic-slice fusion
-      that is one reduce-scatter, or a collective fused with other work).
-    - ``in_loop``: inside a ``while`` loop (a ``fori_loop`` or ``scan`` body): the
-      program states it once, and it runs once per iteration.
+    ``kind`` is one of :data:`COLLECTIVES`; ``name`` the HLO instruction (a TPU fused reduce-scatter: the
+    fusion); ``result_type`` the per-device result without layouts (``'bf16[1024,1024]'``, ``'4 x f32[8]'``
+    for a tuple of equal arrays) and ``result_bytes`` its size from the stated type (no TPU tile padding;
+    for an async pair the result only); ``group_size`` the devices per group (for a collective-permute,
+    its largest ring); ``shapes`` each array produced (several for a combined op, one flat one where the
+    GPU flattened it); ``form`` is ``'op'``, ``'async'`` (a start/done pair, an async wrapper or a TPU
+    chain) or ``'fused'`` (inside a fusion); ``in_loop``: stated once in a loop body, run every iteration.
 
-    ``estimated_bytes`` is an *estimate*, not a measurement: what each device would send under the
-    textbook ring algorithm, computed from the result size and group size the program states:
-    all-gather (N-1)/N x result, reduce-scatter (N-1) x result,
-    all-reduce 2(N-1)/N x result, all-to-all (N-1)/N x result,
-    collective-permute 1 x result.
+    ``estimated_bytes`` is an *estimate*, what each device would send under the textbook ring algorithm:
+    all-gather and all-to-all (N-1)/N x result, reduce-scatter (N-1) x result, all-reduce 2(N-1)/N x
+    result, collective-permute 1 x result.
     """
 
     kind: str
@@ -135,20 +105,14 @@ class CollectiveOp:
     @property
     def estimated_bytes(self) -> float:
         """Ring-formula estimate of the bytes each device sends (not measured); 0 for a group of one."""
-        n, b = self.group_size, self.result_bytes
-        if n <= 1:
-            return 0.0
-        return {
-            "all-gather": (n - 1) / n * b,
-            "reduce-scatter": (n - 1) * b,
-            "all-reduce": 2 * (n - 1) / n * b,
-            "all-to-all": (n - 1) / n * b,
-            "collective-permute": float(b),
-        }[self.kind]
+        n = self.group_size
+        share = {"all-gather": (n - 1) / n, "reduce-scatter": n - 1, "all-reduce": 2 * (n - 1) / n,
+                 "all-to-all": (n - 1) / n, "collective-permute": 1.0}[self.kind]
+        return 0.0 if n <= 1 else share * self.result_bytes
 
 
 @dataclass(frozen=True)
-class Collectives:
+class Collectives(_Printed):
     """Every collective found in a compiled program, in program order (see :func:`collectives`)."""
 
     ops: tuple[CollectiveOp, ...]
@@ -198,9 +162,6 @@ class Collectives:
             lines.append("(in loop): stated once in the loop body, runs once per iteration; counted once")
         return "\n".join(lines)
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
-
 
 def _hlo_text(compiled: Any) -> str:
     if isinstance(compiled, str):
@@ -208,19 +169,13 @@ def _hlo_text(compiled: Any) -> str:
     import jax
 
     if isinstance(compiled, jax.stages.Lowered):
-        raise TypeError(
-            "this is a Lowered program (before partitioning, so it has no collectives yet): "
-            "call .compile() on it first, e.g. jax.jit(f).lower(x).compile()"
-        )
+        raise TypeError("this is a Lowered program (before partitioning, so it has no collectives yet): "
+                        "call .compile() on it first, e.g. jax.jit(f).lower(x).compile()")
     if isinstance(compiled, jax.stages.Wrapped) or (callable(compiled) and not hasattr(compiled, "as_text")):
-        raise TypeError(
-            "pass the compiled program, not the function: jax.jit(f).lower(*args).compile()"
-        )
+        raise TypeError("pass the compiled program, not the function: jax.jit(f).lower(*args).compile()")
     if not hasattr(compiled, "as_text"):
-        raise TypeError(
-            f"expected a compiled program from jax.jit(f).lower(*args).compile(), or its HLO text; "
-            f"got {type(compiled).__name__}"
-        )
+        raise TypeError(f"expected a compiled program from jax.jit(f).lower(*args).compile(), or its HLO text; "
+                        f"got {type(compiled).__name__}")
     return compiled.as_text()
 
 
@@ -311,10 +266,7 @@ def _group_size(line: str, total_devices: int | None) -> int:
 
         for a, b in pairs:
             group[root(a)] = root(b)
-        sizes_: dict[int, int] = {}
-        for v in list(group):
-            sizes_[root(v)] = sizes_.get(root(v), 0) + 1
-        return max(max(sizes_.values(), default=2), 2)
+        return max(2, *Counter(root(v) for v in list(group)).values())
     return total_devices or 1  # replica_groups={} : every device
 
 
@@ -436,45 +388,16 @@ def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, str] | None:
 def collectives(compiled: Any) -> Collectives:
     """Find the collectives the compiler inserted, with per-device sizes.
 
-    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (CPU,
-    GPU, or a TPU topology compiled ahead of time), or its ``as_text()``.
-
-    What is counted, walking the program from its entry computation in order:
-
-    - each collective instruction once (all-reduce, all-gather,
-      reduce-scatter, all-to-all, collective-permute), including those inside
-      called computations: loop bodies (``in_loop``), conditional branches,
-      fusions, ``async-start`` wrappers. A loop body's collective is counted
-      once, not once per iteration;
-    - an async pair (``all-gather-start``/``all-gather-done`` and the like)
-      once, with the bytes of its result (the ``-done`` op's type);
-    - the TPU's async chains (fusions that repeat one collective with the same
-      ``channel_id`` in a start, several overlap steps and a done) once;
-    - a fusion whose computation is an all-reduce followed by a
-      dynamic-slice of it (how the TPU compiler writes a reduce-scatter) as
-      one reduce-scatter, with the slice's type and the all-reduce's groups;
-      the all-reduce inside it is not counted again. A combined all-reduce of
-      several arrays whose every element is sliced is one reduce-scatter whose
-      result is the tuple of the slices.
-
-    A combined op (the compiler merged several collectives of the same kind
-    and group into one) is one op whose ``result_type`` joins the arrays
-    (``'f32[64,128] + f32[16,512]'``, or ``'4 x f32[8]'`` when equal), whose
-    ``shapes`` lists each array and whose ``result_bytes`` is their sum; the
-    table prints ``'N arrays, size'`` when the type is long. CPU and TPU keep
-    each array's shape. The GPU compiler often flattens a combined all-reduce
-    into one 1-D buffer (``all-reduce f32[8320]`` for an ``f32[8,16,64]`` and
-    an ``f32[8,16,1]``): it is reported as the one array the program states,
-    so the per-array shapes are lost while the bytes stay exact. On GPU,
-    async ``-start``/``-done`` pairs are the usual form, counted once with the
-    ``-done`` result.
-
-    An unfused all-reduce + dynamic-slice (the CPU's spelling of the
-    partitioner's reduce-scatter) is reported as the all-reduce it is. Each
-    instruction of the program text counts once, even where its computation is
-    called from two places; computations the entry never calls are skipped.
-    Not counted: ``ragged-all-to-all``, ``collective-broadcast``,
-    ``send``/``recv`` (none appears in the course's programs).
+    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (CPU, GPU, or a TPU topology
+    compiled ahead of time), or its ``as_text()``. Walking from the entry computation, in program order:
+    each collective instruction counts once, including those in loop bodies (``in_loop``, once, not once
+    per iteration), branches, fusions and async wrappers; an async pair or a TPU async chain (one
+    ``channel_id``) once, with its result's bytes; a fusion of an all-reduce whose every result is
+    dynamic-sliced (the TPU's reduce-scatter) as one reduce-scatter with the slice's type. A combined op
+    (several arrays in one) is one op listing each array in ``shapes``, with their summed bytes. An
+    unfused all-reduce + dynamic-slice (the CPU's reduce-scatter) is the all-reduce it is. Computations
+    the entry never calls are skipped. Not counted: ``ragged-all-to-all``, ``collective-broadcast``,
+    ``send``/``recv``.
     """
     text = _hlo_text(compiled)
     m = re.search(r"num_partitions=(\d+)", text)
@@ -542,81 +465,39 @@ def collectives(compiled: Any) -> Collectives:
 def compile_with_log(lowered: Any) -> tuple[Any, str]:
     """Compile ``lowered`` and return ``(compiled, log)``: what XLA printed meanwhile.
 
-    XLA's C++ warnings (such as "Involuntary full rematerialization", printed
-    when a reshard goes through a full replica) bypass Python's ``warnings``
-    and ``sys.stderr``; they go straight to file descriptors 1 and 2. This
-    catches them during compilation (with :func:`utils.capture.quiet`) so a
-    notebook can show and assert them. Each fresh compilation prints again; a
-    cached one prints nothing.
+    XLA's C++ warnings ("Involuntary full rematerialization", when a reshard goes through a full
+    replica) go straight to file descriptors 1 and 2, past ``warnings`` and ``sys.stderr``; this
+    catches them (:func:`utils.capture.quiet`) so a notebook can assert them. A cached compile prints nothing.
     """
     import jax
 
     if not isinstance(lowered, jax.stages.Lowered):
-        raise TypeError(
-            f"compile_with_log takes a Lowered program, e.g. jax.jit(f).lower(*args); got {type(lowered).__name__}"
-        )
+        raise TypeError(f"compile_with_log takes a Lowered program, e.g. jax.jit(f).lower(*args); "
+                        f"got {type(lowered).__name__}")
     with quiet() as out:
         compiled = lowered.compile()
     return compiled, out.text
 
 
 @dataclass(frozen=True)
-class Memory:
+class Memory(_Printed):
     """Buffer sizes of one device's compiled program, in bytes, from ``compiled.memory_analysis()``.
 
-    - ``argument``: the input buffers one device holds (its shard of every argument).
-    - ``output``: the output buffers it holds.
-    - ``temp``: the program's temporaries, as the compiler reports them (on
-      TPU not the HBM it allocates for them; see below).
-    - ``alias``: output bytes that reuse an input buffer (donation); counted in both of them.
-    - ``peak``: the compiler's figure for the most memory live at once (None where not reported).
-    - ``allocated``: the bytes the compiler allocated in the device's main
-      memory (``total_allocation_bytes``; jax 0.12 and later, None before).
-    - ``generated_code``: size of the compiled code (0 on CPU).
-    - ``peak_unpadded``: ``peak`` without TPU tile padding (jax 0.12 and later; None before).
-    - ``platform``: ``'cpu'``, ``'tpu'``, ``'gpu'`` (``''`` when unknown).
-    - ``raw``: the ``CompiledMemoryStats`` itself, for fields not copied here.
+    ``argument``/``output``: its shards of the inputs and outputs; ``temp``: temporaries as the compiler
+    reports them; ``alias``: output bytes reusing a donated input (counted in both); ``peak``: the
+    compiler's most-live figure; ``allocated``: bytes allocated in device memory
+    (``total_allocation_bytes``, jax 0.12+); ``peak_unpadded``: ``peak`` without TPU tile padding
+    (jax 0.12+); ``platform``: ``'cpu'``, ``'tpu'``, ``'gpu'`` or ``''``; ``raw``: the stats object.
 
-    ``footprint`` is the memory the program needs on each device: on TPU its
-    HBM. On CPU and GPU it is ``total`` (arguments + outputs + temporaries -
-    aliased), an upper bound since not every temporary is live at once; on CPU
-    ``peak`` is ``argument + output`` and leaves temporaries out.
-
-    On TPU every array is counted in its tiled layout (f32/bf16 ``[100,100]``
-    is stored as ``[104,128]``: 53,248 bytes in f32 rather than 40,000), and
-    ``footprint`` is ``allocated`` where jax reports it, else ``total``. How
-    that was checked: programs compiled for ``v5e:2x4`` with
-    ``XLA_FLAGS=--xla_dump_to=DIR``, against the compiler's own
-    ``DIR/*memory-usage-report.txt`` (space ``default`` is HBM, ``vmem`` the
-    chip's 128 MiB of on-chip memory), on libtpu 0.0.50.1 (jax 0.12) and
-    0.0.42.1 (jax 0.10):
-
-    ============================  ===============  ===============  ======  =====
-    per chip, MiB                 HBM (report)     ``total``        VMEM    peak
-    libtpu                        0.0.50 / 0.0.42  0.0.50 / 0.0.42  (both)  (both)
-    ============================  ===============  ===============  ======  =====
-    ``sum((sin(a) @ a.T) @ a)``   64.00 / 64.00    64.00 / 64.00    96.00   160.0
-    Adam step, MLP 2048x8192      109.08 / 99.03   109.91 / 98.19   112.00  220.2
-    the same, donated             61.04 / 53.03    61.97 / 53.94    112.00  172.1
-    Adam step, MLP 4096x16384     904.95 / 904.95  1129.5 / 1161.5  96.06   776.4
-    the same, donated             712.84 / 712.84  937.5 / 937.5    96.25   584.2
-    ============================  ===============  ===============  ======  =====
-
-    (``a`` is a replicated ``f32[4096,4096]``; the steps split their weights
-    and batch over 8 chips, batch 2048 and 4096 rows.) ``allocated`` equals
-    the report's HBM to the byte in every program, so it is the footprint on
-    jax 0.12. ``total`` is within 1 MiB of it for the small programs but
-    224-257 MiB (25-32%) above it for the large step, because ``temp`` is not
-    the HBM allocated for temporaries: 737 MiB (769 MiB on 0.0.42.1) against
-    513 MiB allocated for the large step, 0 against 0.8 MiB for the 2048x8192
-    step on 0.0.42.1. On jax 0.10, which lacks ``allocated``, ``footprint`` is
-    that ``total``: an estimate.
-
-    ``peak`` is not an HBM figure: it counts on-chip VMEM as well (160 MiB for
-    64 MiB of HBM above), and it is not HBM + VMEM either (776 MiB for 905 MiB
-    of HBM and 96 MiB of VMEM; 220.2 MiB for 99.03 + 112.00 on libtpu
-    0.0.42.1). ``memory_analysis()`` has no VMEM figure: :func:`memory_spaces`
-    reads it (and HBM exactly, on both jax lines) from the memory-usage report.
+    ``footprint`` is the memory the program needs on each device. On CPU and GPU it is ``total``
+    (arguments + outputs + temporaries - aliased), an upper bound. On TPU it is the HBM:
+    ``allocated``, which equals the compiler's memory-usage report (space ``default``) to the byte on
+    every program checked (v5e:2x4, libtpu 0.0.50.1: a 64 MiB matmul chain, Adam steps of a 2048x8192
+    and a 4096x16384 MLP, donated or not). jax 0.10 lacks it, so there ``footprint`` is ``total``, an
+    estimate: ``temp`` is not the HBM allocated for temporaries (1161.5 against 904.95 MiB for the large
+    step on libtpu 0.0.42.1). TPU arrays count in their tiled layout (f32 ``[100,100]`` is stored ``[104,128]``).
+    ``peak`` counts on-chip VMEM as well and is not HBM (160 MiB for 64 MiB of HBM);
+    :func:`memory_spaces` reads HBM and VMEM apart.
     """
 
     argument: int
@@ -654,9 +535,6 @@ class Memory:
                 parts.append(f"peak {format_bytes(self.peak)} counting on-chip VMEM too (not HBM)")
         where = "per device" if self.platform in ("", "cpu") else f"per {self.platform.upper()} device"
         return f"{where}: " + ", ".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
 
 def _platform(compiled: Any) -> str:
@@ -706,14 +584,10 @@ _SPACE = re.compile(r"^Memory Space: (\w+) \(color=\d+\)\s*\nTotal bytes: (\d+)"
 def memory_spaces(lowered: Any) -> dict[str, int]:
     """Bytes per device in each memory space, from the compiler's own memory-usage report.
 
-    Compiles ``lowered`` once more with the report switched on for that one
-    compilation (``compiler_options={"xla_dump_to": <temporary folder>}``, the
-    per-compile form of ``XLA_FLAGS=--xla_dump_to``), reads
-    ``*memory-usage-report.txt`` and removes the folder. Keys are the
-    report's space names: ``'default'`` is device memory (HBM on a TPU) on
-    every backend; a TPU program adds ``'vmem'`` (on-chip memory, which
-    ``memory_analysis()`` does not report apart) and ``'smem'`` (scalars).
-    Costs one more compilation, so use it where the figure is the lesson.
+    Compiles ``lowered`` once more with ``compiler_options={"xla_dump_to": <temporary folder>}`` and
+    reads ``*memory-usage-report.txt``: ``'default'`` is device memory (HBM on a TPU) on every backend;
+    a TPU program adds ``'vmem'`` (on-chip) and ``'smem'`` (scalars). One more compilation: use it where
+    the figure is the lesson.
     """
     import jax
 
@@ -746,7 +620,7 @@ class ShardRow:
 
 
 @dataclass(frozen=True)
-class ShardTable:
+class ShardTable(_Printed):
     """Every device's shard of one array: what ``x.addressable_shards`` says, as a table."""
 
     rows: tuple[ShardRow, ...]
@@ -782,16 +656,14 @@ class ShardTable:
         )
         return "\n".join(lines)
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
-
 
 def shard_table(x: Any, sharding: Any = None, *, mesh: Any = None) -> ShardTable:
     """One row per device: which slice of ``x`` it holds, replica id, shape, bytes.
 
     For a real ``jax.Array`` the rows come from ``x.addressable_shards``
     (what the runtime holds). For a shape plus ``sharding`` they are computed
-    (what the layout implies), so a layout can be priced before it exists.
+    (what the layout implies), so a layout can be priced before it exists;
+    replicas are numbered as JAX numbers them, in mesh order.
     """
     import jax
 

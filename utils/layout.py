@@ -9,47 +9,46 @@ Bad input is turned into errors that say what to change, before JAX sees it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-__all__ = [
-    "MatmulTraffic",
-    "OperandTraffic",
-    "Piece",
-    "Tile",
-    "as_layout",
-    "check_spec",
-    "matmul_traffic",
-    "short_dtype",
-    "spec_entries",
-    "tiles",
-    "type_string",
-]
-
-_SHORT = {
-    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
-    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
-    "bool": "bool", "complex64": "c64", "complex128": "c128",
-}
+__all__ = ["MatmulTraffic", "OperandTraffic", "Piece", "Tile", "as_layout", "check_spec", "matmul_traffic",
+           "short_dtype", "spec_entries", "tiles", "type_string"]
 
 
 def short_dtype(dtype: Any) -> str:
-    """'float32' -> 'f32', the short names HLO and ``jax.typeof`` use."""
+    """'float32' -> 'f32', 'bfloat16' -> 'bf16', 'uint8' -> 'u8': the short names HLO and ``jax.typeof`` use."""
     name = np.dtype(dtype).name
-    return _SHORT.get(name, name)
+    m = re.fullmatch(r"(b?float|u?int|complex)(\d+)", name)
+    return name if m is None else {"float": "f", "bfloat": "bf", "int": "i", "uint": "u", "complex": "c"}[m[1]] + m[2]
+
+
+class _Box:
+    """A rectangle of an array: ``start``/``stop`` bound each dimension."""
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
+
+    def index_string(self) -> str:
+        """Like numpy's indexing: '[0:32, 0:256]'."""
+        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 
 @dataclass(frozen=True)
-class Tile:
+class Tile(_Box):
     """One distinct block of an array and every device that holds a copy of it.
 
-    ``start``/``stop`` are per-dimension bounds of the real data; ``padded``
-    is the per-dimension block size XLA allocates (larger than stop-start
-    only for uneven layouts).
+    ``devices`` are in replica order, as JAX numbers copies (``replica_id``):
+    mesh order, not id order. ``padded`` is the per-dimension block size XLA
+    allocates (larger than ``shape`` only for uneven layouts).
     """
 
     start: tuple[int, ...]
@@ -58,16 +57,8 @@ class Tile:
     padded: tuple[int, ...]
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
-
-    @property
     def is_uneven(self) -> bool:
         return self.shape != self.padded
-
-    def index_string(self) -> str:
-        """Like numpy's indexing: '[0:32, 0:256]'."""
-        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 
 def spec_entries(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
@@ -130,20 +121,15 @@ def as_layout(x: Any, sharding: Any = None, mesh: Any = None) -> tuple[tuple[int
     dtype: Any = np.float32
     if isinstance(x, jax.Array | jax.ShapeDtypeStruct):
         shape, dtype = tuple(x.shape), x.dtype
+        sharding = x.sharding if sharding is None else sharding
         if sharding is None:
-            sharding = x.sharding
-        if sharding is None:
-            raise ValueError(
-                "this ShapeDtypeStruct has no sharding: pass sharding=NamedSharding(mesh, P(...))"
-            )
+            raise ValueError("this ShapeDtypeStruct has no sharding: pass sharding=NamedSharding(mesh, P(...))")
     elif isinstance(x, tuple | list) and all(isinstance(d, int | np.integer) for d in x):
         shape = tuple(int(d) for d in x)
         if any(d < 0 for d in shape):
             raise ValueError(f"array shape {shape} has a negative dimension")
         if sharding is None:
-            raise ValueError(
-                f"a bare shape {shape} needs a layout: pass sharding=NamedSharding(mesh, P(...))"
-            )
+            raise ValueError(f"a bare shape {shape} needs a layout: pass sharding=NamedSharding(mesh, P(...))")
     else:
         raise TypeError(
             f"expected a jax.Array, a jax.ShapeDtypeStruct, or a shape tuple such as (128, 512); "
@@ -174,9 +160,10 @@ def tiles(shape: tuple[int, ...], sharding: Sharding) -> list[Tile]:
     """The distinct blocks of an array of ``shape`` and the devices holding each.
 
     For a ``NamedSharding`` the blocks are computed from the mesh and spec the
-    way XLA pads: a dimension of size n split k ways gets blocks of ceil(n/k),
-    so an uneven dimension ends in a short (or empty) block. Other shardings
-    use JAX's own ``devices_indices_map``. Tiles are sorted by position.
+    way XLA pads: n split k ways gives blocks of ceil(n/k), so an uneven
+    dimension ends in a short (or empty) block. Other shardings use JAX's own
+    ``devices_indices_map``. Tiles are sorted by position; each one's devices
+    are in replica order (the order of the mesh, or of the device assignment).
     """
     if isinstance(sharding, NamedSharding):
         return _named_tiles(shape, sharding)
@@ -189,7 +176,7 @@ def tiles(shape: tuple[int, ...], sharding: Sharding) -> list[Tile]:
         groups.setdefault(bounds, []).append(device.id)
     return _in_order(
         Tile(
-            tuple(a for a, _ in b), tuple(c for _, c in b), tuple(sorted(ids)),
+            tuple(a for a, _ in b), tuple(c for _, c in b), tuple(ids),
             tuple(c - a for a, c in b),
         )
         for b, ids in groups.items()
@@ -220,7 +207,7 @@ def _named_tiles(shape: tuple[int, ...], sharding: NamedSharding) -> list[Tile]:
             start.append(min(b * size, n))
             stop.append(min((b + 1) * size, n))
             padded.append(size)
-        out.append(Tile(tuple(start), tuple(stop), tuple(sorted(devs)), tuple(padded)))
+        out.append(Tile(tuple(start), tuple(stop), tuple(devs), tuple(padded)))  # devs in mesh order
     return _in_order(out)
 
 
@@ -238,14 +225,8 @@ def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = 
     shape, x_dtype, sharding = as_layout(x, sharding, mesh)
     dtype = x_dtype if dtype is None else dtype
     entries = spec_entries(sharding.spec, len(shape)) if isinstance(sharding, NamedSharding) else [()] * len(shape)
-    dims = []
-    for n, axes in zip(shape, entries, strict=True):
-        if not axes:
-            dims.append(str(n))
-        elif len(axes) == 1:
-            dims.append(f"{n}@{axes[0]}")
-        else:
-            dims.append(f"{n}@({','.join(axes)})")
+    dims = [f"{n}@{axes[0]}" if len(axes) == 1 else f"{n}@({','.join(axes)})" if axes else str(n)
+            for n, axes in zip(shape, entries, strict=True)]
     return f"{short_dtype(dtype)}[{','.join(dims)}]"
 
 
@@ -254,14 +235,13 @@ def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = 
 
 
 @dataclass(frozen=True)
-class Piece:
+class Piece(_Box):
     """A rectangle of an operand that one device needs for its output block.
 
-    ``holders`` are the devices that hold it; ``source`` is the device it is
-    taken from: the device itself when ``held``, otherwise the holder nearest on
-    the mesh (fewest mesh coordinates differing, then lowest id). ``axes`` are
-    the mesh axes along which ``source`` differs from the device: the axes of
-    the all-gather that brings the piece (``()`` when held).
+    ``source`` is the device it comes from: the device itself when ``held``,
+    else the nearest holder on the mesh (fewest differing mesh coordinates,
+    then lowest id); ``axes`` are the mesh axes where the two differ, those
+    of the all-gather that brings it.
     """
 
     start: tuple[int, ...]
@@ -270,14 +250,6 @@ class Piece:
     source: int
     held: bool
     axes: tuple[str, ...]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
-
-    def index_string(self) -> str:
-        """Like numpy's indexing: '[0:128, 512:1024]'."""
-        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 
 @dataclass(frozen=True)
@@ -322,16 +294,12 @@ class MatmulTraffic:
     """What one device does for ``C = A @ B`` under the textbook plan.
 
     The plan: fetch the missing pieces of A and B (all-gather), multiply, and,
-    when A's and B's contracting dimension are split the same way, add the
-    partial sums across ``partial_axes`` (all-reduce, or reduce-scatter when C
-    is itself split over those axes). ``out`` is the device's block of C;
-    ``computed_start``/``computed_stop`` the block it multiplies out before
-    the reduction (larger than ``out`` only for a reduce-scatter).
-
-    This is the plan XLA's partitioner picks when C's layout follows from A's
-    and B's; when C is asked for in another layout the compiler may move
-    data differently (gather C instead, or permute blocks). The compiled
-    program is the truth: check it with ``utils.inspecting.collectives``.
+    when A and B split the contracting dimension alike, add the partial sums
+    over ``partial_axes`` (all-reduce, or reduce-scatter when C is split over
+    them too). ``out`` is the device's block of C; ``computed_start``/``_stop``
+    bound what it multiplies out before the reduction. XLA picks this plan when
+    C's layout follows from A's and B's; asked for another, it may move data
+    otherwise: check the program with ``utils.inspecting.collectives``.
     """
 
     device: int
@@ -415,20 +383,14 @@ def _operand(
 
 
 def _matmul_sharding(name: str, shape: tuple[int, ...], sharding: Any, mesh: Any) -> NamedSharding:
-    if isinstance(sharding, PartitionSpec):
-        if mesh is None:
-            raise ValueError(f"{name}: {sharding} needs a mesh; pass NamedSharding(mesh, {sharding})")
-        try:
-            check_spec(sharding, dict(mesh.shape), len(shape))
-        except ValueError as err:
-            raise ValueError(f"{name}: {err}") from None
-        sharding = NamedSharding(mesh, sharding)
-    if not isinstance(sharding, NamedSharding):
+    if isinstance(sharding, PartitionSpec) and mesh is None:
+        raise ValueError(f"{name}: {sharding} needs a mesh; pass NamedSharding(mesh, {sharding})")
+    if not isinstance(sharding, NamedSharding | PartitionSpec):
         raise TypeError(
             f"{name}: matmul traffic reads mesh axes, so it needs a NamedSharding(mesh, P(...)); "
             f"got {type(sharding).__name__}"
         )
-    if mesh is not None and (
+    if isinstance(sharding, NamedSharding) and mesh is not None and (
         tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names)
         or not np.array_equal(sharding.mesh.device_ids, mesh.device_ids)
     ):
@@ -436,11 +398,12 @@ def _matmul_sharding(name: str, shape: tuple[int, ...], sharding: Any, mesh: Any
             f"{name} lives on another mesh than A: put A, B and C on the same mesh "
             f"(same axis names, same devices in the same places)"
         )
+    named = sharding if isinstance(sharding, NamedSharding) else None
     try:
-        check_spec(sharding.spec, dict(sharding.mesh.shape), len(shape))
+        check_spec(named.spec if named else sharding, dict((named.mesh if named else mesh).shape), len(shape))
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
-    return sharding
+    return named or NamedSharding(mesh, sharding)
 
 
 def matmul_traffic(
