@@ -422,9 +422,9 @@ if ok:
     assert hbm_of("TPU v5e", "offloaded dots") < hbm_of("TPU v5e", "nothing_saveable")
 
 # %% [markdown]
-# The offloading step keeps `dots_saveable`'s residuals, each layer's `x @ up`, but in host memory (layout
-# `S(5)`): 64 MiB, which its HBM saves against `dots_saveable` (more by jax 0.10's estimate), to below
-# `nothing_saveable`'s, without recomputing the matmuls. The price is 64 MiB over the host link each way.
+# The offloading step keeps `dots_saveable`'s residuals, each layer's `x @ up`, in host memory (layout
+# `S(5)`): 64 MiB. Its HBM is that much below `dots_saveable`'s (more by jax 0.10's estimate), below even
+# `nothing_saveable`'s, and no matmul is recomputed. The price: 64 MiB over the host link each way.
 #
 # > **Gotcha.** Differentiate the split parameter state, not the model. `nnx.value_and_grad` over a model
 # > whose scan wraps `nnx.remat` makes the forward loop carry out a copy of every layer's weight slices.
