@@ -420,6 +420,7 @@ if ok:
     assert on_host["dots_saveable"] == on_host["nothing_saveable"] == 0
     assert hbm_of("TPU v5e", "dots_saveable") - hbm_of("TPU v5e", "offloaded dots") > 0.9 * on_host["offloaded dots"]
     assert hbm_of("TPU v5e", "offloaded dots") < hbm_of("TPU v5e", "nothing_saveable")
+    assert len(MATMUL.findall(offloaded)) == matmuls["TPU v5e", "scan"][0]  # as without remat: none recomputed
 
 # %% [markdown]
 # The offloading step keeps `dots_saveable`'s residuals, each layer's `x @ up`, in host memory (layout
