@@ -313,6 +313,8 @@ if CPU:  # the CPU compiler spends part of the saving on temporaries
     assert 0 < saved_by_donation["CPU"] < wide_state / 2
 if ok and memory_per_device(wide["TPU v5e", "ZeRO-3", 2][0]).allocated is not None:  # HBM allocated (jax 0.12)
     assert abs(saved_by_donation["TPU v5e"] - wide_state) < 2**12  # a whole copy of the state
+elif ok:  # jax 0.10's estimate: the donated step reports more temporaries than the state it saves
+    assert saved_by_donation["TPU v5e"] <= 0
 
 # %% [markdown]
 # Donated, the outputs alias the whole 48 MiB state. Without donation nothing aliases: the new state
