@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from utils.exercises import Exercise
+from utils.exercises import Exercise, plain
 
 _BLOCK = 128 * 1024  # elements of one device's (128, 1024) block of x
 _GATHER = (_BLOCK * 4, _BLOCK * 2)  # (CPU float32, TPU bf16)
 
 
 def _check_gather_bytes(answer: object) -> None:
+    answer = plain(answer)  # numpy integers, whole floats and a list are as good
     assert isinstance(answer, tuple) and len(answer) == 2, f"give a pair (CPU bytes, TPU bytes); got {answer!r}"
     cpu, tpu = answer
     assert all(isinstance(n, int) and not isinstance(n, bool) for n in answer), (
@@ -43,6 +44,7 @@ _STATE = 3 * 4 * (_MATRICES // 256 + _SCALES // 64)  # parameter, mu and nu: flo
 
 
 def _check_state_per_chip(n: object) -> None:
+    n = plain(n)  # a numpy integer or a whole float (from `/`) is as good
     assert isinstance(n, int) and not isinstance(n, bool), f"give a whole number of bytes; got {n!r}"
     assert n != 3 * 4 * (_MATRICES + _SCALES), "that is the whole state: data parallelism puts it on every chip"
     assert n != 3 * 4 * (_MATRICES + _SCALES) // 256, (
@@ -80,6 +82,7 @@ _HBM_GIB = {"v5e": 15.75, "v6e": 31.24, "v5p": 95.73}  # HBM one program may use
 
 
 def _check_which_generations(answer: object) -> None:
+    answer = plain(answer)  # a set becomes a frozenset; numpy strings stay strings
     assert isinstance(answer, (set, frozenset)), f"give a set of names such as {{'v5e'}}; got {answer!r}"
     unknown = set(answer) - set(_HBM_GIB)
     assert not unknown, f"{sorted(unknown)} is not one of {sorted(_HBM_GIB)}"

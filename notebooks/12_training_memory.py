@@ -3,21 +3,18 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/12_training_memory.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/12_training_memory.ipynb)
 #
-# This notebook teaches how to measure and cut the per-device memory of a sharded train step: what it
-# stores between steps, and what it allocates while it runs. You train a stack of residual blocks on 8
-# devices, compile the same step for a wide model on this backend and for a TPU, read memory and
-# collectives, and apply the tools practitioners combine: donation, a scan over layers with
-# rematerialization, the three ZeRO stages, and mixed precision. Every variant trains to the losses of a
+# This notebook teaches how to measure and cut the per-device memory of a sharded train step. You train a
+# stack of residual blocks on 8 devices, compile the same step for a wide model on this backend and for a
+# TPU, and apply the tools practitioners combine: donation, a scan over layers with rematerialization and
+# host offload, the three ZeRO stages, and mixed precision. Every variant trains to the losses of a
 # single-device reference.
 #
 # **You will learn**
 # - what a step without `donate_argnums` holds: two copies of the state;
-# - what `nnx.remat` saves per layer at a realistic size, and why layers are scanned, not unrolled: one
-#   program for every depth;
-# - ZeRO-1, 2 and 3 as three sharding rules for parameters, gradients and optimizer state, with the memory
-#   and collectives of each compiled step, and the reduce-scatter a TPU compiles;
-# - what mixed precision with float32 master weights stores per parameter (no less than float32), and how
-#   closely it trains.
+# - what `nnx.remat` saves per layer at a realistic size, what offloading to host memory saves, and why
+#   layers are scanned, not unrolled;
+# - ZeRO-1, 2 and 3 as three sharding rules, with the memory and collectives of each compiled step;
+# - what mixed precision with float32 master weights stores per parameter (no less than float32).
 
 # %%
 # Setup (the same cell opens every notebook; notebook 00 explains it).
@@ -143,10 +140,9 @@ y = x @ rng.standard_normal((D, D), dtype=np.float32) / np.float32(D**0.5)
 # Where each array lives is a rule, as in notebook 10: a stacked kernel (the only 3-D leaves) is either
 # split on its rows over the mesh axis `data`, `P(None, 'data')`, or whole; the step counters are whole.
 # Splitting the rows, not the layer axis, gives every device a slice of every layer, so each layer can be
-# gathered when the loop reaches it. The three
-# ZeRO stages (section 4) are three choices of what to split; ZeRO-3 splits parameters, gradients and
-# optimizer state alike, which is FSDP. `make_step` pins the gradients and the new state to their
-# stage's layout with `with_sharding_constraint`, and donates the state.
+# gathered when the loop reaches it. The three ZeRO stages (section 4) are three choices of what to
+# split; ZeRO-3 splits everything, which is FSDP. `make_step` pins the gradients and the new state to
+# their stage's layout with `with_sharding_constraint`, and donates the state.
 
 # %%
 ZERO = {  # what each stage splits over 'data': (parameters, gradients, optimizer state)
@@ -211,11 +207,13 @@ def abstract(stage, mesh, make=create, **options):
 
 # %% [markdown]
 # The wide model is compiled for two targets: this backend's 8 devices, and a TPU v5e of 8 chips
-# (`v5e:2x4`), which needs the TPU compiler (libtpu) but no TPU (notebook 15 explains). The TPU programs
-# ask for the compiler's least effort, `O0`: its default effort fuses more and needs less HBM, but takes
-# about 10 s a program. On a TPU, `memory_per_device(...).footprint` is the chip's HBM: the bytes the
-# compiler allocated there (jax 0.12), or arguments + outputs + temporaries − aliased, an estimate (jax
-# 0.10). The chip's on-chip VMEM is not in it (`memory_spaces` reads both from the compiler's report).
+# (`v5e:2x4`). That needs no TPU, only its compiler, libtpu: `topologies.get_topology_desc` describes the
+# slice's chips, a mesh of them replaces `jax.devices()`, and a step lowered from `jax.ShapeDtypeStruct`s
+# compiles to the TPU program, to read but not run (notebook 15, section 1). The TPU programs ask for the
+# compiler's least effort, `O0`: its default fuses more and needs less HBM, but takes about 10 s a
+# program. On a TPU, `memory_per_device(...).footprint` is the chip's HBM: the bytes allocated
+# there (jax 0.12), or arguments + outputs + temporaries − aliased, an estimate (jax 0.10); on-chip VMEM
+# is not in it.
 
 # %%
 ok, why = tpu_compiler_available()
@@ -308,17 +306,21 @@ for target in targets:
         print(f"{target + ' ' + name:<21}{format_bytes(m.argument):>11}{format_bytes(m.output):>11}"
               f"{format_bytes(m.alias):>11}{format_bytes(m.temp):>13}{format_bytes(m.footprint):>14}")
     assert abs(donated.alias - wide_state) < 2**12  # the whole state updated in place (TPU pads scalars)
-    assert plain.alias == 0 and plain.output >= wide_state  # the new state in buffers of its own
+    assert plain.alias == 0  # no output reuses an argument: the new state in buffers of its own
     saved_by_donation[target] = plain.footprint - donated.footprint
 print("donation saves:", {t: format_bytes(b) for t, b in saved_by_donation.items()})
 if CPU:  # the CPU compiler spends part of the saving on temporaries
     assert 0 < saved_by_donation["CPU"] < wide_state / 2
+if ok and memory_per_device(wide["TPU v5e", "ZeRO-3", 2][0]).allocated is not None:  # HBM allocated (jax 0.12)
+    assert abs(saved_by_donation["TPU v5e"] - wide_state) < 2**12  # a whole copy of the state
+elif ok:  # jax 0.10's estimate: the donated step reports more temporaries than the state it saves
+    assert saved_by_donation["TPU v5e"] <= 0
 
 # %% [markdown]
 # Donated, the outputs alias the whole 48 MiB state. Without donation nothing aliases: the new state
-# gets buffers of its own while the caller's old state stays allocated, two copies at the step's end.
-# What the total saves then depends on the compiler, which may spend the freed space on temporaries: a
-# whole state copy with recent libtpu versions, less on the CPU backend, nothing with some older ones.
+# gets buffers of its own while the caller keeps the old one, two copies at the step's end. What
+# donation saves in total depends on how the compiler spends the freed space on temporaries: the whole
+# copy on a TPU with jax 0.12, 16 MiB on the CPU backend, no saving by jax 0.10's TPU estimate.
 #
 # ## 3. Scan and remat: what each layer adds
 #
@@ -390,15 +392,42 @@ if ok:  # the TPU compiler does not
 
 # %% [markdown]
 # Remat pays at this size: `nothing_saveable` saves each layer tens of MiB per device on both targets (at
-# least half a `[1024, 8192]` activation), for one more forward pass of compute. What each layer still adds
-# is per-device: its share of the parameters and Adam's moments, its gradient slice, and its saved input.
+# least half a `[1024, 8192]` activation), for one more forward pass. What each layer still adds is its
+# share of the parameters and Adam's moments, its gradient slice, and its saved input.
 #
-# Unrolling costs the CPU backend a whole layer's gathered kernels (64 MiB) per layer, on top of the
-# scanned step: the CPU compiler keeps them live. The TPU compiler frees them sooner: its unrolled step
-# adds less than that per layer (how much depends on size and compiler effort). On either backend, the
-# case for scanning layers is the program: the scanned step is one loop body, the same for every depth,
-# so its compile time stays flat; the unrolled program holds a copy of the block's matrix products per
-# layer, and compiles slower with every layer added.
+# Unrolling costs the CPU backend a whole layer's gathered kernels (64 MiB) per layer more than the scan:
+# the CPU compiler keeps them live. The TPU compiler frees them sooner. The case for scanning is the
+# program: one loop body for every depth, so compile time stays flat, while the unrolled program copies
+# the block's matmuls per layer.
+#
+# **Host offload.** A TPU host has memory of its own. A remat policy can copy what it saves there
+# (`offload_dst="pinned_host"`) and fetch it back for the backward pass: `offload_dot_with_no_batch_dims`
+# offloads what `dots_saveable` keeps; `save_and_offload_only_these_names` offloads arrays named with
+# `checkpoint_name` (MaxText's remat policies). The wide step for the TPU, with three policies:
+
+# %%
+if ok:
+    offload = jax.checkpoint_policies.offload_dot_with_no_batch_dims(offload_src="device", offload_dst="pinned_host")
+    for name, policy in (("dots_saveable", jax.checkpoint_policies.dots_saveable), ("offloaded dots", offload)):
+        wide["TPU v5e", name, 2] = compile_wide("ZeRO-3", "TPU v5e", policy=policy)
+    wide["TPU v5e", "nothing_saveable", 2] = wide["TPU v5e", "ZeRO-3", 2]
+    on_host = {}
+    for name in ("nothing_saveable", "dots_saveable", "offloaded dots"):
+        on_host[name] = wide["TPU v5e", name, 2][0].memory_analysis().host_temp_size_in_bytes
+        print(f"{name:<17} HBM {format_bytes(hbm_of('TPU v5e', name)):>10}, host {format_bytes(on_host[name]):>9}")
+    offloaded = wide["TPU v5e", "offloaded dots", 2][0].as_text()
+    host_buffers = set(re.findall(r"f32\[2,1024,8192\]\{[^}]*S\(5\)\}", offloaded))  # memory space 5
+    print("saved on the host:", host_buffers)
+    assert host_buffers and on_host["offloaded dots"] == 2 * activation  # x @ up of both layers, in space 5
+    assert on_host["dots_saveable"] == on_host["nothing_saveable"] == 0
+    assert hbm_of("TPU v5e", "dots_saveable") - hbm_of("TPU v5e", "offloaded dots") > 0.9 * on_host["offloaded dots"]
+    assert hbm_of("TPU v5e", "offloaded dots") < hbm_of("TPU v5e", "nothing_saveable")
+    assert len(MATMUL.findall(offloaded)) == matmuls["TPU v5e", "scan"][0]  # as without remat: none recomputed
+
+# %% [markdown]
+# The offloading step keeps `dots_saveable`'s residuals, each layer's `x @ up`, in host memory (layout
+# `S(5)`): 64 MiB. Its HBM is that much below `dots_saveable`'s (more by jax 0.10's estimate), below even
+# `nothing_saveable`'s, and no matmul is recomputed. The price: 64 MiB over the host link each way.
 #
 # > **Gotcha.** Differentiate the split parameter state, not the model. `nnx.value_and_grad` over a model
 # > whose scan wraps `nnx.remat` makes the forward loop carry out a copy of every layer's weight slices.
@@ -430,10 +459,9 @@ if CPU:  # on the CPU backend, one more slice of every layer's kernels
     assert copy_cost == 2 * layer_bytes // 8
 
 # %% [markdown]
-# `f32[2,128,8192]` is the device's slices of `up` for both layers, `f32[2,1024,1024]` those of `down`,
-# `f32[2,1024,1024]` also the saved layer inputs. With `nnx.value_and_grad` each slice appears twice in the loop
-# state. On the CPU backend that copy costs one more slice of every layer's kernels. `param_grad` above
-# avoids it, so every figure in the tables above is the step's own.
+# `f32[2,128,8192]` is the device's slices of `up` for both layers, `f32[2,1024,1024]` those of `down`
+# and the saved layer inputs. With `nnx.value_and_grad` each slice appears twice in the loop state, which
+# costs the CPU backend one more slice of every layer's kernels. `param_grad` avoids it.
 #
 # The collectives of the wide scanned step and of its unrolled twin:
 
@@ -532,19 +560,16 @@ if CPU:  # ZeRO-2 allocates the whole gradient less its slice
 # %% [markdown]
 # ZeRO-1 and 2 store the whole parameters (128 MiB) and 1/8 of Adam's moments; ZeRO-3 stores 1/8 of
 # everything. Memory falls at each stage on both targets. ZeRO-2 differs from ZeRO-1 only in the gradient's
-# layout, yet it needs 112 MiB less on the CPU backend, the whole gradient less the slice ZeRO-2 keeps
-# (ZeRO-1 holds it whole until Adam has read its slice). ZeRO-1 and 2
-# all-gather the updated parameters once per step, after the loop; ZeRO-3 gathers each layer's weights
-# inside it. On the CPU backend every gradient sum is an all-reduce (the partitioner's reduce-scatter
-# is an all-reduce and a `dynamic-slice`); the TPU compiler fuses the pair into a **reduce-scatter**
-# that hands each chip its slices, wherever the gradient is split.
+# layout, yet needs 112 MiB less on the CPU backend: ZeRO-1 holds the whole gradient until Adam has read
+# its slice. ZeRO-1 and 2 all-gather the updated parameters once per step, after the loop; ZeRO-3 gathers
+# each layer's weights inside it. On the CPU backend every gradient sum is an all-reduce (then a
+# `dynamic-slice`); the TPU compiler fuses the pair into a **reduce-scatter** wherever the gradient is split.
 #
 # ## 5. Mixed precision: bf16 parameters, float32 master weights
 #
-# A common recipe computes the forward and backward passes with bf16 parameters (so activations and
-# gradients are bf16), and keeps a **float32 master copy** of the parameters, with Adam's moments, for the
-# update: in bf16, `1 + 0.001` is `1`, so small updates would vanish. The master copy is a few lines of
-# Optax, a transformation that runs Adam on it:
+# A common recipe computes with bf16 parameters (so activations and gradients are bf16), and keeps a
+# **float32 master copy** of the parameters, with Adam's moments, for the update: in bf16, `1 + 0.001` is
+# `1`, so small updates would vanish. The master copy is a few lines of Optax:
 
 # %%
 assert jnp.bfloat16(1) + jnp.bfloat16(0.001) == 1  # 8 bits of mantissa: the update is lost
@@ -622,8 +647,8 @@ assert layer.kernel[...].dtype == jnp.float32 and layer(x_bf16[:8]).dtype == jnp
 # The same 16 bytes: the master copy costs what the bf16 parameters and gradient save. In JAX the usual
 # way is the last two lines, `param_dtype=float32, dtype=bfloat16` in every Flax layer (MaxText calls
 # them `weight_dtype` and `dtype`): float32 parameters and gradients, bf16 matmuls, no master copy, also
-# 16 bytes. What bf16 saves is in the step, in what it computes with and moves; what divides the 16 bytes
-# is ZeRO. Train the master-weight model 5 steps with the same ZeRO-3 step, from the same initial weights:
+# 16 bytes. bf16 saves in what the step computes with and moves; ZeRO divides the 16 bytes. Train the
+# master-weight model 5 steps with the same ZeRO-3 step, from the same initial weights:
 
 # %%
 compiled = {"mixed": steps["ZeRO-3"].lower(mixed_model, mixed_optimizer, x_bf16, y_d).compile()}
@@ -665,7 +690,23 @@ if ok:
 # %% [markdown]
 # The float32 step already gathers its weights in bf16: the TPU multiplies float32 at bf16 precision by
 # default, so it converts the weights before sending them. bf16 parameters save on the TPU only the
-# gradient's reduce-scatter, half the bytes.
+# gradient's reduce-scatter, half the bytes. At a price: a bf16 sum rounds at every addition, and a ring
+# adds one device's share at a time, so across many devices the error grows. Many setups reduce
+# gradients in float32:
+
+# %%
+def ring_sum(values, dtype):
+    """The values added one at a time in `dtype`, as a ring reduction adds the devices' shares."""
+    total = dtype(0)
+    for value in values:
+        total = dtype(total + dtype(value))
+    return float(total)
+
+
+shares = np.full(64, 0.01, dtype=jnp.bfloat16)  # one gradient entry, as each of 64 devices computed it
+exact = 64 * float(shares[0])
+print(f"summed in bf16: {ring_sum(shares, jnp.bfloat16)}, in float32: {ring_sum(shares, np.float32)}, exact: {exact}")
+assert ring_sum(shares, np.float32) == exact and abs(ring_sum(shares, jnp.bfloat16) / exact - 1) > 0.01
 
 # %% [markdown]
 # ## Exercises
@@ -700,18 +741,16 @@ ex.zero_specs.check(answer_2);
 # %% [markdown]
 # ## Takeaways
 # - Donate the state in every train step: without `donate_argnums` the old and the new state are both live.
-# - A scan over stacked layers is one program for every depth, with flat compile time; it gathers one
-#   layer at a time, in the forward and again in the backward loop. How much memory unrolling costs
-#   depends on the compiler: a whole layer per layer on the CPU backend, less on a TPU.
-# - Remat with a policy (`nothing_saveable`, `dots_saveable`) decides which activations are saved per
-#   layer; at realistic token counts it saves tens of MiB per layer. Differentiate the split parameters
-#   with `jax.value_and_grad`, or check the loop for copies.
+# - A scan over stacked layers is one program for every depth; it gathers one layer at a time, forward and
+#   backward. What unrolling costs in memory depends on the compiler: a whole layer per layer on the CPU.
+# - A remat policy decides which activations each layer saves: tens of MiB per layer at realistic token
+#   counts. On a TPU an offload policy keeps them in host memory instead of HBM. Differentiate the split
+#   parameters with `jax.value_and_grad`, or check the loop for copies.
 # - Measure a TPU's memory in HBM (`footprint`), at a size above its on-chip VMEM.
-# - ZeRO-1, 2, 3 split the optimizer state, then the gradients, then the parameters: three sharding rules,
-#   the same losses, less memory at each stage. On the CPU backend a reduce-scatter is an all-reduce and a
-#   slice; a TPU fuses it.
-# - Mixed precision with float32 master weights stores 2 + 4 + 4 + 4 bytes per parameter and a 2-byte
-#   gradient: 16, like float32 and like Flax's `param_dtype`/`dtype` idiom. It saves in the step; on a
-#   TPU, which already gathers weights in bf16, only the gradient's reduce-scatter. ZeRO divides the 16.
+# - ZeRO-1, 2, 3 split the optimizer state, then the gradients, then the parameters: the same losses, less
+#   memory at each stage. A TPU fuses the gradient's all-reduce and slice into a reduce-scatter.
+# - Mixed precision with float32 master weights stores 16 bytes per parameter, like float32 and Flax's
+#   `param_dtype`/`dtype` idiom. On a TPU, which gathers weights in bf16 anyway, bf16 parameters save only
+#   on the gradient's reduce-scatter, at some precision. ZeRO divides the 16.
 #
 # **Next:** [13 · Sequence parallelism, gradient accumulation, and what comes next](13_sequence_batch.ipynb)

@@ -300,8 +300,8 @@ if CPU:  # the CPU compiler's program at this toy size (the TPU's, at a real siz
 
 # %% [markdown]
 # With consecutive rows the compiler gathers the examples onto every device, every device then
-# computes every micro-batch, and there is no gradient all-reduce left to do: data parallelism is gone,
-# and on the CPU backend the step needs more memory than the whole batch at once. The fix is the
+# computes every micro-batch, and there is no gradient all-reduce left: data parallelism is gone, and
+# on the CPU backend the step needs more memory than the whole batch at once. The fix is the
 # strided split: micro-batch *m* takes rows *m*, *m* + 8, ..., so each device's 1,024 rows give 128 to
 # each micro-batch, the types read `f32[8,1024@data,64]`, and nothing moves. Its CPU footprint is the
 # smallest: only one micro-batch's activations are alive at a time.
@@ -320,8 +320,7 @@ for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params)
 # The same loss and the same parameters after the update.
 #
 # The memory figures above are the CPU compiler's, at a toy size; on a TPU a program this small lives
-# mostly in on-chip VMEM (128 MiB on a v5e), and its HBM figures come in another order. Compile for a
-# TPU v5e at a size that matters: the MLP made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768
+# mostly in on-chip VMEM (128 MiB on a v5e). Compile for a TPU v5e at a size that matters: the MLP made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768
 # examples (a 256 MiB hidden activation per chip). Nothing is allocated. `footprint` is HBM:
 
 # %%
@@ -365,24 +364,42 @@ if TPU_OK:
 # gathered on the TPU too.
 #
 # Under FSDP (notebook 10) the weights are sharded, and each micro-batch needs them whole. Shard the
-# MLP's kernels over `data` and compile the strided step:
+# MLP's kernels over `data` and compile the strided step for both backends:
 
 # %%
-fsdp_state = jax.device_put(state0, jax.tree.map(lambda a: NamedSharding(dp_mesh, P("data") if a.ndim == 2 else P()),
-                                                 state0))
-fsdp_ops = collectives(programs["strided"].lower(*fsdp_state, x_dp, y_dp).compile())
+def loop_state(compiled):
+    """The types of what the accumulation loop carries, from the `while` line of the compiled program."""
+    (line,) = [line for line in compiled.as_text().splitlines() if " while(" in line]
+    return set(re.findall(r"\w+\[[\d,]*\]", line.split(" while(")[0]))
+
+
+fsdp_specs = jax.tree.map(lambda a: P("data") if a.ndim == 2 else P(), state0)  # kernels split, biases whole
+fsdp_state = jax.device_put(state0, jax.tree.map(lambda s: NamedSharding(dp_mesh, s), fsdp_specs))
+fsdp_program = programs["strided"].lower(*fsdp_state, x_dp, y_dp).compile()
+fsdp_ops = collectives(fsdp_program)
 print(fsdp_ops)
 weight_gathers = [op for op in fsdp_ops.ops if op.kind == "all-gather"]
 # each kernel, whole, whether gathered alone or in one combined gather (as a GPU compiler writes it)
 assert {s for op in weight_gathers for s in op.shapes} == {(64, 256), (256, 10)}
+ACCUMULATOR = {"f32[8,256]", "f32[32,10]"}  # the kernels' gradient sums, split like the kernels, float32
 if CPU:  # the CPU compiler's choice
     assert not any(op.in_loop for op in weight_gathers)  # once, before the loop
+    assert ACCUMULATOR.issubset(loop_state(fsdp_program))
+if TPU_OK:
+    tpu_fsdp = on_tpu(lambda m: programs["strided"], "data", (*state0, x_big, y_big),
+                      (*fsdp_specs, P("data"), P("data")))
+    print("TPU v5e:", collectives(tpu_fsdp), sep="\n")
+    tpu_gathers = [op for op in collectives(tpu_fsdp).ops if op.kind == "all-gather"]
+    assert sorted(int(np.prod(s)) for op in tpu_gathers for s in op.shapes) == [256 * 10, 64 * 256]  # whole kernels
+    assert all(op.in_loop for op in tpu_gathers)  # once per micro-batch
+    assert ACCUMULATOR.issubset(loop_state(tpu_fsdp))
 
 # %% [markdown]
 # The CPU compiler gathers each kernel once, before the loop, and holds it whole through all 8
-# micro-batches. FSDP implementations that must save memory gather inside the loop instead, once per
-# micro-batch: 8 times the traffic. Keep the accumulator sharded like the parameters, and float32 even
-# when the gradients are bf16: a sum of many small gradients loses its low bits in bf16.
+# micro-batches. The TPU compiler saves that memory: it gathers the kernels (in bf16) inside the loop,
+# once per micro-batch, 8 times the traffic. Both carry the accumulator split like the kernels, in
+# float32: keep it so even when the gradients are bf16, since a long sum of small gradients loses its
+# low bits in bf16.
 
 # %% [markdown]
 # ## 3. One strategy on an Explicit mesh
@@ -648,9 +665,8 @@ ex.row_parallel_out.check(answer_3);
 # - Gradient accumulation is a `jax.lax.scan` over micro-batches inside the jitted step: the whole
 #   batch's update, one micro-batch's activations at a time. Split strided
 #   (`reshape(-1, n, ...).swapaxes(0, 1)`); consecutive rows gather the batch and undo data
-#   parallelism. The CPU backend all-reduces the gradients per micro-batch, the TPU compiler once.
-#   Under FSDP the weights are gathered whole, before the loop (CPU) or once per micro-batch; keep
-#   the accumulator sharded and float32.
+#   parallelism. Under FSDP the TPU gathers the weights once per micro-batch; keep the accumulator
+#   sharded and float32.
 # - On an Explicit mesh, `jax.make_mesh`'s default, `jax.typeof` shows every layout while tracing and
 #   the row-parallel layer needs `out_sharding=P('data', None)`; it trains to one device's losses.
 # - Pipeline parallelism adds a `stage` axis and collective-permutes; expert parallelism an `expert`
