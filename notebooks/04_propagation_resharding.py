@@ -46,13 +46,12 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from notebooks.matmul_pictures import draw_matmul, matmul_traffic
 from utils import (
     NOT_ANSWERED,
     collectives,
-    draw_matmul,
     draw_shardings,
     format_bytes,
-    matmul_traffic,
     memory_per_device,
     quiet,
     tpu_compiler_available,

@@ -17,7 +17,6 @@ from utils import drawing
 from utils.drawing import (
     device_color,
     device_label,
-    draw_matmul,
     draw_mesh,
     draw_permute,
     draw_sharding,
@@ -25,10 +24,13 @@ from utils.drawing import (
     mesh_labels,
     tile_labels,
 )
-from utils.inspecting import collectives
-from utils.layout import Tile, matmul_traffic
+from utils.layout import Tile
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def _ns(spec):
+    return NamedSharding(MESH, spec)
 
 
 def _patches(fig, gid):
@@ -258,7 +260,7 @@ def test_label_lines_come_in_the_documented_order():
 
 def test_a_big_deck_shows_fewer_cards_when_the_block_is_small():
     fig, ax = plt.subplots()
-    drawing._draw_deck(ax, 0, 0, 1, 1, [device_color(i) for i in range(64)], (10.0, 10.0), 0.8)  # a 10 x 10 pt block
+    drawing._draw_deck(ax, 0, 0, 1, 1, [device_color(i) for i in range(64)], (10.0, 10.0))  # a 10 x 10 pt block
     cards = _cards(ax)
     assert 2 <= len(cards) < 64 and to_rgba(cards[0].get_facecolor(), 1.0) == to_rgba(device_color(0), 1.0)
     plt.close(fig)
@@ -407,111 +409,6 @@ def test_draw_permute_on_a_3d_mesh_draws_one_slice():
     assert "first pod=0 slice shown" in fig._suptitle.get_text() and len(_arrows(fig)) == 4
 
 
-# --- draw_matmul -----------------------------------------------------------------------------------------------------
-
-A, B = (512, 1024), (1024, 1024)
-CASES = {  # the four classic cases: A's spec, B's spec, C's spec as XLA chooses it
-    "gather": (P("data", "model"), P(None, "model"), P("data", "model")),
-    "all-reduce": (P("data", "model"), P("model", None), P("data", None)),
-    "nothing": (P("data", None), P(None, "model"), P("data", "model")),
-    "all-reduce-data": (P(None, "data"), P("data", None), P()),
-}
-
-
-def _ns(spec):
-    return NamedSharding(MESH, spec)
-
-
-def _roles(fig):
-    return [label.split("\n")[-1] for label in tile_labels(fig) if "dev 0" in label.split("\n")[-1]]
-
-
-def test_draw_matmul_the_four_cases():
-    figs = {name: draw_matmul((A, _ns(a)), (B, _ns(b)), _ns(c)) for name, (a, b, c) in CASES.items()}
-    assert _roles(figs["gather"]) == ["held by dev 0", "held by dev 0", "dev 0's block: complete"]
-    assert "fetched from dev 1" in tile_labels(figs["gather"])[1]
-    assert "fetches 1 block of A over 'model' (all-gather)" in figs["gather"]._suptitle.get_text()
-    assert _roles(figs["all-reduce"])[-1] == "dev 0's block: partial sum over 'model'"
-    assert "(all-reduce)" in figs["all-reduce"]._suptitle.get_text()
-    assert _roles(figs["nothing"]) == ["held by dev 0", "held by dev 0", "dev 0's block: complete"]
-    assert "nothing moves" in figs["nothing"]._suptitle.get_text()
-    assert not _patches(figs["nothing"], "fetched") and not _patches(figs["nothing"], "partial")
-    assert _roles(figs["all-reduce-data"])[-1] == "dev 0's block: partial sum over 'data'"
-    (fetched,) = _patches(figs["gather"], "fetched")  # the one piece dev 0 fetches: A[0:128, 512:1024]
-    assert (round(fetched.get_x(), 6), round(fetched.get_y(), 6), round(fetched.get_width(), 6)) == (0.5, 0.0, 0.5)
-    legend = [t.get_text() for t in figs["gather"].legends[0].get_texts()]
-    assert legend[:2] == ["held by dev 0", "needed by dev 0, held elsewhere: fetched (all-gather)"]
-
-
-def test_draw_matmul_accepts_arrays_structs_pairs_and_shardings():
-    a = jax.device_put(jnp.ones((16, 32)), _ns(P("data", "model")))
-    b = jax.ShapeDtypeStruct((32, 8), jnp.float32, sharding=_ns(P(None, "model")))
-    c = jax.jit(lambda a, b: a @ b).lower(a, b).compile().output_shardings
-    for out in (c, c.spec, ((16, 8), c), jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=c)):
-        fig = draw_matmul(a, b, out, device=3, title="case 1", names=("x", "w", "y"))
-        assert fig._suptitle.get_text().startswith("case 1\ndev 3 fetches 1 block of x over 'model'")
-        assert "held by dev 3" in "".join(tile_labels(fig)) and "fetched from dev 2" in "".join(tile_labels(fig))
-    assert [ax.get_title().split("\n")[0] for ax in fig.axes] == ["x", "w", "y = x @ w"]
-
-
-def test_draw_matmul_reduce_scatter_marks_the_partial_sums_it_sends():
-    fig = draw_matmul((A, _ns(P(None, "data"))), (B, _ns(P("data", None))), _ns(P("data", None)))
-    assert "(reduce-scatter)" in fig._suptitle.get_text()
-    assert sum("gets a partial sum from dev 0" in label for label in tile_labels(fig)) == 3
-    (partial,) = _patches(fig, "partial")
-    assert round(partial.get_height(), 6) == 1.0  # dev 0 computes partial sums for all of C
-
-
-@pytest.mark.parametrize(
-    "call,exc,message",
-    [
-        (lambda: draw_matmul(((4, 8, 8), _ns(P())), (B, _ns(P())), P()), ValueError, "2-D shape"),
-        (lambda: draw_matmul((A, _ns(P())), ((512, 8), _ns(P())), P()), ValueError, r"A's columns \(1024\) must equal"),
-        (lambda: draw_matmul((A, _ns(P())), (B, _ns(P())), ((512, 8), _ns(P()))), ValueError, r"has shape \(512, 8\)"),
-        (lambda: draw_matmul((A, _ns(P())), (B, _ns(P())), P(), device=8), ValueError, "not on this mesh"),
-        (lambda: draw_matmul("A", (B, _ns(P())), P()), TypeError, r"\(shape, NamedSharding\) pair"),
-        (lambda: draw_matmul(A, (B, _ns(P())), P()), ValueError, "needs a layout"),
-        (lambda: draw_matmul((A, _ns(P())), (B, jax.sharding.SingleDeviceSharding(jax.devices()[0])), P()), TypeError,
-         "needs a NamedSharding"),
-        (lambda: draw_matmul((A, _ns(P())), (B, NamedSharding(MESH3, P())), P()), ValueError, "another mesh"),
-    ],
-)
-def test_draw_matmul_bad_input(call, exc, message):
-    with pytest.raises(exc, match=message):
-        call()
-
-
-# the geometry against the compiler: the four classic cases, then others where XLA follows the same plan
-AGREE = [
-    *CASES.values(),
-    (P("data", "model"), P(None, None), P("data", None)),
-    (P(None, "data"), P("model", None), P()),  # both gathered: A over data, B over model
-    (P("model", "data"), P("data", "model"), P(None, "model")),  # A gathered over model, then partial over data
-    (P(("data", "model"), None), P(("data", "model"), None), P(("data", "model"), None)),  # FSDP: gather B
-    (P(None, "data"), P("data", None), P("data", None)),  # reduce-scatter: on CPU an all-reduce + dynamic-slice
-    (P("data", "model"), P("model", None), P("data", "model")),
-]
-
-
-@pytest.mark.parametrize("a,b,c", AGREE, ids=lambda s: str(s))
-def test_matmul_traffic_agrees_with_the_compiled_collectives(a, b, c):
-    lhs = jax.ShapeDtypeStruct(A, jnp.float32, sharding=_ns(a))
-    rhs = jax.ShapeDtypeStruct(B, jnp.float32, sharding=_ns(b))
-    compiled = jax.jit(lambda x, y: x @ y, out_shardings=_ns(c)).lower(lhs, rhs).compile()
-    found = collectives(compiled)
-    traffic = matmul_traffic(A, _ns(a), B, _ns(b), _ns(c), device=0)
-    cpu = sorted("all-reduce" if k == "reduce-scatter" else k for k in traffic.collectives)  # CPU has no reduce-scatter
-    assert cpu == sorted(op.kind for op in found.ops)
-    sizes = dict(MESH.shape)
-    expected = sorted(
-        [("all-gather", op.needed_shape, int(np.prod([sizes[x] for x in op.gather_axes])))
-         for op in (traffic.lhs, traffic.rhs) if op.missing]
-        + ([("all-reduce", traffic.computed_shape, int(np.prod([sizes[x] for x in traffic.partial_axes])))]
-           if traffic.partial_axes else [])
-    )
-    assert expected == sorted((op.kind, op.shapes[0], op.group_size) for op in found.ops)
-
-
 # --- the inline switch -----------------------------------------------------------------------------------------------
 
 
@@ -617,39 +514,6 @@ def test_replica_zero_is_the_top_card_of_each_deck():
             tops[block] = card
     colours = {to_rgba(device_color(d), 1.0): d for d in range(8)}
     assert {colours[to_rgba(c.get_facecolor(), 1.0)] for c in tops.values()} == first == {7, 6}
-
-
-MATMUL_CASES = {  # notebook 04's shapes, C[I, K] = A[I, J] @ B[J, K] with I, J, K = 128, 256, 512
-    "1": (P("data", None), P(None, "model"), P("data", "model")),
-    "2": (P("data", "model"), P(None, "model"), P("data", "model")),
-    "3": (P(None, "model"), P("model", None), P()),
-    "3'": (P("data", "model"), P("model", None), P("data", "model")),
-    "4": (P("data", None), P(None, "data"), P(None, "data")),
-}
-
-
-@pytest.mark.parametrize("case", MATMUL_CASES)
-@pytest.mark.parametrize("sizes", [(128, 256, 512), (512, 1024, 1024), (8, 2048, 64)], ids=str)
-def test_draw_matmul_draws_a_b_and_c_on_one_scale(case, sizes):
-    i, j, k = sizes
-    a, b, c = MATMUL_CASES[case]
-    fig = draw_matmul(((i, j), _ns(a)), ((j, k), _ns(b)), _ns(c))
-    box_a, box_b, box_c = _extents(fig)
-    assert abs(box_a.y0 - box_c.y0) < 1 and abs(box_a.y1 - box_c.y1) < 1  # A's rows are C's rows
-    assert abs(box_b.x0 - box_c.x0) < 1 and abs(box_b.x1 - box_c.x1) < 1  # B's columns are C's columns
-    assert box_a.x1 < box_c.x0 and box_b.y0 > box_c.y1  # A to the left of C, B above it
-    assert abs(box_a.width - box_b.height) < 1  # J is one length in A and in B
-    longest = max(sizes)
-    if min(sizes) * 4 >= longest:  # to scale: the same pixels per element everywhere
-        assert abs(box_c.width / box_c.height - k / i) < 0.02 * k / i
-        assert abs(box_a.width / box_a.height - j / i) < 0.02 * j / i
-        assert not any("not to scale" in ax.get_xlabel() for ax in fig.axes)
-    else:  # lengths compressed (the shortest drawn at a quarter of the longest), and the panels say so
-        assert any("not to scale" in ax.get_xlabel() for ax in fig.axes)
-    sizes_pt = [t.get_fontsize() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
-    assert min(sizes_pt) >= 6.5
-    boxes = _label_boxes(fig)
-    assert not [(p, q) for n, (p, a) in enumerate(boxes) for q, b in boxes[n + 1:] if a.overlaps(b)]
 
 
 def test_color_by_colours_the_cards_by_a_group_of_devices():

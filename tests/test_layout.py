@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils.layout import as_layout, check_spec, matmul_traffic, short_dtype, spec_entries, tiles, type_string
+from utils.layout import as_layout, check_spec, short_dtype, spec_entries, tiles, type_string
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 MESH3 = jax.make_mesh((2, 2, 2), ("data", "model", "pipeline"), axis_types=(AxisType.Auto,) * 3)
@@ -126,82 +126,3 @@ def test_type_string_agrees_with_typeof_on_explicit_meshes():
 
 def test_short_dtype():
     assert [short_dtype(d) for d in (jnp.float32, jnp.bfloat16, np.int8, bool)] == ["f32", "bf16", "i8", "bool"]
-
-
-# --- matmul traffic: C = A @ B with A (512, 1024), B (1024, 1024) on the (4, 2) mesh ---------------------------------
-
-A, B = (512, 1024), (1024, 1024)
-
-
-def _traffic(a, b, c, device=0):
-    return matmul_traffic(A, NamedSharding(MESH, a), B, NamedSharding(MESH, b), NamedSharding(MESH, c), device)
-
-
-def test_matmul_traffic_gather_case():
-    t = _traffic(P("data", "model"), P(None, "model"), P("data", "model"))
-    assert t.lhs.held.start == (0, 0) and t.lhs.held.stop == (128, 512)
-    assert (t.lhs.needed_start, t.lhs.needed_stop) == ((0, 0), (128, 1024))  # all of its rows of A
-    (missing,) = t.lhs.missing
-    assert missing.index_string() == "[0:128, 512:1024]" and missing.source == 1 and missing.axes == ("model",)
-    assert missing.holders == (1,) and not missing.held and t.lhs.fetched_elements == 128 * 512
-    assert t.lhs.gather_axes == ("model",) and t.rhs.missing == () and t.rhs.needed_shape == (1024, 512)
-    assert t.partial_axes == () and t.reduction is None and t.collectives == ("all-gather",)
-    assert t.out.devices == (0,) and t.computed_shape == t.out.shape == (128, 512)
-    assert t.summary() == "dev 0 fetches 1 block of A over 'model' (all-gather)"
-    assert _traffic(P("data", "model"), P(None, "model"), P("data", "model"), device=7).lhs.missing[0].source == 6
-
-
-def test_matmul_traffic_partial_sum_cases():
-    t = _traffic(P("data", "model"), P("model", None), P("data", None))
-    assert t.partial_axes == ("model",) and t.contracting == (0, 512) and t.reduction == "all-reduce"
-    assert t.lhs.missing == () == t.rhs.missing and t.computed_shape == (128, 1024)
-    assert t.summary(("x", "w", "y")) == "dev 0 holds only a partial sum of its y block: adds over 'model' (all-reduce)"
-    dev1 = _traffic(P("data", "model"), P("model", None), P("data", None), device=1)
-    assert dev1.contracting == (512, 1024)  # its own half of the contracting dimension
-    t = _traffic(P(None, "data"), P("data", None), P())
-    assert t.partial_axes == ("data",) and t.computed_shape == (512, 1024) and t.collectives == ("all-reduce",)
-    scatter = _traffic(P(None, "data"), P("data", None), P("data", None))
-    assert scatter.reduction == "reduce-scatter" and scatter.out.shape == (128, 1024)
-    assert scatter.computed_shape == (512, 1024)  # partial sums for all of C, then each keeps its block
-
-
-def test_matmul_traffic_nothing_moves_and_nearest_holder():
-    t = _traffic(P("data", None), P(None, "model"), P("data", "model"))
-    assert t.collectives == () and t.summary() == "dev 0 holds everything its C block needs: nothing moves"
-    # B's rows split over data while A is not: dev 0 fetches B's other row blocks from its own model column
-    t = _traffic(P("data", None), P("data", None), P("data", None))
-    assert [(p.index_string(), p.holders, p.source, p.axes) for p in t.rhs.missing] == [
-        ("[256:512, 0:1024]", (2, 3), 2, ("data",)),
-        ("[512:768, 0:1024]", (4, 5), 4, ("data",)),
-        ("[768:1024, 0:1024]", (6, 7), 6, ("data",)),
-    ]
-    assert t.summary() == "dev 0 fetches 3 blocks of B over 'data' (all-gather)"
-
-
-def test_matmul_traffic_takes_a_device_a_spec_and_uneven_sizes():
-    t = matmul_traffic(A, NamedSharding(MESH, P("data", "model")), B, NamedSharding(MESH, P(None, "model")),
-                       P("data", "model"), jax.devices()[5])
-    assert t.device == 5 and t.lhs.missing[0].source == 4
-    odd = matmul_traffic((10, 6), NamedSharding(MESH, P("data", None)), (6, 4), NamedSharding(MESH, P()),
-                         P("data", None), 6)
-    assert odd.out.shape == (1, 4) and odd.lhs.needed_shape == (1, 6) and odd.collectives == ()
-
-
-@pytest.mark.parametrize(
-    "args,exc,message",
-    [
-        (((512,), NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P()), ValueError, "2-D shape"),
-        ((A, NamedSharding(MESH, P()), (1023, 4), NamedSharding(MESH, P()), P()), ValueError, "must equal B's rows"),
-        ((A, P("data"), B, NamedSharding(MESH, P()), P()), ValueError, "needs a mesh"),
-        ((A, jax.sharding.SingleDeviceSharding(jax.devices()[0]), B, NamedSharding(MESH, P()), P()), TypeError,
-         "needs a NamedSharding"),
-        ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH3, P()), P()), ValueError, "another mesh"),
-        ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P("rows")), ValueError, "does not have"),
-        ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P(), 99), ValueError, "not on this mesh"),
-        ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P(), True), ValueError, "not on this mesh"),
-        ((A, NamedSharding(MESH, P()), B, NamedSharding(MESH, P()), P(), "dev 0"), ValueError, "not on this mesh"),
-    ],
-)
-def test_matmul_traffic_bad_input(args, exc, message):
-    with pytest.raises(exc, match=message):
-        matmul_traffic(*args)

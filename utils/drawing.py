@@ -4,8 +4,9 @@
 array is a rectangle (``gid`` ``"tile"``) at its true proportions, labelled as :func:`tile_labels` says;
 every device holding a copy is a card in that device's colour (``"copy"``), k copies a deck of k offset
 cards, never stripes (they would read as a further split); XLA's padding of an uneven block is hatched.
-A device has one colour in every figure (:func:`device_color`). :func:`draw_matmul` draws ``C = A @ B``
-as one device sees it; :func:`draw_permute` draws a ``ppermute`` as arrows on the mesh.
+A device has one colour in every figure (:func:`device_color`); :func:`draw_permute` draws a ``ppermute``
+as arrows on the mesh. ``_tile_lines``, ``_draw_tiles`` and ``_finish`` are private but shared: notebook
+04's matmul pictures (``notebooks/matmul_pictures.py``) draw their blocks with them too.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+from jax.sharding import Mesh, NamedSharding, Sharding
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from .inspecting import format_bytes
-from .layout import MatmulTraffic, Tile, _axes_text, as_layout, matmul_traffic, spec_entries, tiles, type_string
+from .layout import Tile, as_layout, spec_entries, tiles, type_string
 
 
 def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
@@ -46,8 +47,8 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 
 _show_figures_inline()
 
-__all__ = ["device_color", "device_label", "draw_matmul", "draw_mesh", "draw_permute", "draw_sharding",
-           "draw_shardings", "mesh_labels", "tile_labels"]
+__all__ = ["device_color", "device_label", "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings",
+           "mesh_labels", "tile_labels"]
 
 _PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
                                                             ("tab20c", range(16))) for i in ids]
@@ -118,13 +119,14 @@ _LABEL_BOX = dict(boxstyle="round,pad=0.15", facecolor="white", alpha=0.8, linew
 _MIN_FONT, _GOOD_FONT, _MAX_FONT = 6.5, 8.0, 9.0  # label sizes in points: never below the first
 _DECK_STEP_PT = 4.0  # offset between two cards of a deck, in points
 _DECK_SHARE = 0.35  # a deck's offsets take at most this share of the block's smaller side
+_CARD_ALPHA = 0.85  # the opacity of a device's card
 _CARD_MIN_STEP_PT = 1.5  # below this, cards are indistinguishable: show fewer (the label says how many)
 _WRAP = 16  # a 1-D view of more blocks than this is wrapped onto rows of this many blocks
 _MOST_STRETCH = 8.0  # a 2-D array is drawn at its true aspect unless more than this many times wider than tall
 
 
 def _tile_lines(t: Tile, itemsize: int, show_bytes: bool, extra: Sequence[str] = ()) -> list[str]:
-    """The lines of a block's label, in the order :func:`tile_labels` documents."""
+    """The lines of a block's label, in the order :func:`tile_labels` documents (``extra``: lines 6 and 7)."""
     lines = [device_label(t.devices), str(t.shape).replace(",)", ")")]
     if show_bytes:
         lines.append(format_bytes(math.prod(t.shape) * itemsize))
@@ -240,7 +242,7 @@ def _bare(ax: Axes) -> None:
 
 
 def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[tuple[Tile, list[str]]], r: int | None,
-                c: int | None, ratio: float, alpha: float = 0.85, tint: Callable[[int], Any] = device_color
+                c: int | None, ratio: float, tint: Callable[[int], Any] = device_color
                 ) -> list[Any]:
     """Draw one 2-D view of labelled blocks: the array spans the unit square, drawn ``ratio`` times as tall as wide.
 
@@ -256,7 +258,7 @@ def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[
     labels = ax.__dict__.setdefault("_course_labels", [])
     texts = []
     for (t, lines), (x0, w, xpad, y0, h, ypad) in zip(labelled, ends, strict=True):
-        decks.append((x0, y0, w, h, [tint(d) for d in t.devices], alpha))
+        decks.append((x0, y0, w, h, [tint(d) for d in t.devices]))
         for pad in ((x0 + w, y0, xpad, h + ypad), (x0, y0 + h, w, ypad)):  # padding XLA allocates beyond the data
             if pad[2] and pad[3]:
                 ax.add_patch(Rectangle(pad[:2], *pad[2:], fill=False, hatch="///", edgecolor="0.45", linewidth=0.5,
@@ -311,8 +313,8 @@ def _finish(fig: Figure, **layout: Any) -> Figure:
         if not (queued or labels):
             continue
         ppu = _points_per_unit(ax)
-        for x0, y0, w, h, colours, alpha in queued:
-            _draw_deck(ax, x0, y0, w, h, colours, ppu, alpha)
+        for x0, y0, w, h, colours in queued:
+            _draw_deck(ax, x0, y0, w, h, colours, ppu)
         sized = [(text, lines, w * ppu[0], h * ppu[1]) for text, lines, w, h in labels]
         size = max(min([min(_best_font(lines, w, h), _MAX_FONT) for _, lines, w, h in sized] or [_MAX_FONT]), _MIN_FONT)
         for text, lines, w, h in sized:
@@ -325,7 +327,7 @@ def _finish(fig: Figure, **layout: Any) -> Figure:
 
 
 def _draw_deck(
-    ax: Axes, x0: float, y0: float, w: float, h: float, colours: Sequence[Any], ppu: tuple[float, float], alpha: float
+    ax: Axes, x0: float, y0: float, w: float, h: float, colours: Sequence[Any], ppu: tuple[float, float]
 ) -> None:
     """One card per device holding the block: one card fills it; k cards stack like a deck, offset down-right.
 
@@ -336,7 +338,8 @@ def _draw_deck(
     if w <= 0 or h <= 0:
         return
     if k == 1:
-        ax.add_patch(Rectangle((x0, y0), w, h, facecolor=colours[0], alpha=alpha, linewidth=0, gid="copy", zorder=1.0))
+        ax.add_patch(Rectangle((x0, y0), w, h, facecolor=colours[0], alpha=_CARD_ALPHA, linewidth=0, gid="copy",
+                               zorder=1.0))
         return
     w_pt, h_pt = w * ppu[0], h * ppu[1]
     room = _DECK_SHARE * min(w_pt, h_pt)
@@ -346,7 +349,7 @@ def _draw_deck(
     sx, sy, mx, my = step / ppu[0], step / ppu[1], margin / ppu[0], margin / ppu[1]
     cw, ch = w - 2 * mx - (shown - 1) * sx, h - 2 * my - (shown - 1) * sy
     for i, colour in enumerate(colours[:shown]):
-        ax.add_patch(Rectangle((x0 + mx + i * sx, y0 + my + i * sy), cw, ch, facecolor=colour, alpha=alpha,
+        ax.add_patch(Rectangle((x0 + mx + i * sx, y0 + my + i * sy), cw, ch, facecolor=colour, alpha=_CARD_ALPHA,
                                edgecolor="white", linewidth=0.8, gid="copy", zorder=1.0 - i / (2 * k)))
 
 
@@ -572,159 +575,6 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
     return _finish(fig)
 
 
-_HELD, _FETCH, _OUT = "#1a7f37", "#cf222e", "#6639ba"  # green, red, purple: the roles in draw_matmul
-
-
-def _matmul_operand(name: str, x: Any, mesh: Any = None) -> tuple[tuple[int, ...], Any, Any]:
-    """(shape, dtype, sharding) of a matmul operand: an array, a ShapeDtypeStruct, or a (shape, sharding) pair."""
-    if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], Sharding | PartitionSpec):
-        x, sharding = x
-    else:
-        sharding = None
-    try:
-        return as_layout(x, sharding, mesh)
-    except (TypeError, ValueError) as err:
-        raise type(err)(
-            f"{name}: {err}. Each operand is a sharded jax.Array, a ShapeDtypeStruct with a sharding, "
-            f"or a (shape, NamedSharding) pair"
-        ) from None
-
-
-def _outline(ax: Axes, start: Sequence[int], stop: Sequence[int], shape: Sequence[int], gid: str, **style: Any) -> None:
-    """An outline (or hatched overlay) over rows start[0]:stop[0], columns start[1]:stop[1] of a 2-D panel."""
-    y0, x0 = start[0] / shape[0], start[1] / shape[1]
-    h, w = (stop[0] - start[0]) / shape[0], (stop[1] - start[1]) / shape[1]
-    ax.add_patch(Rectangle((x0, y0), w, h, gid=gid, zorder=2.0, **style))
-
-
-def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | None = None,
-                names: tuple[str, str, str] = ("A", "B", "C"), show_bytes: bool = False) -> Figure:
-    """Draw ``C = A @ B`` as one device sees it: what it holds, fetches, and adds up.
-
-    ``lhs`` (A, shape (M, K)), ``rhs`` (B, (K, N)) and ``out`` (C, (M, N)) are
-    each a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct`` with a sharding,
-    or a ``(shape, NamedSharding)`` pair; ``out`` may also be just C's
-    ``NamedSharding`` or ``PartitionSpec`` (e.g. ``compiled.output_shardings``).
-    The classic layout, on one scale: B above C, A to the left of C, so A's
-    rows line up with C's rows and B's columns with C's columns. For
-    ``device``: its blocks of A and B are outlined in green ("held by dev 0");
-    pieces it needs but does not hold are hatched red ("fetched from dev 1":
-    an all-gather); its block of C is outlined in purple, with "partial sum
-    over 'model'" when A and B split the contracting dimension alike (an
-    all-reduce, or a reduce-scatter when C is split over that axis too).
-    Blocks it does not use are faded; the title says what moves. A dimension
-    more than 4x another is drawn shorter, and the panels say 'not to scale'.
-
-    The geometry is :func:`utils.layout.matmul_traffic`, the textbook plan;
-    assert against it, and against the compiled program's collectives.
-    """
-    a_shape, a_dtype, a_sh = _matmul_operand(names[0], lhs)
-    mesh = getattr(a_sh, "mesh", None)
-    b_shape, b_dtype, b_sh = _matmul_operand(names[1], rhs, mesh)
-    if isinstance(out, PartitionSpec | Sharding):
-        c_sh, c_dtype = out, np.result_type(a_dtype, b_dtype)
-    else:
-        c_shape, c_dtype, c_sh = _matmul_operand(names[2], out, mesh)
-        if len(a_shape) == 2 and len(b_shape) == 2 and c_shape != (a_shape[0], b_shape[1]):
-            raise ValueError(
-                f"{names[2]} has shape {c_shape}, but {names[0]} {a_shape} @ {names[1]} {b_shape} has shape "
-                f"{(a_shape[0], b_shape[1])}: pass the matmul's output (or just its sharding)"
-            )
-    traffic = matmul_traffic(a_shape, a_sh, b_shape, b_sh, c_sh, device)
-    c_shape = (a_shape[0], b_shape[1])
-    c_sh = c_sh if isinstance(c_sh, Sharding) else as_layout(c_shape, c_sh, mesh)[2]
-    d = traffic.device
-    # one scale for M, K and N; where the longest is over 4x the shortest, lengths go as size**p (shortest: 1/4)
-    dims = (a_shape[0], a_shape[1], c_shape[1])
-    p = min(1.0, math.log(4) / math.log(max(dims) / max(min(dims), 1)) if max(dims) > 4 * min(dims) else 1.0)
-    m, k, n = (max(v, 1) ** p for v in dims)
-    scale = min(8.5 / (k + n), 5.5 / (k + m))
-    legend_in, head_in = 0.7, 0.75
-    fig = plt.figure(figsize=(scale * (k + n) + 1.8, scale * (k + m) + 1.9 + legend_in + head_in))
-    grid = fig.add_gridspec(2, 2, width_ratios=[k, n], height_ratios=[k, m])
-    panels = [  # name, shape, dtype, sharding, operand traffic, grid cell, anchor, height:width
-        (names[0], a_shape, a_dtype, a_sh, traffic.lhs, grid[1, 0], "NE", m / k),
-        (names[1], b_shape, b_dtype, b_sh, traffic.rhs, grid[0, 1], "SW", k / n),
-        (f"{names[2]} = {names[0]} @ {names[1]}", c_shape, c_dtype, c_sh, None, grid[1, 1], "NW", m / n),
-    ]
-    for name, shape, dtype, sh, op, cell, anchor, ratio in panels:
-        ax = fig.add_subplot(cell, anchor=anchor)
-        panel_tiles = tiles(shape, sh)
-        roles = _matmul_roles(traffic, op, panel_tiles)
-        labelled = [(t, _tile_lines(t, np.dtype(dtype).itemsize, show_bytes, roles.get(i, ())))
-                    for i, t in enumerate(panel_tiles)]
-        texts = _draw_tiles(ax, shape, sh, labelled, 0, 1, ratio)
-        for i, (t, text) in enumerate(zip(panel_tiles, texts, strict=True)):
-            if i not in roles:
-                text.set_alpha(0.45)
-                text.get_bbox_patch().set_alpha(0.35)
-                _outline(ax, t.start, t.stop, shape, "faded", facecolor="white", alpha=0.6, linewidth=0)
-            else:
-                edge = _OUT if op is None else _HELD if d in t.devices else _FETCH
-                text.get_bbox_patch().set(edgecolor=edge, linewidth=1.5, alpha=0.9)
-        if op is not None:
-            _outline(ax, op.held.start, op.held.stop, shape, "held", fill=False, edgecolor=_HELD, linewidth=3)
-            for p in op.missing:
-                _outline(ax, p.start, p.stop, shape, "fetched", fill=False, hatch="xx", edgecolor=_FETCH,
-                         linewidth=2.5, linestyle="--")
-        else:
-            if traffic.partial_axes:
-                _outline(ax, traffic.computed_start, traffic.computed_stop, shape, "partial", fill=False,
-                         edgecolor=_OUT, linewidth=0, hatch="//")
-            _outline(ax, traffic.out.start, traffic.out.stop, shape, "out", fill=False, edgecolor=_OUT, linewidth=3)
-            ax.yaxis.set_label_position("right")  # A's ylabel, on the left, names these rows too
-        if name == names[1]:
-            ax.xaxis.set_label_position("top")  # C's xlabel, below C, names these columns too
-        ax.set_title(f"{name}\n{type_string(shape, sh, dtype=dtype)}   {_spec_text(sh)}", fontsize=9)
-    handles = [
-        Patch(facecolor="none", edgecolor=_HELD, linewidth=2.5, label=f"held by dev {d}"),
-        Patch(facecolor="none", edgecolor=_FETCH, hatch="xx", linewidth=2, linestyle="--",
-              label=f"needed by dev {d}, held elsewhere: fetched (all-gather)"),
-        Patch(facecolor="none", edgecolor=_OUT, linewidth=2.5, label=f"dev {d}'s block of {names[2]}"),
-        Patch(facecolor="0.93", edgecolor="0.8", label=f"not used by dev {d}"),
-    ]
-    if traffic.partial_axes:
-        handles.insert(3, Patch(facecolor="none", edgecolor=_OUT, hatch="//", linewidth=0,
-                                label=f"partial sums dev {d} computes: added up over "
-                                      f"{_axes_text(traffic.partial_axes)} ({traffic.reduction})"))
-    fig.legend(handles=handles, loc="lower center", ncol=3 if len(handles) > 4 else 2, fontsize=8, frameon=False)
-    summary = traffic.summary((names[0], names[1], names[2]))
-    fig.suptitle(f"{title}\n{summary}" if title else summary, fontsize=10)
-    fig_h = fig.get_size_inches()[1]
-    return _finish(fig, rect=(0, legend_in / fig_h, 1, 1 - head_in / fig_h))
-
-
-def _matmul_roles(traffic: MatmulTraffic, op: Any, panel_tiles: list[Tile]) -> dict[int, list[str]]:
-    """The role line of each block that matters to the device (see :func:`tile_labels`, line 7)."""
-    d = traffic.device
-    roles: dict[int, list[str]] = {}
-    for i, t in enumerate(panel_tiles):
-        if op is not None:  # an input: held, fetched, or not used
-            pieces = [p for p in op.pieces if p.holders == t.devices and _inside(p, t)]
-            if d in t.devices:
-                roles[i] = [f"held by dev {d}" if pieces else f"held by dev {d} (not needed)"]
-            elif pieces:
-                (p,) = pieces
-                part = "" if p.shape == t.shape else f"{p.index_string()} "
-                roles[i] = [f"{part}fetched from dev {p.source}"]
-        elif d in t.devices:  # the output: the device's own block
-            if traffic.partial_axes:
-                roles[i] = [f"dev {d}'s block: partial sum over {_axes_text(traffic.partial_axes)}"]
-            else:
-                roles[i] = [f"dev {d}'s block: complete"]
-        elif traffic.reduction == "reduce-scatter" and _overlaps(t, traffic.computed_start, traffic.computed_stop):
-            roles[i] = [f"gets a partial sum from dev {d}"]
-    return roles
-
-
-def _overlaps(t: Tile, start: Sequence[int], stop: Sequence[int]) -> bool:
-    return all(max(a, x) < min(b, y) for a, b, x, y in zip(t.start, t.stop, start, stop, strict=True))
-
-
-def _inside(p: Any, t: Tile) -> bool:
-    return all(a <= x and y <= b for a, b, x, y in zip(t.start, t.stop, p.start, p.stop, strict=True))
-
-
 def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, title: str | None = None) -> Figure:
     """Draw ``jax.lax.ppermute(x, axis_name, perm)`` as arrows between devices on the mesh.
 
@@ -824,8 +674,8 @@ def tile_labels(fig: Figure) -> list[str]:
     4. only for a block of an uneven layout: ``'padded to (3)'``;
     5. only for a replicated block (held by k > 1 devices): ``'k copies'``, e.g. ``'4 copies'``;
     6. only with ``contents=``: what the block holds (one line, or ``'dev i: ...'`` per copy when copies differ);
-    7. only in :func:`draw_matmul`: the block's role for the chosen device
-       (``'held by dev 0'``, ``'fetched from dev 1'``, ``"dev 0's block: partial sum over 'model'"``).
+    7. only in notebook 04's matmul pictures (``notebooks/matmul_pictures.py``): the block's role for the
+       chosen device (``'held by dev 0'``, ``'fetched from dev 1'``, ``"dev 0's block: partial sum over 'model'"``).
 
     So ``'dev 0,1\\n(32, 512)\\n64.0 KiB\\n2 copies'`` is a (32, 512) block copied on devices 0 and 1.
     """
