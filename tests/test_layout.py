@@ -126,3 +126,5 @@ def test_type_string_agrees_with_typeof_on_explicit_meshes():
 
 def test_short_dtype():
     assert [short_dtype(d) for d in (jnp.float32, jnp.bfloat16, np.int8, bool)] == ["f32", "bf16", "i8", "bool"]
+    named = [short_dtype(d) for d in (jnp.int4, jnp.uint4, jnp.float8_e4m3fn, jnp.float16, jnp.complex64, np.uint32)]
+    assert named == ["int4", "uint4", "float8_e4m3fn", "f16", "c64", "u32"]  # int4, uint4, float8: names kept
