@@ -16,8 +16,7 @@ from jupytext.formats import guess_format
 from tools.course import ROOT, notebooks, setup_source
 
 TOOLS = ROOT / "tools" / "notebooks.py"
-sys.path.insert(0, str(ROOT / "tools"))
-import notebooks as tool  # noqa: E402
+from tools import notebooks as tool  # not `import notebooks`: that name is the notebooks/ package
 
 NOTEBOOKS = notebooks()
 IDS = [p.name for p in NOTEBOOKS]
