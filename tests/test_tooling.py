@@ -13,10 +13,10 @@ import nbformat
 import pytest
 from jupytext.formats import guess_format
 
+from tools import notebooks as tool  # not `import notebooks`: that name is the notebooks/ package
 from tools.course import ROOT, notebooks, setup_source
 
 TOOLS = ROOT / "tools" / "notebooks.py"
-from tools import notebooks as tool  # not `import notebooks`: that name is the notebooks/ package
 
 NOTEBOOKS = notebooks()
 IDS = [p.name for p in NOTEBOOKS]
