@@ -113,7 +113,7 @@ def test_describe_prices_int4_at_half_a_byte_and_names_an_uneven_dimension() -> 
     x = layout("4", "data", "6, 4", "'data'", "int4")
     ids = [d.id for d in x.sharding.mesh.devices.flat]  # block i sits on the mesh's i-th device
     text = describe(x).splitlines()
-    assert text[0] == "int4[6@data,4]"
+    assert text[0] == "i4[6@data,4]"  # as jax.typeof(...).str_short(short_dtypes=True) writes int4
     assert text[1] == (f"devices {sorted(ids[:3])} hold 4 B each; devices [{ids[3]}] hold 0 B each: 1x the 12 B "
                        "array in all (4 bits an element, packed)")
     assert text[2].startswith("dimension 0 (6) does not split into 4 equal blocks")

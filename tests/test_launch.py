@@ -368,7 +368,8 @@ def test_binder_installs_what_pyproject_says_and_nothing_of_its_server(python, l
     """Binder's file gives each Python exactly one pin per package: its own line's, libtpu included."""
     from packaging.requirements import Requirement
 
-    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.12"
+    runtime = (ROOT / "binder" / "runtime.txt").read_text().strip()
+    assert re.fullmatch(r"python-3\.1[123]", runtime), f"Binder's {runtime} is not a Python the course is tested on"
     text = (ROOT / "binder" / "requirements.txt").read_text()
     assert text == binder_requirements(), "binder/requirements.txt is stale: run python tools/binder.py"
     reqs = [Requirement(x) for x in text.splitlines() if x and not x.startswith("#")]
@@ -399,9 +400,6 @@ def test_binder_start_sets_devices_path_and_keeps_memory_small():
     assert os.access(ROOT / "binder" / "start", os.X_OK)
     assert "export JAX_NUM_CPU_DEVICES=8" in start and "export PYTHONPATH=" in start
     assert f"export {launch.BINDER_ENV}=binder" in start and "JUPYTER_CONFIG_PATH" in start
-    culling = json.loads((ROOT / "binder" / "jupyter" / "jupyter_server_config.json").read_text())
-    assert culling == {"MappingKernelManager": {"cull_idle_timeout": 1200, "cull_interval": 60,
-                                                "cull_connected": True}}
     tracker = json.loads((ROOT / "binder" / "jupyter" / "tracker.jupyterlab-settings").read_text())
     assert tracker == {"kernelShutdown": True}
 

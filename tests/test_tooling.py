@@ -13,11 +13,10 @@ import nbformat
 import pytest
 from jupytext.formats import guess_format
 
+from tools import notebooks as tool  # not `import notebooks`: that name is the notebooks/ package
 from tools.course import ROOT, notebooks, setup_source
 
 TOOLS = ROOT / "tools" / "notebooks.py"
-sys.path.insert(0, str(ROOT / "tools"))
-import notebooks as tool  # noqa: E402
 
 NOTEBOOKS = notebooks()
 IDS = [p.name for p in NOTEBOOKS]

@@ -281,7 +281,7 @@ def install_requirements(
     for note in plan.kept:
         say(f"launch: leaving {note} (it belongs to the runtime's kernel)")
     if plan.installed:
-        say(f"launch: installing {' '.join(plan.installed)} (about a minute)")
+        say(f"launch: installing {' '.join(plan.installed)} (15 s to a minute)")
         with tempfile.TemporaryDirectory() as tmp:
             constraints = Path(tmp) / "kernel-packages.txt"
             constraints.write_text(_constraints(before))
