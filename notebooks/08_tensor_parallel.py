@@ -85,34 +85,12 @@ draw_sharding(q_kernel)
 #
 # ## 2. Column-parallel, then row-parallel
 #
-# The model, data and train step are the same in notebooks 07 to 10: an MLP `64 -> 256 -> 10`, a batch
-# of 64 examples labelled by a fixed random "teacher", cross-entropy and Adam, with the model and
-# optimizer donated to the step (notebook 07).
+# The model, data and train step are notebook 07's, imported from `notebooks/models.py`: an MLP
+# `64 -> 256 -> 10`, a batch of 64 examples labelled by a fixed random "teacher", cross-entropy and
+# Adam, with the model and optimizer donated to the step.
 
 # %%
-class MLP(nnx.Module):
-    def __init__(self, rngs):
-        self.linear1 = nnx.Linear(64, 256, rngs=rngs)
-        self.linear2 = nnx.Linear(256, 10, rngs=rngs)
-
-    def __call__(self, x):
-        return self.linear2(jax.nn.relu(self.linear1(x)))
-
-
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-x = jax.random.normal(key_x, (64, 64))
-y = jnp.argmax(x @ jax.random.normal(key_teacher, (64, 10)), axis=-1).astype(jnp.int32)
-
-
-@nnx.jit(donate_argnums=(0, 1))
-def train_step(model, optimizer, x, y):
-    def loss_fn(model):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
-
+from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded run must reproduce
 
