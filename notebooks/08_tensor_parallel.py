@@ -112,13 +112,10 @@ reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded ru
 #
 # `create` builds a model already in its layout: the constructor runs inside `nnx.jit`, and
 # `with_sharding_constraint` pins each new parameter where the layout says, so each device computes only
-# its own blocks and none ever holds the whole model (notebook 10 measures what that saves).
+# its own blocks and none ever holds the whole model (notebook 10 measures what that saves). Notebook 09
+# imports it.
 
 # %%
-def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
-    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
-
-
 megatron = {
     "linear1/kernel": P(None, "model"),
     "linear1/bias": P("model"),
@@ -127,8 +124,13 @@ megatron = {
 }
 
 
-def create(make, layout, mesh=mesh):
-    """The module `make()` builds, created with each parameter where `layout` (name -> spec) says."""
+# %% tags=["save"]
+def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
+    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
+
+
+def create(make, layout, mesh):
+    """The module `make()` builds, created on `mesh` with each parameter where `layout` (name -> spec) says."""
 
     @nnx.jit
     def build():
@@ -141,7 +143,8 @@ def create(make, layout, mesh=mesh):
     return build()
 
 
-model_tp = create(lambda: MLP(nnx.Rngs(0)), megatron)
+# %%
+model_tp = create(lambda: MLP(nnx.Rngs(0)), megatron, mesh)
 for name, leaf in nnx.to_flat_state(nnx.state(model_tp)):
     print(f"{'/'.join(name):<16}{type_string(leaf[...]):<22}{leaf[...].sharding.shard_shape(leaf.shape)}")
 draw_shardings(nnx.state(model_tp), ncols=4)
@@ -218,7 +221,7 @@ class FeedForward(nnx.Module):
 ff_online = FeedForward(nnx.Rngs(0))
 state = nnx.state(ff_online)
 nnx.update(ff_online, jax.device_put(state, jax.tree_util.tree_map_with_path(online_rule, state)))
-ff_tp = create(lambda: FeedForward(nnx.Rngs(0)), megatron)
+ff_tp = create(lambda: FeedForward(nnx.Rngs(0)), megatron, mesh)
 
 forward_repl = jax.jit(lambda model, x: model(x), out_shardings=NamedSharding(mesh, P()))
 ff_ops_online = collectives(forward_repl.lower(ff_online, x_repl).compile())
@@ -277,7 +280,7 @@ class Attention(nnx.Module):
 heads_layout = {"query/kernel": P(None, "model"), "key/kernel": P(None, "model"),
                 "value/kernel": P(None, "model"), "out/kernel": P("model", None)}
 attn_ref = Attention(64, 8, rngs=nnx.Rngs(1))
-attn_tp = create(lambda: Attention(64, 8, rngs=nnx.Rngs(1)), heads_layout)
+attn_tp = create(lambda: Attention(64, 8, rngs=nnx.Rngs(1)), heads_layout, mesh)
 
 tokens = x.reshape(4, 16, 64)  # the course batch read as (batch, sequence, width): 4 sequences of 16 tokens
 tokens_repl = jax.device_put(tokens, NamedSharding(mesh, P()))

@@ -89,7 +89,6 @@ draw_mesh(mesh)
 # %%
 from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
-
 # %% [markdown]
 # One thing changes inside the MLP: the hidden activation is pinned to `P('data', 'model')`, rows
 # (examples) on `data`, hidden units on `model`. `jax.lax.with_sharding_constraint` with a bare `P`
@@ -118,24 +117,7 @@ layout = {
     "linear2/bias": P(),
 }
 
-
-def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
-    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
-
-
-def create(make, layout, mesh):
-    """The module `make()` builds, created already sharded: each parameter where `layout` says (notebook 08)."""
-
-    @nnx.jit
-    def build():
-        module = make()
-        state = nnx.state(module)
-        specs = jax.tree_util.tree_map_with_path(lambda path, _: NamedSharding(mesh, layout[param_name(path)]), state)
-        nnx.update(module, jax.lax.with_sharding_constraint(state, specs))
-        return module
-
-    return build()
-
+from notebooks.models import create  # notebook 08's: a model built in its layout, never whole on a device
 
 model_2d = create(lambda: MLP2D(nnx.Rngs(0)), layout, mesh)
 x_2d = jax.device_put(x, NamedSharding(mesh, P("data", None)))

@@ -1,4 +1,4 @@
-"""Code saved from the notebooks: notebooks/07_data_parallel.py, notebooks/11_transformer.py. GENERATED, do not edit.
+"""Code saved from the notebooks: notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/11_transformer.py. GENERATED, do not edit.
 
 Each part is a notebook cell tagged 'save'. Edit the cell in its notebook, then run
 `python tools/notebooks.py save`; tests/test_saved_code.py fails while this file is out of date.
@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
 import numpy as np
 from flax.linen import with_logical_constraint
 
@@ -37,6 +38,25 @@ def step(model, optimizer, x, y):
 
 
 train_step = nnx.jit(step, donate_argnums=(0, 1))  # model and optimizer are updated in place
+
+
+# --- from notebooks/08_tensor_parallel.py
+def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
+    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
+
+
+def create(make, layout, mesh):
+    """The module `make()` builds, created on `mesh` with each parameter where `layout` (name -> spec) says."""
+
+    @nnx.jit
+    def build():
+        module = make()
+        state = nnx.state(module)
+        specs = jax.tree_util.tree_map_with_path(lambda path, _: NamedSharding(mesh, layout[param_name(path)]), state)
+        nnx.update(module, jax.lax.with_sharding_constraint(state, specs))
+        return module
+
+    return build()
 
 
 # --- from notebooks/11_transformer.py

@@ -58,15 +58,15 @@ def test_an_untagged_cell_changes_nothing():
     assert tools.saved_module(changed) == tools.SAVED.read_text()
 
 
-def test_the_module_holds_notebook_07s_and_11s_models_and_nothing_else():
+def test_the_module_holds_the_tagged_cells_of_07_08_and_11_and_nothing_else():
     text = tools.SAVED.read_text()
     assert "GENERATED, do not edit" in text and NB07 in text and NB11 in text
-    for name in ("class MLP(", "def step(", "train_step = ", "def layer_norm(", "class Attention(",
-                 "class FeedForward(", "class Block(", "class MyTransformer("):
+    for name in ("class MLP(", "def step(", "train_step = ", "def param_name(", "def create(", "def layer_norm(",
+                 "class Attention(", "class FeedForward(", "class Block(", "class MyTransformer("):
         assert text.count(name) == 1, name
     order = [text.index(p) for p in (f"# --- from {NB07}", "class MLP(", f"# --- from {NB11}", "class Attention(")]
     assert order == sorted(order)  # the notebooks' cells in course order
-    for untagged in ("STRATEGIES", "ref_losses", "import warnings", "from utils", "from functools"):
+    for untagged in ("STRATEGIES", "ref_losses", "megatron", "import warnings", "from utils", "from functools"):
         assert untagged not in text, untagged  # untagged cells and imports the saved cells do not use
 
 
