@@ -77,6 +77,9 @@ RTOL = 1e-5 if CPU else 1e-2
 # - an MLP `64 -> 256 -> 10` made of two `nnx.Linear` layers with a ReLU between them;
 # - softmax cross-entropy, Adam with learning rate `1e-2`, and a train step compiled with `nnx.jit`.
 #
+# The cell that defines them is tagged `save`: `tools/notebooks.py save` copies it into
+# `notebooks/models.py`, and notebooks 08 to 10 import it from there instead of typing it again.
+#
 # The step replaces every parameter and every Adam moment with a new array of the same shape.
 # `donate_argnums=(0, 1)` tells the compiler it may write those new arrays into the buffers of the old
 # ones (the `model` and `optimizer` arguments): the old arrays are deleted when the step runs, and
@@ -84,7 +87,7 @@ RTOL = 1e-5 if CPU else 1e-2
 #
 # The single-device run is the **reference**: every sharded run below must give the same losses.
 
-# %%
+# %% tags=["save"]
 class MLP(nnx.Module):
     def __init__(self, rngs: nnx.Rngs):
         self.linear1 = nnx.Linear(64, 256, rngs=rngs)
@@ -111,6 +114,7 @@ def step(model, optimizer, x, y):
 
 train_step = nnx.jit(step, donate_argnums=(0, 1))  # model and optimizer are updated in place
 
+# %%
 ref_model = MLP(nnx.Rngs(0))
 ref_optimizer = nnx.Optimizer(ref_model, optax.adam(1e-2), wrt=nnx.Param)
 init_params = [np.asarray(p) for p in jax.tree.leaves(nnx.state(ref_model, nnx.Param))]  # copies, before training

@@ -85,34 +85,12 @@ draw_sharding(q_kernel)
 #
 # ## 2. Column-parallel, then row-parallel
 #
-# The model, data and train step are the same in notebooks 07 to 10: an MLP `64 -> 256 -> 10`, a batch
-# of 64 examples labelled by a fixed random "teacher", cross-entropy and Adam, with the model and
-# optimizer donated to the step (notebook 07).
+# The model, data and train step are notebook 07's, imported from `notebooks/models.py`: an MLP
+# `64 -> 256 -> 10`, a batch of 64 examples labelled by a fixed random "teacher", cross-entropy and
+# Adam, with the model and optimizer donated to the step.
 
 # %%
-class MLP(nnx.Module):
-    def __init__(self, rngs):
-        self.linear1 = nnx.Linear(64, 256, rngs=rngs)
-        self.linear2 = nnx.Linear(256, 10, rngs=rngs)
-
-    def __call__(self, x):
-        return self.linear2(jax.nn.relu(self.linear1(x)))
-
-
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-x = jax.random.normal(key_x, (64, 64))
-y = jnp.argmax(x @ jax.random.normal(key_teacher, (64, 10)), axis=-1).astype(jnp.int32)
-
-
-@nnx.jit(donate_argnums=(0, 1))
-def train_step(model, optimizer, x, y):
-    def loss_fn(model):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
-
+from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded run must reproduce
 
@@ -134,13 +112,10 @@ reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded ru
 #
 # `create` builds a model already in its layout: the constructor runs inside `nnx.jit`, and
 # `with_sharding_constraint` pins each new parameter where the layout says, so each device computes only
-# its own blocks and none ever holds the whole model (notebook 10 measures what that saves).
+# its own blocks and none ever holds the whole model (notebook 10 measures what that saves). Notebook 09
+# imports it.
 
 # %%
-def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
-    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
-
-
 megatron = {
     "linear1/kernel": P(None, "model"),
     "linear1/bias": P("model"),
@@ -149,8 +124,13 @@ megatron = {
 }
 
 
-def create(make, layout, mesh=mesh):
-    """The module `make()` builds, created with each parameter where `layout` (name -> spec) says."""
+# %% tags=["save"]
+def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
+    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
+
+
+def create(make, layout, mesh):
+    """The module `make()` builds, created on `mesh` with each parameter where `layout` (name -> spec) says."""
 
     @nnx.jit
     def build():
@@ -163,7 +143,8 @@ def create(make, layout, mesh=mesh):
     return build()
 
 
-model_tp = create(lambda: MLP(nnx.Rngs(0)), megatron)
+# %%
+model_tp = create(lambda: MLP(nnx.Rngs(0)), megatron, mesh)
 for name, leaf in nnx.to_flat_state(nnx.state(model_tp)):
     print(f"{'/'.join(name):<16}{type_string(leaf[...]):<22}{leaf[...].sharding.shard_shape(leaf.shape)}")
 draw_shardings(nnx.state(model_tp), ncols=4)
@@ -240,7 +221,7 @@ class FeedForward(nnx.Module):
 ff_online = FeedForward(nnx.Rngs(0))
 state = nnx.state(ff_online)
 nnx.update(ff_online, jax.device_put(state, jax.tree_util.tree_map_with_path(online_rule, state)))
-ff_tp = create(lambda: FeedForward(nnx.Rngs(0)), megatron)
+ff_tp = create(lambda: FeedForward(nnx.Rngs(0)), megatron, mesh)
 
 forward_repl = jax.jit(lambda model, x: model(x), out_shardings=NamedSharding(mesh, P()))
 ff_ops_online = collectives(forward_repl.lower(ff_online, x_repl).compile())
@@ -299,7 +280,7 @@ class Attention(nnx.Module):
 heads_layout = {"query/kernel": P(None, "model"), "key/kernel": P(None, "model"),
                 "value/kernel": P(None, "model"), "out/kernel": P("model", None)}
 attn_ref = Attention(64, 8, rngs=nnx.Rngs(1))
-attn_tp = create(lambda: Attention(64, 8, rngs=nnx.Rngs(1)), heads_layout)
+attn_tp = create(lambda: Attention(64, 8, rngs=nnx.Rngs(1)), heads_layout, mesh)
 
 tokens = x.reshape(4, 16, 64)  # the course batch read as (batch, sequence, width): 4 sequences of 16 tokens
 tokens_repl = jax.device_put(tokens, NamedSharding(mesh, P()))

@@ -82,34 +82,12 @@ draw_mesh(mesh)
 # 2 devices) they will hold different halves of each weight matrix. The 2 devices of the first row share
 # examples 0 to 15; the 4 devices of a column (0, 2, 4, 6 on CPU) share the same half of every kernel.
 #
-# The model, data and train step are the same as in notebooks 07, 08 and 10: an MLP `64 -> 256 -> 10`
-# from `nnx.Rngs(0)`, a batch of 64 labelled by a fixed random teacher, cross-entropy and Adam, with the
-# model and optimizer donated to the step (notebook 07).
+# The model, data and train step are notebook 07's, imported from `notebooks/models.py`: an MLP
+# `64 -> 256 -> 10` from `nnx.Rngs(0)`, a batch of 64 labelled by a fixed random teacher, cross-entropy
+# and Adam, with the model and optimizer donated to the step.
 
 # %%
-class MLP(nnx.Module):
-    def __init__(self, rngs):
-        self.linear1 = nnx.Linear(64, 256, rngs=rngs)
-        self.linear2 = nnx.Linear(256, 10, rngs=rngs)
-
-    def __call__(self, x):
-        return self.linear2(jax.nn.relu(self.linear1(x)))
-
-
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-x = jax.random.normal(key_x, (64, 64))
-y = jnp.argmax(x @ jax.random.normal(key_teacher, (64, 10)), axis=-1).astype(jnp.int32)
-
-
-@nnx.jit(donate_argnums=(0, 1))
-def train_step(model, optimizer, x, y):
-    def loss_fn(model):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
-
+from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 # %% [markdown]
 # One thing changes inside the MLP: the hidden activation is pinned to `P('data', 'model')`, rows
@@ -139,24 +117,7 @@ layout = {
     "linear2/bias": P(),
 }
 
-
-def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
-    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
-
-
-def create(make, layout, mesh):
-    """The module `make()` builds, created already sharded: each parameter where `layout` says (notebook 08)."""
-
-    @nnx.jit
-    def build():
-        module = make()
-        state = nnx.state(module)
-        specs = jax.tree_util.tree_map_with_path(lambda path, _: NamedSharding(mesh, layout[param_name(path)]), state)
-        nnx.update(module, jax.lax.with_sharding_constraint(state, specs))
-        return module
-
-    return build()
-
+from notebooks.models import create  # notebook 08's: a model built in its layout, never whole on a device
 
 model_2d = create(lambda: MLP2D(nnx.Rngs(0)), layout, mesh)
 x_2d = jax.device_put(x, NamedSharding(mesh, P("data", None)))

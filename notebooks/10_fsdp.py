@@ -63,39 +63,17 @@ RTOL = 1e-5 if CPU else 1e-2
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
 #
-# The same model, data and train step as notebooks 07 to 09: an MLP `64 -> 256 -> 10` from two
-# `nnx.Linear` layers, a batch of 64 examples labelled by a fixed random teacher, Adam `1e-2`, and the
-# `nnx.jit` train step that donates the model and optimizer (notebook 07). The single-device run is the
-# reference.
+# Notebook 07's model, data and train step, imported: an MLP `64 -> 256 -> 10` from two `nnx.Linear`
+# layers, a batch of 64 examples labelled by a fixed random teacher, Adam `1e-2`, and the `nnx.jit`
+# train step that donates the model and optimizer. The single-device run is the reference.
 
 # %%
-class MLP(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-        self.linear1 = nnx.Linear(64, 256, rngs=rngs)
-        self.linear2 = nnx.Linear(256, 10, rngs=rngs)
-
-    def __call__(self, x):
-        return self.linear2(jax.nn.relu(self.linear1(x)))
+from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 
 def create():
     model = MLP(nnx.Rngs(0))
     return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-
-
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-x = jax.random.normal(key_x, (64, 64))
-y = jnp.argmax(x @ jax.random.normal(key_teacher, (64, 10)), axis=-1).astype(jnp.int32)
-
-
-@nnx.jit(donate_argnums=(0, 1))
-def train_step(model, optimizer, x, y):
-    def loss_fn(model):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
 
 
 ref_model, ref_optimizer = create()

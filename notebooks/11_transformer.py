@@ -112,7 +112,7 @@ class Attention(nnx.Module):
         return self.out(y.reshape(b, s, d))
 
 
-class MLP(nnx.Module):
+class FeedForward(nnx.Module):
     def __init__(self, d_model, d_ff, *, rngs):
         self.up = nnx.Linear(d_model, d_ff, kernel_init=part(dense_init, ("embed", "mlp")), use_bias=False, rngs=rngs)
         self.down = nnx.Linear(d_ff, d_model, kernel_init=part(dense_init, ("mlp", "embed")), use_bias=False, rngs=rngs)
@@ -124,7 +124,7 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     def __init__(self, d_model, num_heads, d_ff, *, rngs):
         self.norm1, self.attn = layer_norm(d_model, rngs), Attention(d_model, num_heads, rngs=rngs)
-        self.norm2, self.mlp = layer_norm(d_model, rngs), MLP(d_model, d_ff, rngs=rngs)
+        self.norm2, self.mlp = layer_norm(d_model, rngs), FeedForward(d_model, d_ff, rngs=rngs)
 
     def __call__(self, x):
         x = with_logical_constraint(x + self.attn(self.norm1(x)), RESIDUAL)

@@ -1,13 +1,62 @@
-"""Code saved from the notebooks: notebooks/11_transformer.py. GENERATED, do not edit.
+"""Code saved from the notebooks: notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/11_transformer.py. GENERATED, do not edit.
 
 Each part is a notebook cell tagged 'save'. Edit the cell in its notebook, then run
 `python tools/notebooks.py save`; tests/test_saved_code.py fails while this file is out of date.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
+import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+import numpy as np
 from flax.linen import with_logical_constraint
+
+
+# --- from notebooks/07_data_parallel.py
+class MLP(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear1 = nnx.Linear(64, 256, rngs=rngs)
+        self.linear2 = nnx.Linear(256, 10, rngs=rngs)
+
+    def __call__(self, x):
+        return self.linear2(jax.nn.relu(self.linear1(x)))
+
+
+key_x, key_teacher = jax.random.split(jax.random.key(0))
+x = jax.random.normal(key_x, (64, 64))
+w_teacher = jax.random.normal(key_teacher, (64, 10))
+y = jnp.argmax(x @ w_teacher, axis=-1).astype(jnp.int32)
+
+
+def step(model, optimizer, x, y):
+    def loss_fn(model):
+        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+
+train_step = nnx.jit(step, donate_argnums=(0, 1))  # model and optimizer are updated in place
+
+
+# --- from notebooks/08_tensor_parallel.py
+def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
+    return "/".join(str(k.key) for k in path if hasattr(k, "key"))
+
+
+def create(make, layout, mesh):
+    """The module `make()` builds, created on `mesh` with each parameter where `layout` (name -> spec) says."""
+
+    @nnx.jit
+    def build():
+        module = make()
+        state = nnx.state(module)
+        specs = jax.tree_util.tree_map_with_path(lambda path, _: NamedSharding(mesh, layout[param_name(path)]), state)
+        nnx.update(module, jax.lax.with_sharding_constraint(state, specs))
+        return module
+
+    return build()
 
 
 # --- from notebooks/11_transformer.py
@@ -42,7 +91,7 @@ class Attention(nnx.Module):
         return self.out(y.reshape(b, s, d))
 
 
-class MLP(nnx.Module):
+class FeedForward(nnx.Module):
     def __init__(self, d_model, d_ff, *, rngs):
         self.up = nnx.Linear(d_model, d_ff, kernel_init=part(dense_init, ("embed", "mlp")), use_bias=False, rngs=rngs)
         self.down = nnx.Linear(d_ff, d_model, kernel_init=part(dense_init, ("mlp", "embed")), use_bias=False, rngs=rngs)
@@ -54,7 +103,7 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     def __init__(self, d_model, num_heads, d_ff, *, rngs):
         self.norm1, self.attn = layer_norm(d_model, rngs), Attention(d_model, num_heads, rngs=rngs)
-        self.norm2, self.mlp = layer_norm(d_model, rngs), MLP(d_model, d_ff, rngs=rngs)
+        self.norm2, self.mlp = layer_norm(d_model, rngs), FeedForward(d_model, d_ff, rngs=rngs)
 
     def __call__(self, x):
         x = with_logical_constraint(x + self.attn(self.norm1(x)), RESIDUAL)

@@ -20,6 +20,7 @@ tools = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tools)
 
 SOURCES = {f"notebooks/{p.with_suffix('.py').name}": p.with_suffix(".py").read_text() for p in notebooks()}
+NB07 = "notebooks/07_data_parallel.py"
 NB11 = "notebooks/11_transformer.py"
 
 TAGGED = '''# %% [markdown]
@@ -57,12 +58,23 @@ def test_an_untagged_cell_changes_nothing():
     assert tools.saved_module(changed) == tools.SAVED.read_text()
 
 
-def test_the_module_holds_notebook_11s_model_and_nothing_else():
+def test_the_module_holds_the_tagged_cells_of_07_08_and_11_and_nothing_else():
     text = tools.SAVED.read_text()
-    assert "GENERATED, do not edit" in text and NB11 in text
-    for name in ("def layer_norm(", "class Attention(", "class MLP(", "class Block(", "class MyTransformer("):
+    assert "GENERATED, do not edit" in text and NB07 in text and NB11 in text
+    for name in ("class MLP(", "def step(", "train_step = ", "def param_name(", "def create(", "def layer_norm(",
+                 "class Attention(", "class FeedForward(", "class Block(", "class MyTransformer("):
         assert text.count(name) == 1, name
-    assert "STRATEGIES" not in text and "import optax" not in text  # untagged cells, unused imports
+    order = [text.index(p) for p in (f"# --- from {NB07}", "class MLP(", f"# --- from {NB11}", "class Attention(")]
+    assert order == sorted(order)  # the notebooks' cells in course order
+    for untagged in ("STRATEGIES", "ref_losses", "megatron", "import warnings", "from utils", "from functools"):
+        assert untagged not in text, untagged  # untagged cells and imports the saved cells do not use
+
+
+def test_two_notebooks_saving_the_same_name_are_refused():
+    other = TAGGED.replace("def area(r):", "def MLP(r):")  # the module has one namespace: the later would shadow
+    with pytest.raises(ValueError, match=r"t.py and notebooks/07_data_parallel.py both save a top-level 'MLP'"):
+        tools.saved_module({NB07: SOURCES[NB07], "t.py": other})
+    assert tools.saved_module({NB07: SOURCES[NB07], "t.py": TAGGED})  # distinct names: fine
 
 
 def test_saved_cells_keeps_only_the_imports_the_cells_use():
@@ -84,9 +96,10 @@ def test_no_tagged_cell_is_refused():
 
 
 def test_the_module_imports_from_the_course_root_and_from_the_notebooks_folder():
-    code = "from notebooks.models import MyTransformer, layer_norm; print(MyTransformer.__module__)"
+    code = "from notebooks.models import MLP, MyTransformer as T, x; print(MLP.__module__, T.__module__, x.shape)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the setup cell does
     for cwd in (ROOT, ROOT / "notebooks"):  # tests and scripts; a notebook's kernel (its setup cell adds the root)
         run = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); {code}"],
                              cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0 and run.stdout.strip() == "notebooks.models", run.stderr[-2000:]
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.strip() == "notebooks.models notebooks.models (64, 64)"

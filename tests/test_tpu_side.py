@@ -9,7 +9,8 @@ the TPU program differs, the test asserts the TPU's form. What it checks, and wh
 - 01, 02, 05, 06, and the single-layer programs of 08, 09 and 13: small programs (a matmul, a constraint,
   a ``shard_map``) written here at the notebook's shapes and layouts;
 - 07, 08, 09, 13: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
-  own, read from its source by ``from_notebook``, the step is ``abstract_train_step`` below;
+  own, read from its source by ``from_notebook`` (which follows 08's and 09's import of notebook 07's MLP
+  from ``notebooks/models.py``), the step is ``abstract_train_step`` below;
 - 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
   notebook's code (its model from ``notebooks/models.py``, the rest read from its source);
 - 12: the wide model, its layouts and steps, executed from the notebook's source (``notebook_12``);
@@ -95,11 +96,14 @@ def equivalent(sharding, mesh, spec, ndim=2):
 
 
 def _bound(node):
-    """The names a top-level statement binds (def, class, assignment)."""
+    """The names a top-level statement binds (def, class, assignment, import: a program a notebook imports from
+    notebooks/models.py is the one it runs)."""
     if isinstance(node, ast.FunctionDef | ast.ClassDef):
         return {node.name}
     if isinstance(node, ast.Assign):
         return {n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return {alias.asname or alias.name.split(".")[0] for alias in node.names}
     return set()
 
 
@@ -901,6 +905,13 @@ def test_14_model_parallel_layouts_in_tpu_hbm_at_a_real_width():
     found = _layouts_on_v5e_8x8([4096, 1, 32, 16384, 32768, 512, 64], ["2-D", "tensor", "FSDP x TP"])
     hbm = {name: footprint for name, (footprint, _) in found.items()}
     assert hbm["tensor"] > hbm["2-D"] > hbm["FSDP x TP"] > 512 * 2**20  # well above the chip's 128 MiB of VMEM
+
+
+def test_reading_a_program_the_notebook_imports_gives_the_saved_one():
+    from notebooks import models
+
+    assert from_notebook("08", "MLP").MLP is models.MLP  # notebook 07's, as 08 imports it
+    assert from_notebook("09", "MLP2D").MLP2D.__mro__[1] is models.MLP  # 09's subclass of it
 
 
 def test_reading_a_definition_the_notebook_no_longer_binds_once_names_it():

@@ -121,6 +121,18 @@ def _free_names(tree: ast.Module) -> set[str]:
     return loaded - bound
 
 
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names the module's own statements bind: def, class, assignment targets."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
 def saved_cells(source: str, name: str) -> tuple[list[str], list[str]]:
     """(the import lines the saved cells need, the sources of the cells tagged "save") of one notebook.
 
@@ -159,9 +171,12 @@ def saved_cells(source: str, name: str) -> tuple[list[str], list[str]]:
 
 def saved_module(sources: dict[str, str]) -> str:
     """The text of notebooks/models.py for {notebook source name: its percent-format text}, in that order."""
-    imports, parts, origins = [], [], []
+    imports, parts, origins, owner = [], [], [], {}
     for name, text in sources.items():
         lines, cells = saved_cells(text, name)
+        for defined in sorted(_top_level_names(ast.parse("\n\n".join(cells)))):  # one module: a second would shadow
+            if owner.setdefault(defined, name) != name:
+                raise ValueError(f"{name} and {owner[defined]} both save a top-level {defined!r}; rename one")
         if cells:
             origins.append(name)
             imports += [line for line in lines if line not in imports]
