@@ -226,10 +226,13 @@ print("id order: ", list(range(8)), "links per step:", links(list(range(8))))
 print("TPU order:", tpu_order, "links per step:", links(tpu_order))
 assert tpu_order == [0, 1, 2, 3, 7, 6, 5, 4]
 assert links(list(range(8))) == [1, 1, 1, 4, 1, 1, 1, 4] and links(tpu_order) == [1] * 8
-if tpu_compiler_available()[0]:  # libtpu describes a real v5e-8 (notebook 04): JAX orders it the same way
+ok, why = tpu_compiler_available()
+if ok:  # libtpu describes a real v5e-8 (notebook 04): JAX orders it the same way
     with quiet():
         real = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices
     assert [d.id for d in jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=real).devices] == tpu_order
+else:
+    print(why)
 
 # %% [markdown]
 # On the 4 × 2 tray, id order crosses the whole board twice; the chosen order is one link per step. `Mesh` takes
