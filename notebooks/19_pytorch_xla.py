@@ -467,12 +467,8 @@ assert not any("jit_" in p.name for p in DUMP.glob("*.txt"))  # JAX's programs n
 # frameworks. The torch_xla loop is ordinary PyTorch, run at `torch_xla.sync()`.
 
 # %%
-def train_torch(specs, mesh, batch_spec, steps=3):
-    model = torch_model(specs, mesh)
-    x, y = torch.from_numpy(X).to(device), torch.from_numpy(Y).to(device)
-    if batch_spec is not None:
-        xs.mark_sharding(x, mesh, batch_spec)
-        xs.mark_sharding(y, mesh, batch_spec[:1])
+def fit(model, x, y, steps=3):
+    """Plain PyTorch SGD steps, each run by XLA at torch_xla.sync(); the losses and the programs compiled."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     torch_xla_programs()  # forget programs compiled so far
     losses = []
@@ -483,7 +479,16 @@ def train_torch(specs, mesh, batch_spec, steps=3):
         optimizer.step()
         torch_xla.sync()
         losses.append(loss.item())
-    return losses, torch_xla_programs(), model
+    return losses, torch_xla_programs()
+
+
+def train_torch(specs, mesh, batch_spec, steps=3):
+    model = torch_model(specs, mesh)
+    x, y = torch.from_numpy(X).to(device), torch.from_numpy(Y).to(device)
+    if batch_spec is not None:
+        xs.mark_sharding(x, mesh, batch_spec)
+        xs.mark_sharding(y, mesh, batch_spec[:1])
+    return *fit(model, x, y, steps), model
 
 
 def sgd_step(params, x, y):
@@ -707,19 +712,10 @@ fsdp = FSDPv2(torch_model({}, xmesh_fsdp), mesh=xmesh_fsdp)
 print({name.removeprefix("_orig_module."): spec_of(p) for name, p in fsdp.named_parameters()})
 x, y = torch.from_numpy(X).to(device), torch.from_numpy(Y).to(device)
 xs.mark_sharding(x, xmesh_fsdp, ("fsdp", None))
-optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
-torch_xla_programs()
-fsdp_losses = []
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torch: "Full backward hook is firing..." from FSDPv2's gradient barrier
-    for _ in range(3):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(fsdp(x), y)
-        loss.backward()
-        optimizer.step()
-        torch_xla.sync()
-        fsdp_losses.append(loss.item())
-print("FSDPv2 losses", np.round(fsdp_losses, 4), "| collectives:", collectives(torch_xla_programs()[-1]).kinds)
+    fsdp_losses, fsdp_programs = fit(fsdp, x, y)
+print("FSDPv2 losses", np.round(fsdp_losses, 4), "| collectives:", collectives(fsdp_programs[-1]).kinds)
 assert spec_of(fsdp.module.fc1.weight) == "{devices=[8,1]0,1,2,3,4,5,6,7}"  # (64, 32): rows over 'fsdp'
 np.testing.assert_allclose(fsdp_losses, dp_losses_xla, rtol=1e-5)
 

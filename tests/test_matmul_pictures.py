@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from test_drawing import _extents, _label_boxes, _patches  # the same ways of measuring a picture
 
 from notebooks.matmul_pictures import draw_matmul, matmul_traffic
 from utils.drawing import tile_labels
@@ -16,24 +16,6 @@ from utils.inspecting import collectives
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 MESH3 = jax.make_mesh((2, 2, 2), ("pod", "data", "model"), axis_types=(AxisType.Auto,) * 3)
 MESH3_PIPELINE = jax.make_mesh((2, 2, 2), ("data", "model", "pipeline"), axis_types=(AxisType.Auto,) * 3)
-
-
-def _patches(fig, gid):
-    return [p for ax in fig.axes for p in ax.patches if p.get_gid() == gid]
-
-
-def _label_boxes(fig):
-    canvas = FigureCanvasAgg(fig)  # the returned figure is closed: give it a canvas to measure text on
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    return [(t.get_text(), t.get_window_extent(renderer)) for ax in fig.axes for t in ax.texts
-            if t.get_gid() == "tile-label"]
-
-
-def _extents(fig):
-    """The drawn outline of each panel's array, in pixels of the rendered figure: one Bbox per panel."""
-    FigureCanvasAgg(fig).draw()
-    return [p.get_window_extent() for ax in fig.axes for p in ax.patches if p.get_gid() == "array"]
 
 
 # --- the plan: C = A @ B with A (512, 1024), B (1024, 1024) on the (4, 2) mesh ---------------------------------------
