@@ -126,5 +126,7 @@ def test_type_string_agrees_with_typeof_on_explicit_meshes():
 
 def test_short_dtype():
     assert [short_dtype(d) for d in (jnp.float32, jnp.bfloat16, np.int8, bool)] == ["f32", "bf16", "i8", "bool"]
-    named = [short_dtype(d) for d in (jnp.int4, jnp.uint4, jnp.float8_e4m3fn, jnp.float16, jnp.complex64, np.uint32)]
-    assert named == ["int4", "uint4", "float8_e4m3fn", "f16", "c64", "u32"]  # int4, uint4, float8: names kept
+    dtypes = (jnp.int4, jnp.uint4, jnp.float8_e4m3fn, jnp.float16, jnp.complex64, np.uint32, jnp.bool_, jnp.bfloat16)
+    named = [short_dtype(d) for d in dtypes]
+    assert named == ["i4", "u4", "f8_e4m3fn", "f16", "c64", "u32", "bool", "bf16"]
+    assert named == [jax.typeof(jnp.zeros(2, d)).str_short(short_dtypes=True).removesuffix("[2]") for d in dtypes]

@@ -20,12 +20,10 @@ __all__ = ["Tile", "as_layout", "check_spec", "short_dtype", "spec_entries", "ti
 
 
 def short_dtype(dtype: Any) -> str:
-    """'float32' -> 'f32', 'bfloat16' -> 'bf16', 'uint8' -> 'u8': the short names HLO and ``jax.typeof`` use.
-
-    Sub-byte and 8-bit float types keep their numpy names: 'int4', 'float8_e4m3fn'.
-    """
+    """'float32' -> 'f32', 'bfloat16' -> 'bf16', 'int4' -> 'i4', 'float8_e4m3fn' -> 'f8_e4m3fn': the short
+    names ``jax.typeof(x).str_short(short_dtypes=True)`` prints, so the course's types read as JAX's."""
     name = np.dtype(dtype).name
-    m = re.fullmatch(r"(b?float|u?int|complex)(8|16|32|64|128)", name)
+    m = re.fullmatch(r"(b?float|u?int|complex)(\d+.*)", name)
     return name if m is None else {"float": "f", "bfloat": "bf", "int": "i", "uint": "u", "complex": "c"}[m[1]] + m[2]
 
 
