@@ -44,7 +44,6 @@ import tempfile
 import time
 
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Code, display
 from jax.experimental import mesh_utils, topologies
@@ -53,7 +52,7 @@ from jax.sharding import PartitionSpec as P
 
 from notebooks.scripts import spmd_worker as worker  # the script is also a module: this kernel reuses its model
 from notebooks.scripts.launcher import WorkersFailed, free_loopback_port, run_workers
-from utils import NOT_ANSWERED, collectives, draw_shardings, quiet, tiles, tpu_compiler_available
+from utils import NOT_ANSWERED, collectives, draw_sharding, draw_shardings, quiet, tiles, tpu_compiler_available
 
 assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
 CPU = jax.default_backend() == "cpu"
@@ -263,13 +262,8 @@ else:
         rows_2d.setdefault(device.process_index, set()).add(index[0].indices(128)[:2])
     assert host_0 == [(0, 8), (8, 16), (48, 56), (120, 128)]  # not a contiguous run
     assert rows_2d[0] == rows_2d[1] != rows_2d[2] == rows_2d[3]  # hosts 0 and 1 share the model axis
-    hosts = worker.process_grid(pod_1d)  # the host of each block of 8 rows, top down
-    fig, ax = plt.subplots(figsize=(4, 4.5))
-    ax.imshow(np.array(hosts)[:, None], cmap="tab10", vmin=0, vmax=9, aspect="auto")
-    for k, h in enumerate(hosts):
-        ax.text(0, k, f"rows {8 * k}:{8 * k + 8}   host {h}", ha="center", va="center", fontsize=8)
-    ax.set(xticks=[], yticks=[], title="f32[128@data,16] on a v5e-16,\ncoloured by the host that holds each block")
-    plt.show()
+    draw_sharding((128, 16), batch_1d, color_by=lambda d: d.process_index,
+                  title="v5e-16, coloured by host: 0 blue, 1 orange, 2 green, 3 red")
 
 # %% [markdown]
 # Host 0 holds rows 0:16, 48:56 and 120:128; on the 2-D mesh hosts 0 and 1 hold the same rows, as our two
