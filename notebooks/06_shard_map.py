@@ -473,6 +473,7 @@ print(collectives(compiled))
 assert caught[-1] == "TypeError"
 assert [(op.kind, op.group_size) for op in collectives(compiled).ops] == [("all-reduce", 8)]
 np.testing.assert_allclose(compiled(xg), Xg.sum(axis=0), rtol=RTOL, atol=1e-5)
+assert not hasattr(jax.lax, "pvary")  # the older spelling, seen online, is gone: use pcast
 
 # %% [markdown]
 # ## Exercises

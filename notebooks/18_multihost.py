@@ -336,8 +336,7 @@ wait = results["wait"]
 for i, r in wait.items():
     print(f"process {i}: entered the barrier at {r['entered'] - wait[0]['entered']:.2f} s, "
           f"left at {r['returned'] - wait[0]['entered']:.2f} s")
-assert wait[1]["entered"] - wait[1]["start"] >= wait[1]["late"]  # process 1 came `late` s after it could have
-assert wait[0]["returned"] >= wait[1]["entered"]  # and process 0 left only after process 1 had come (one clock)
+assert wait[0]["returned"] >= wait[1]["entered"]  # process 0 left only after process 1 had come (one host clock)
 
 # %% [markdown]
 # Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it; process 0 waits.

@@ -171,12 +171,11 @@ def checkpoint(params: dict[str, jax.Array], other_mesh: Mesh, directory: Path) 
 def collectives_wait(late: float) -> None:
     """A collective returns only once every process has called it: here a barrier, process 1 `late` s late."""
     multihost_utils.sync_global_devices("warm-up")  # both processes in step
-    start = time.time()
     if jax.process_index() == 1:
-        time.sleep(late)  # process 1 reaches the barrier `late` seconds after it could have
+        time.sleep(late)  # process 1 reaches the barrier `late` seconds after process 0
     entered = time.time()
     multihost_utils.sync_global_devices("after the sleep")  # every process must pass the same name
-    report("wait", late=late, start=start, entered=entered, returned=time.time())
+    report("wait", late=late, entered=entered, returned=time.time())
 
 
 def device_put_compares(mesh: Mesh) -> None:
