@@ -18,8 +18,8 @@
 # - `jax.set_mesh`, as a context manager and as a global setting, and what replaced `with mesh:`;
 # - which mesh shapes 8 devices allow.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +36,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import inspect

@@ -21,8 +21,8 @@
 # - what JAX and XLA do with a dimension that does not divide, on both JAX lines of this course;
 # - why `P('data', None) != P('data')`, and how to compare shardings with `is_equivalent_to`.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +39,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 
@@ -269,7 +270,6 @@ assert refused == ["IndivisibleError"] * 4
 # %%
 draw_sharding((10,), uneven)
 
-
 # %% [markdown]
 # Check it in a compiled program: constrain an intermediate to the uneven layout and reduce it to one
 # number. The per-device program works on `f32[3]` blocks of the input padded to `f32[12]`, and combines
@@ -290,7 +290,6 @@ print(f"sum = {float(total):.5f}")
 assert "f32[12]" in hlo and "f32[3]" in hlo
 assert collectives(compiled).count("all-reduce") == 1
 np.testing.assert_allclose(total, np.cos(2 * np.arange(10)).sum(), rtol=1e-5)  # not this + 2
-
 
 # %% [markdown]
 # **Returning the uneven value is where the two JAX lines differ.** The docstring of

@@ -21,8 +21,8 @@
 # - how to shard a pytree with one sharding, a prefix tree, `jax.tree.map` or a `tree_map_with_path`
 #   rule, and why a rule must test the dimension it splits.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +39,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import jax
@@ -349,7 +350,6 @@ assert split_batch["batch"]["x"].sharding.shard_shape((64, 512)) == (16, 512)
 assert split_batch["params"]["dense1"]["kernel"].sharding.is_fully_replicated
 jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), split_batch, state);
 
-
 # %% [markdown]
 # To choose per leaf, build a tree of shardings with `jax.tree.map` and a rule. This one splits the
 # last dimension of every 2-D parameter over `model` and replicates the biases:
@@ -405,7 +405,6 @@ except ValueError as err:
     head_errors.append(type(err))
     print("ValueError:", str(err).split(". Got")[0])
 assert head_errors == [ValueError]
-
 
 # %% [markdown]
 # The fix separates deciding from moving, and tests the dimension it splits. The rule returns a sharding:
@@ -486,7 +485,6 @@ ex.mesh_bytes.check(answer_1);
 # %%
 answer_2 = NOT_ANSWERED  # a set of device ids, e.g. {0, 5}
 ex.first_replicas.check(answer_2);
-
 
 # %% [markdown]
 # **Exercise 3.** Write `rule(path, leaf)` for `jax.tree_util.tree_map_with_path` that returns a

@@ -17,8 +17,8 @@
 # - why one program has an all-reduce on the CPU backend and a reduce-scatter on a TPU;
 # - what the compiler does when two inputs disagree, and what that resharding costs.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +35,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import re
@@ -49,6 +50,7 @@ from jax.sharding import PartitionSpec as P
 from notebooks.matmul_pictures import draw_matmul, matmul_traffic
 from utils import (
     NOT_ANSWERED,
+    assert_close,
     collectives,
     draw_shardings,
     format_bytes,
@@ -57,18 +59,6 @@ from utils import (
     tpu_compiler_available,
     type_string,
 )
-
-assert jax.device_count() >= 8  # the (4, 2) meshes below take the first 8
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# CPU float32 matmuls are exact float32; GPUs (TF32) and TPUs (bf16 passes) multiply float32 at lower
-# precision by default: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
-
-
-def assert_close(actual, expected):
-    """Equal to the single-device NumPy result, up to the backend's matmul precision."""
-    np.testing.assert_allclose(np.asarray(actual), expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())
-
 
 # %% [markdown]
 # ## 1. Computation follows data
@@ -152,7 +142,6 @@ def run_case(name, spec_a, spec_b, out=None):
 def found(col):
     """(kind, per-device result shape, group size) of each collective, in program order."""
     return [(op.kind, op.shapes[0], op.group_size) for op in col.ops]
-
 
 # %% [markdown]
 # **Case 1: `J` whole on both sides.** `A` at `P('data', None)` is cut into row blocks, `B` at

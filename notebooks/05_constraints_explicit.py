@@ -21,8 +21,8 @@
 # - which tool works on which axis type, and how to mix the two with `auto_axes` and `explicit_axes`;
 # - which axis type to choose, and when.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +39,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import re
@@ -59,11 +60,6 @@ from utils import (
     type_string,
 )
 
-assert jax.device_count() >= 8  # the (4, 2) meshes below take the first 8
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# Sharded and single-device runs sum in different orders; GPUs (TF32) and TPUs (bf16 passes) also multiply
-# float32 at lower precision by default. Hence 1e-5 on CPU, 1e-2 elsewhere.
-RTOL = 1e-5 if CPU else 1e-2
 
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
 X = np.arange(128 * 512, dtype=np.float32).reshape(128, 512) / 1024

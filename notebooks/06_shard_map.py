@@ -19,8 +19,8 @@
 # - gradients through `shard_map`: why they depend on `check_vma`, `psum` and `pmean` over several axes,
 #   and `jax.lax.pcast` to mix invariant and varying values.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +37,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import re
@@ -58,9 +59,6 @@ from utils import (
     type_string,
 )
 
-assert jax.device_count() >= 8  # the (4, 2) meshes below take the first 8
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-RTOL = 1e-5 if CPU else 1e-2  # sums in a different order; accelerators multiply float32 at lower precision
 
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
 X = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
@@ -74,7 +72,6 @@ def program(f, *args):
 
 print(mesh, "\nx:", type_string(x))
 draw_mesh(mesh)
-
 
 # %% [markdown]
 # ## 1. The per-device program

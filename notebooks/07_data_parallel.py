@@ -16,8 +16,8 @@
 # - what `donate_argnums` does to the memory of a train step;
 # - why a plain `jax.jit` train step over NNX objects trains nothing, and the `nnx.jit` form that works.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +34,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import warnings
@@ -58,13 +59,6 @@ from utils import (
     shard_table,
     type_string,
 )
-
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# Sharded and single-device runs sum in different orders. On CPU float32 matmuls are exact float32, so they
-# agree to 1e-5. GPUs (TF32) and TPUs (bf16 passes) multiply float32 at lower precision by default: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
-
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference

@@ -18,8 +18,8 @@
 # - how attention heads fall onto the `model` axis, one head per device;
 # - what a block sends forward and backward, and when data parallelism sends less.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +36,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import re
@@ -51,12 +52,6 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, collectives, draw_sharding, draw_shardings, memory_per_device, quiet, shard_table,
                    type_string)
-
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
-# TPUs (bf16 passes) multiply float32 at lower precision by default, and summing in another order then
-# changes results at about 1e-3: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
 
 # %% [markdown]
 # ## 1. A `model` axis: every device holds a slice of every kernel
@@ -78,7 +73,6 @@ assert table.shard_shapes == {(512, 64)}  # all 512 input rows, 64 of the 512 ou
 assert table.total_bytes == q_kernel.nbytes == 1024 * 1024  # nothing replicated: 1 MiB in total
 draw_sharding(q_kernel)
 
-
 # %% [markdown]
 # Each device keeps 128 KiB, one eighth. With 8 attention heads of width 64, those 64 columns are exactly
 # one head (section 4).
@@ -93,7 +87,6 @@ draw_sharding(q_kernel)
 from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded run must reproduce
-
 
 # %% [markdown]
 # The layout tensor parallelism is built on (Megatron-LM's) pairs the two layers:
@@ -123,7 +116,6 @@ megatron = {
     "linear2/bias": P(),
 }
 
-
 # %% tags=["save"]
 def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
     return "/".join(str(k.key) for k in path if hasattr(k, "key"))
@@ -141,7 +133,6 @@ def create(make, layout, mesh):
         return module
 
     return build()
-
 
 # %%
 model_tp = create(lambda: MLP(nnx.Rngs(0)), megatron, mesh)
@@ -201,7 +192,6 @@ except ValueError as err:
     print(f"{type(err).__name__}: ...", re.search(r"array axis 1 .*?\(full shape: \(256, 10\)", str(err)).group(0))
 assert raised == ["IndivisibleError"]
 
-
 # %% [markdown]
 # `linear2/kernel` is `(256, 10)`, and 10 columns do not split into 8 equal blocks. Where all
 # dimensions divide, as in the feed-forward block of a transformer, `64 -> 256 -> 64`, the rule runs.
@@ -237,7 +227,6 @@ if CPU:  # what the CPU compiler gathers
     assert [op.shapes for op in ff_ops_online.ops] == [((64, 256),), ((64, 64),)]
     assert (ff_ops_online.estimated_bytes, ff_ops_tp.estimated_bytes) == (70 * 1024, 28 * 1024)  # ring estimates
 np.testing.assert_allclose(forward_repl(ff_online, x_repl), forward_repl(ff_tp, x_repl), rtol=RTOL, atol=1e-5)
-
 
 # %% [markdown]
 # The same numbers, two ways. With both kernels column-parallel, layer 2 gets a hidden activation

@@ -19,8 +19,8 @@
 # - how the row-parallel matmul is written on Explicit axes, with `out_sharding=`;
 # - that the 2-D train step gives the same losses as one device and as data parallelism.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +37,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import jax
@@ -59,12 +60,6 @@ from utils import (
     type_string,
 )
 
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
-# TPUs (bf16 passes) multiply float32 at lower precision by default, and summing in another order then
-# changes results at about 1e-3: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
-
 # %% [markdown]
 # ## 1. A `(4, 2)` mesh, the batch on `data`, the weights on `model`
 #
@@ -75,7 +70,6 @@ RTOL = 1e-5 if CPU else 1e-2
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
 print(mesh)
 draw_mesh(mesh)
-
 
 # %% [markdown]
 # Down a column (`data`, 4 devices) the devices will hold different examples; across a row (`model`,
@@ -102,7 +96,6 @@ class MLP2D(MLP):
 
     def __call__(self, x):
         return self.linear2(self.hidden(x))
-
 
 # %% [markdown]
 # The parameters get the column/row pairing of notebook 08, now on a 2-device `model` axis; the batch is

@@ -17,8 +17,8 @@
 # - hybrid sharding (HSDP): FSDP inside a group, data parallelism across groups;
 # - that FSDP gives the same losses as data parallelism and as a single device.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +35,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import re
@@ -51,14 +52,6 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, collectives, draw_shardings, format_bytes, memory_per_device, quiet, shard_table,
                    tpu_compiler_available, type_string)
-
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
-# TPUs (bf16 passes) multiply float32 at lower precision by default, and summing in another order then
-# changes results at about 1e-3: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
-
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
@@ -127,7 +120,6 @@ for name, state in (("(10, 128) kernel", narrow_params), ("abstract state", nnx.
         detail = re.search(r"array axis \d+ .*?dimension size is \d+|Argument of type .*? JAX type", str(err))
         print(f"{name}: {type(err).__name__}: ... {detail.group(0)}")
 assert errors == ["IndivisibleError", "InvalidInputException"]
-
 
 # %% [markdown]
 # Two problems: 10 rows do not split 8 ways, and a function that moves arrays cannot plan a layout for

@@ -16,8 +16,8 @@
 # - how the four strategies compare in memory per device and collectives per step;
 # - how to save a sharded state with Orbax and restore it with another mesh and layout.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +34,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import functools
@@ -53,12 +54,6 @@ from jax.sharding import PartitionSpec as P
 
 from utils import NOT_ANSWERED, collectives, draw_shardings, format_bytes, memory_per_device, shard_table
 from utils import type_string
-
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
-# TPUs (bf16 passes) multiply float32 at lower precision by default: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
 
 # %% [markdown]
 # ## 1. The model, annotated once
@@ -146,7 +141,6 @@ class MyTransformer(nnx.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
-
 
 # %% [markdown]
 # One block is enough: every block adds the same parameters and collectives. `nnx.eval_shape` runs
@@ -359,7 +353,6 @@ data = make_batches(np.random.default_rng(0), STEPS + 1)
 print(data[0, :3])
 assert data.shape == (STEPS + 1, BATCH, SEQ + 1) and data.max() < VOCAB
 
-
 # %% [markdown]
 # The train step maps the state pytree to the new one (`nnx.merge` inside, `nnx.state` out), so it
 # can be compiled from `ShapeDtypeStruct`s that carry the plan, and the program you read is the one
@@ -494,7 +487,6 @@ if CPU:
     assert {s for op in gathers for s in op.shapes} == param_shapes  # every weight is gathered, nothing else
     assert param_bytes <= sum(op.result_bytes for op in reduces) <= param_bytes + 16  # full-size gradients
 
-
 # %% [markdown]
 # ### Gotcha: annotating the parameters is not enough
 #
@@ -528,7 +520,6 @@ if CPU:  # the CPU compiler's program keeps every array's shape
     assert any(is_activation(s, BATCH) for op in loose.ops for s in op.shapes)
     assert not any(is_activation(s, BATCH) for op in pinned.ops for s in op.shapes)
     assert loose.estimated_bytes > 3 * pinned.estimated_bytes
-
 
 # %% [markdown]
 # ### Gotcha: the rules are read while tracing, and `jax.jit` does not know about them
@@ -609,7 +600,6 @@ ax_loss.legend()
 fig.tight_layout()
 plt.close(fig)
 fig
-
 
 # %% [markdown]
 # The strategies differ from one device by float rounding only (sums are added in another order when

@@ -16,8 +16,8 @@
 # - ZeRO-1, 2 and 3 as three sharding rules, with the memory and collectives of each compiled step;
 # - what mixed precision with float32 master weights stores per parameter (no less than float32).
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +34,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import io
@@ -54,13 +55,6 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, collectives, format_bytes, memory_per_device, quiet, shard_table,
                    tpu_compiler_available, type_string)
-
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
-# TPUs (bf16 passes) multiply float32 at lower precision by default: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
-
 
 # %% [markdown]
 # ## 1. A stack of identical blocks, created sharded
@@ -204,7 +198,6 @@ def abstract(stage, mesh, make=create, **options):
                                      state, layout(split, mesh, state)))
     return model, optimizer
 
-
 # %% [markdown]
 # The wide model is compiled for two targets: this backend's 8 devices, and a TPU v5e of 8 chips
 # (`v5e:2x4`). That needs no TPU, only its compiler, libtpu: `topologies.get_topology_desc` describes the
@@ -251,7 +244,6 @@ def hbm_of(target, variant, layers=2):
 def stored(tree):
     """Bytes per device of the arrays (or abstract arrays) in `tree`, from their shardings."""
     return sum(np.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
-
 
 # %% [markdown]
 # Create the FSDP (ZeRO-3) state on 8 devices with the compiled constructor of notebook 10, and, as the

@@ -17,8 +17,8 @@
 # - what pipeline, expert and context parallelism add: a `stage`, `expert` or `context` axis, and a
 #   collective-permute or all-to-all.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +35,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import re
@@ -52,14 +53,7 @@ from jax.sharding import PartitionSpec as P
 from utils import (NOT_ANSWERED, collectives, draw_permute, draw_shardings, format_bytes, memory_per_device, quiet,
                    shard_table, tpu_compiler_available, type_string)
 
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# On CPU float32 matmuls are exact float32, so sharded and single-device runs agree to 1e-5. GPUs (TF32) and
-# TPUs (bf16 passes) multiply float32 at lower precision by default, and summing in another order then
-# changes results at about 1e-3: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
 ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance means nothing
-
 
 # %% [markdown]
 # ## 1. Sequence parallelism: split what tensor parallelism replicates

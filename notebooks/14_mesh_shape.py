@@ -17,8 +17,8 @@
 # - where the TPU compiler's program agrees with the CPU compiler's, and where it differs;
 # - what happens when an axis is wider than a dimension it splits.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 64 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +35,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(64)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import re
@@ -53,7 +54,6 @@ from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, 
                    memory_per_device, quiet, shard_table, tpu_compiler_available, type_string)
 
 assert jax.device_count() == 64 == SETUP.count
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
 MiB = 2**20
 
 # %% [markdown]

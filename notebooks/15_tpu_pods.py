@@ -19,8 +19,8 @@
 #   where the compiler put each buffer;
 # - how to ask the TPU compiler whether a model fits, strategy by strategy.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +37,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import dataclasses
@@ -60,8 +61,6 @@ from jax.sharding import PartitionSpec as P
 
 from utils import NOT_ANSWERED, collectives, draw_mesh, format_bytes, memory_per_device, quiet, tpu_compiler_available
 
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"  # the CPU program's side of each comparison is asserted under `if CPU:`
 GiB = 2**30
 
 # %% [markdown]

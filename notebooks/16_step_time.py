@@ -20,8 +20,8 @@
 # - how far such an estimate is from a measured step, and why;
 # - how to record a trace with `jax.profiler.trace` and find the collectives in it.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +38,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import gzip
@@ -56,8 +57,6 @@ from jax.sharding import PartitionSpec as P
 
 from utils import NOT_ANSWERED, collectives, quiet, tpu_compiler_available
 
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"  # the trace's structure is asserted for the CPU runtime's trace
 ok, why = tpu_compiler_available()
 
 
@@ -65,7 +64,6 @@ def costs(compiled):
     """`compiled.cost_analysis()` as one dict (a list of one dict on older JAX)."""
     found = compiled.cost_analysis()
     return found[0] if isinstance(found, list) else found
-
 
 # %% [markdown]
 # ## 1. The roofline

@@ -15,8 +15,8 @@
 #   and why `pmean` of gradients inside `shard_map` must go;
 # - what needs `jit` or `shard_map`: a second mesh axis, and sharded parameters (FSDP).
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +33,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import warnings
@@ -47,11 +48,6 @@ from jax.sharding import PartitionSpec as P
 from utils import (NOT_ANSWERED, collectives, draw_sharding, draw_shardings, quiet, shard_table,
                    tpu_compiler_available, type_string)
 
-assert jax.device_count() >= 8  # the meshes and pmaps below take the first 8
-CPU = jax.default_backend() == "cpu"  # some compiler facts below are the CPU compiler's; those asserts say so
-# On CPU float32 matmuls are exact float32: the three versions below agree bit for bit, and with one device
-# to 1e-5. GPUs (TF32) and TPUs (bf16 passes) multiply float32 at lower precision by default: 1e-2 there.
-RTOL = 1e-5 if CPU else 1e-2
 
 
 def assert_same(a, b, *, exact=False):
@@ -61,7 +57,6 @@ def assert_same(a, b, *, exact=False):
             np.testing.assert_array_equal(u, v)
         else:
             np.testing.assert_allclose(u, v, rtol=RTOL, atol=RTOL / 10)
-
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference

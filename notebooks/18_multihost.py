@@ -16,8 +16,8 @@
 #   saving at the same step when a host is preempted;
 # - how to port multi-host `pmap` code, build multi-slice meshes, and launch the script.
 
-# %%
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +34,7 @@ from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
 import inspect
@@ -54,9 +55,6 @@ from notebooks.scripts import spmd_worker as worker  # the script is also a modu
 from notebooks.scripts.launcher import WorkersFailed, free_loopback_port, run_workers
 from utils import NOT_ANSWERED, collectives, draw_sharding, draw_shardings, quiet, tiles, tpu_compiler_available
 
-assert jax.device_count() >= 8  # 8 simulated CPU devices, or the real accelerators where at least 8 exist
-CPU = jax.default_backend() == "cpu"
-RTOL = 1e-5 if CPU else 1e-2  # the workers below run on CPU; this kernel's reference may not
 
 SCRIPT = Path(worker.__file__)
 
@@ -117,7 +115,6 @@ for _ in range(worker.STEPS):
 reference_final = float(jax.jit(worker.loss_fn)(params, x, y))
 print("one process:", np.round(reference, 5), " loss after training:", round(reference_final, 5))
 assert reference[-1] < reference[0]
-
 
 # %% [markdown]
 # ## 3. Two processes, one mesh

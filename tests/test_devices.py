@@ -7,10 +7,11 @@ import textwrap
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from utils import devices
-from utils.devices import DeviceCountError, DeviceSetup, setup_devices
+from utils.devices import DeviceCountError, DeviceSetup, assert_close, setup_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +36,33 @@ def test_this_process_has_eight_devices():
     assert isinstance(again, DeviceSetup) and again.count == 8
     assert again.platform == jax.devices()[0].platform
     assert again.simulated == (again.platform == "cpu")
+
+
+@pytest.mark.parametrize("platform,cpu,rtol", [("cpu", True, 1e-5), ("tpu", False, 1e-2), ("gpu", False, 1e-2)])
+def test_what_the_setup_says_about_its_backend(platform, cpu, rtol):
+    setup = DeviceSetup(8, platform, platform == "cpu", "test")
+    assert setup.cpu is cpu and setup.rtol == rtol
+
+
+def test_assert_close_uses_the_backends_tolerance_and_the_references_scale():
+    assert setup_devices(8, quiet=True).rtol == 1e-5
+    ref = np.array([100.0, -100.0, 1e-3])
+    assert_close(ref * (1 + 5e-6), ref)  # within 1e-5, relative
+    assert_close(ref + np.array([0, 0, 5e-4]), ref)  # a near-zero element: within 1e-5 x 100
+    with pytest.raises(AssertionError):
+        assert_close(ref * (1 + 5e-5), ref)
+    with pytest.raises(AssertionError):
+        assert_close(ref + np.array([0, 0, 5e-3]), ref)
+    assert_close(ref * 1.005, ref, rtol=1e-2)  # an accelerator's tolerance, asked for
+    with pytest.raises(AssertionError):
+        assert_close(ref + np.array([0, 0, 5e-4]), ref, atol=0.0)
+
+
+def test_assert_close_before_the_setup_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(devices, "_current", None)
+    with pytest.raises(RuntimeError, match="setup cell"):
+        assert_close(np.ones(2), np.ones(2))
+    assert_close(np.ones(2), np.ones(2), rtol=1e-5)
 
 
 def test_rerun_with_same_count_prints_one_line(capsys):

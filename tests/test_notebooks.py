@@ -44,8 +44,28 @@ def test_title_with_badges_then_the_shared_setup_cell(path):
     assert badges_markdown(path.name) in title  # may be empty: a notebook that runs only locally has none
     assert "**You will learn**" in title
     setup = _text(cells[1])
-    n = int(re.search(r"setup_devices\((\d+)\)$", setup).group(1))
+    n = int(re.search(r"^SETUP = setup_devices\((\d+)\)$", setup, re.M).group(1))
     assert cells[1]["cell_type"] == "code" and setup == setup_source(n), "run `python tools/notebooks.py stamp`"
+    assert cells[1]["metadata"] == HIDDEN, "the setup cell's source is out of sight in JupyterLab, Colab and the book"
+
+
+# What tools.course.HIDDEN_CELL writes into a notebook: JupyterLab, Colab and MyST-NB each hide the source.
+HIDDEN = {"colab": {"cellView": "form"}, "jupyter": {"source_hidden": True}, "tags": ["hide-input"]}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_a_cell_is_hidden_exactly_when_it_opens_with_a_title(path):
+    """A code cell that opens with '# @title' (Colab's form title) has its source hidden everywhere, and only
+    such a cell: a reader always sees a title where code is out of sight."""
+    for i, cell in enumerate(_cells(path)):
+        if cell["cell_type"] != "code":
+            assert not {"jupyter", "colab"} & set(cell["metadata"]), f"{path.name} cell {i}"
+            continue
+        titled = _text(cell).startswith("# @title ")
+        hidden = {k: cell["metadata"].get(k) for k in ("colab", "jupyter")}
+        stamped = hidden == {k: HIDDEN[k] for k in hidden}
+        assert stamped == titled, f"{path.name} cell {i}: run tools/notebooks.py stamp"
+        assert ("hide-input" in cell["metadata"].get("tags", [])) == titled, f"{path.name} cell {i}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

@@ -14,7 +14,7 @@ import pytest
 from jupytext.formats import guess_format
 
 from tools import notebooks as tool  # not `import notebooks`: that name is the notebooks/ package
-from tools.course import ROOT, notebooks, setup_source
+from tools.course import HIDDEN_CELL, ROOT, notebooks, setup_source
 
 TOOLS = ROOT / "tools" / "notebooks.py"
 
@@ -74,6 +74,17 @@ def test_stamp_replaces_badges_and_setup_cell():
     assert setup_source(64) in out and "an old setup cell" not in out and "(old)" not in out
     assert out.endswith("# %%\nx = 1\n") and "# Promise." in out
     assert tool.stamp_source(out, "99_demo.ipynb") == out, "stamping twice changes nothing"
+    assert out.count(HIDDEN_CELL) == 1, "the setup cell's source is hidden"
+
+
+def test_stamp_hides_the_source_of_titled_code_cells_only():
+    text = ("# %% [markdown]\n# # 99 · Demo\n#\n# [![Open in Colab](a)](b)\n\n"
+            "# %%\nSETUP = setup_devices(8)\n\n# %%\n# @title Compiler figures\nx = 1\n\n"
+            "# %% tags=[\"save\"]\ny = 2\n\n# %% [markdown]\n# @title prose\n")
+    out = tool.stamp_source(text, "99_demo.ipynb")
+    assert out.count(HIDDEN_CELL) == 2 and f"{HIDDEN_CELL}\n# @title Compiler figures\nx = 1" in out
+    assert '# %% tags=["save"]\ny = 2' in out and "# %% [markdown]\n# @title prose" in out
+    assert tool.stamp_source(out, "99_demo.ipynb") == out
 
 
 @pytest.mark.parametrize("text,complaint", [

@@ -13,6 +13,7 @@ from pathlib import Path
 __all__ = [
     "BADGES_LINE",
     "BRANCH",
+    "HIDDEN_CELL",
     "REPO",
     "ROOT",
     "XLA_NOTEBOOKS",
@@ -85,6 +86,14 @@ def badges_markdown(name: str) -> str:
     )
 
 
+HIDDEN_CELL = '# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]'
+"""The percent-format header of a code cell whose source is out of sight and whose output stays: the setup
+cell, and the cell of compiler figures that ends a section. JupyterLab hides the source
+(``jupyter.source_hidden``), Colab shows the cell's ``# @title`` line as a form (``cellView``), and the book
+(MyST-NB) puts the source behind a toggle (``hide-input``). Each such cell's first line is ``# @title ...``.
+"""
+
+
 def setup_source(n_devices: int = 8) -> str:
     """The setup cell: identical in every notebook (notebook 00 explains it). Plain Python, no magics.
 
@@ -95,12 +104,14 @@ def setup_source(n_devices: int = 8) -> str:
       says when the session must restart), prints the memory in use on Binder, and everywhere prints
       one line if jax, jaxlib or flax are not the tested versions. ``utils`` loads lazily, so nothing
       imports numpy or JAX before that.
-    - :func:`utils.setup_devices` asks for the devices before JAX starts.
+    - :func:`utils.setup_devices` asks for the devices before JAX starts. ``CPU`` and ``RTOL`` name what
+      the lessons ask of the backend it chose: whether compiler facts are the CPU compiler's, and how
+      closely sharded float32 results match a single device (:class:`utils.devices.DeviceSetup`).
     """
     if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
         raise ValueError(f"setup_source(n_devices) takes a whole number of devices, such as 8; got {n_devices!r}")
     return f"""\
-# Setup (the same cell opens every notebook; notebook 00 explains it).
+# @title Setup: {n_devices} devices (the same cell opens every notebook; notebook 00 explains it)
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +127,8 @@ sys.path[:0] = [str(course.resolve())] if course else []
 from utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
-SETUP = setup_devices({n_devices})"""
+SETUP = setup_devices({n_devices})
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance"""
 
 
 def title_and_promise(path: Path) -> tuple[str, str]:

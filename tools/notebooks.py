@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The two jobs jupytext and nbstripout do not do for this course.
 
-    python tools/notebooks.py stamp     # write tools/course.py's badges and setup cell into every notebook
+    python tools/notebooks.py stamp     # write tools/course.py's badges and setup cell into every notebook,
+                                        # and hide the source of every code cell that opens with "# @title"
     python tools/notebooks.py readme    # rewrite README's table of notebooks
     python tools/notebooks.py save      # write the cells tagged "save" to notebooks/models.py
 
@@ -30,10 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.course import badges_markdown, notebooks, setup_source, title_and_promise  # noqa: E402
+from tools.course import HIDDEN_CELL, badges_markdown, notebooks, setup_source, title_and_promise  # noqa: E402
 
 CELL = re.compile(r"^# %%.*$", re.M)
 SETUP_N = re.compile(r"^SETUP = setup_devices\((\d+)\)$", re.M)
+TITLED_CELL = re.compile(r"^# %%(?! \[markdown\]).*\n# @title", re.M)
+"""A code cell that starts with a ``# @title`` line: the header :data:`HIDDEN_CELL` hides its source."""
 BADGES = re.compile(r"^# (?:\[!\[Open in Colab\]|\*Runs locally only).*$", re.M)
 
 
@@ -55,8 +58,9 @@ def stamp_source(text: str, name: str) -> str:
     m = SETUP_N.search(setup)
     if not m:
         raise ValueError(f"{name}: the second cell is not the setup cell (SETUP = setup_devices(N))")
-    setup = "# %%\n" + setup_source(int(m.group(1))) + "\n\n"
-    return text[: starts[0]] + title + setup + text[starts[2] :]
+    setup = HIDDEN_CELL + "\n" + setup_source(int(m.group(1))) + "\n\n"
+    rest = TITLED_CELL.sub(lambda m: HIDDEN_CELL + "\n# @title", text[starts[2] :])
+    return text[: starts[0]] + title + setup + rest
 
 
 def stamp() -> None:

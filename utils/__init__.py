@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
     from .capture import quiet
-    from .devices import DeviceCountError, setup_devices
+    from .devices import DeviceCountError, assert_close, setup_devices
     from .drawing import draw_mesh, draw_permute, draw_sharding, draw_shardings
     from .exercises import NOT_ANSWERED, Exercise, answer_errors
     from .explorer import explore
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     from .tpu import tpu_compiler_available
 
 _SOURCES = {
-    "devices": ("DeviceCountError", "setup_devices"),
+    "devices": ("DeviceCountError", "assert_close", "setup_devices"),
     "drawing": ("draw_mesh", "draw_permute", "draw_sharding", "draw_shardings"),
     "capture": ("quiet",),
     "exercises": ("NOT_ANSWERED", "Exercise", "answer_errors"),
@@ -44,7 +44,7 @@ _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in nam
 _SUBMODULES = frozenset({*_SOURCES, "launch"})
 
 __all__ = [  # every name the lazy loader serves
-    "NOT_ANSWERED", "DeviceCountError", "Exercise", "answer_errors", "collectives", "compile_with_log",
+    "NOT_ANSWERED", "DeviceCountError", "Exercise", "answer_errors", "assert_close", "collectives", "compile_with_log",
     "draw_mesh", "draw_permute", "draw_sharding", "draw_shardings", "explore", "format_bytes",
     "memory_per_device", "memory_spaces", "quiet", "setup_devices", "shard_table", "tiles",
     "tpu_compiler_available", "type_string"

@@ -23,8 +23,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DeviceCountError", "DeviceSetup", "setup_devices"]
+__all__ = ["DeviceCountError", "DeviceSetup", "assert_close", "setup_devices"]
 
 
 class DeviceCountError(RuntimeError):
@@ -39,6 +40,20 @@ class DeviceSetup:
     platform: str
     simulated: bool
     reason: str
+
+    @property
+    def cpu(self) -> bool:
+        """Whether the notebook runs on CPU devices: some compiler facts are the CPU compiler's only."""
+        return self.platform == "cpu"
+
+    @property
+    def rtol(self) -> float:
+        """How closely a sharded float32 result matches a single-device one on this backend.
+
+        Sharded and single-device runs sum in different orders. CPU float32 matmuls are exact float32
+        (1e-5); GPUs (TF32) and TPUs (bf16 passes) multiply float32 at lower precision by default (1e-2).
+        """
+        return 1e-5 if self.cpu else 1e-2
 
     def __str__(self) -> str:
         kind = f"simulated {self.platform.upper()}" if self.simulated else self.platform.upper()
@@ -187,6 +202,27 @@ def setup_devices(n: int = 8, *, prefer: str = "auto", quiet: bool = False) -> D
     if not quiet:
         print(f"setup_devices: {setup}")
     return setup
+
+
+def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None) -> None:
+    """Assert that a sharded result equals its single-device reference, up to the backend's precision.
+
+    ``rtol`` defaults to the tolerance of the devices :func:`setup_devices` chose (:attr:`DeviceSetup.rtol`).
+    ``atol`` defaults to ``rtol`` times the reference's largest magnitude: summing in another order changes
+    a result by rounding in proportion to the terms summed, not to the result, so an element that cancels
+    to near zero would fail a purely relative test.
+    """
+    import numpy as np
+
+    if rtol is None:
+        if _current is None:
+            raise RuntimeError("assert_close needs the devices' tolerance: run the setup cell "
+                               "(setup_devices) first, or pass rtol=")
+        rtol = _current.rtol
+    expected = np.asarray(expected)
+    if atol is None:
+        atol = rtol * float(np.abs(expected).max()) if expected.size else 0.0
+    np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=atol)
 
 
 def _choose(n: int, prefer: str) -> str | None:
