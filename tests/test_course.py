@@ -138,3 +138,6 @@ def _tiny_notebook(path, title, promise, code):
 def test_title_and_promise(tmp_path):
     nb = _tiny_notebook(tmp_path / "07_x.ipynb", "07 · Tensor parallelism", "Split the kernels. Then more.", "1")
     assert title_and_promise(nb) == ("Tensor parallelism", "Split the kernels.")
+    problem = "Kernels are 2 GB. One device is too small.\n\n**You need:** 07.\n\nSplit the kernels. Then more."
+    nb = _tiny_notebook(tmp_path / "08_x.ipynb", "08 · Tensor parallelism", problem, "1")
+    assert title_and_promise(nb) == ("Tensor parallelism", "Split the kernels."), "the promise comes after You need"

@@ -4,6 +4,7 @@ Executing them is nbmake's job (``pytest`` collects ``notebooks/`` too); this
 checks what execution cannot: how they are committed and built.
 """
 
+import ast
 import json
 import re
 import subprocess
@@ -12,7 +13,7 @@ import sys
 import nbformat
 import pytest
 
-from tools.course import ROOT, badges_markdown, notebooks, setup_source
+from tools.course import BADGES_LINE, ROOT, badges_markdown, notebooks, setup_source
 
 NOTEBOOKS = notebooks()
 IDS = [p.name for p in NOTEBOOKS]
@@ -66,6 +67,62 @@ def test_a_cell_is_hidden_exactly_when_it_opens_with_a_title(path):
         stamped = hidden == {k: HIDDEN[k] for k in hidden}
         assert stamped == titled, f"{path.name} cell {i}: run tools/notebooks.py stamp"
         assert ("hide-input" in cell["metadata"].get("tags", [])) == titled, f"{path.name} cell {i}"
+
+
+SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)(?<!\bvs)[.!?](?=\s|$)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_opens_with_the_problem_then_what_you_need_then_the_promise(path):
+    """Under the title: two sentences of the problem, with a number the notebook later measures; a line that
+    starts '**You need:**' (the notebooks and JAX features it builds on); the promise; 'You will learn'."""
+    title = _text(_cells(path)[0])
+    paragraphs = [p.strip() for p in title.split("\n\n")[1:] if p.strip() and not BADGES_LINE.match(p.strip())]
+    assert len(paragraphs) >= 4, f"{path.name}: problem, You need, promise, You will learn"
+    problem, need, promise, learn = paragraphs[:4]
+    assert len(SENTENCE_END.findall(problem)) == 2, f"{path.name}: the problem is two sentences: {problem!r}"
+    assert re.search(r"\d", problem), f"{path.name}: the problem carries a number that the notebook measures"
+    assert need.startswith("**You need:**") and len(need.split()) > 4, f"{path.name}: {need!r}"
+    assert not promise.startswith("**") and learn.startswith("**You will learn**"), path.name
+
+
+def _cpu_gated_asserts(source: str) -> int:
+    """Asserts that run only on one kind of backend: inside an `if` whose test reads `CPU`."""
+    gated = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and any(isinstance(n, ast.Name) and n.id == "CPU" for n in ast.walk(node.test)):
+            gated += sum(isinstance(n, ast.Assert) for part in node.body + node.orelse for n in ast.walk(part))
+    return gated
+
+
+def test_cpu_gated_asserts_are_counted():
+    assert _cpu_gated_asserts("if CPU:\n    assert a\nelse:\n    assert b\nassert c\n") == 2
+    assert _cpu_gated_asserts("if x and not CPU:\n    for i in y:\n        assert i\n") == 1
+    assert _cpu_gated_asserts("assert a == (1 if CPU else 2)\nif x:\n    assert a\n") == 0
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_backend_specific_figures_sit_in_one_hidden_cell_at_the_end_of_their_section(path):
+    """A visible cell states each claim with asserts that hold on every backend; a backend's exact figures
+    (asserts under `if CPU:`) go in a cell that opens with '# @title', hidden, still run, and last in its
+    section: the next cell starts a new section (or the notebook ends), and a section has one such cell."""
+    cells = _cells(path)
+    hidden_in_section = 0
+    for i, cell in enumerate(cells[2:], start=2):
+        text = _text(cell)
+        if cell["cell_type"] == "markdown":
+            if text.startswith("## "):
+                hidden_in_section = 0
+            continue
+        if not text.startswith("# @title "):
+            assert _cpu_gated_asserts(text) == 0, f"{path.name} cell {i}: move the `if CPU:` asserts to the " \
+                "section's hidden cell of exact figures"
+            continue
+        hidden_in_section += 1
+        assert hidden_in_section == 1, f"{path.name} cell {i}: one hidden cell per section"
+        following = cells[i + 1] if i + 1 < len(cells) else None
+        assert following is None or (following["cell_type"] == "markdown" and _text(following).startswith("## ")), \
+            f"{path.name} cell {i}: a hidden cell of exact figures ends its section"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

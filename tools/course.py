@@ -134,10 +134,13 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 def title_and_promise(path: Path) -> tuple[str, str]:
     """A notebook's title (without its number) and the first sentence of its promise paragraph.
 
-    The README's table and the book's landing page are built from these.
+    A notebook opens with the problem, then a paragraph that starts "**You need:**", then the promise. The
+    README's table and the book's landing page are built from these.
     """
     text = "".join(json.loads(Path(path).read_text())["cells"][0]["source"])
     title = text.splitlines()[0].lstrip("# ").split(" · ", 1)[-1].strip()
     paragraphs = [p for p in text.split("\n\n")[1:] if p.strip() and not BADGES_LINE.match(p.strip())]
+    need = next((i for i, p in enumerate(paragraphs) if p.strip().startswith("**You need:**")), None)
+    paragraphs = paragraphs if need is None else paragraphs[need + 1 :]
     promise = " ".join(paragraphs[0].split()) if paragraphs else ""
     return title, re.split(r"(?<=[.!?])\s", promise, maxsplit=1)[0]
