@@ -75,6 +75,17 @@ def test_notebook_pages_launch_that_notebook_on_colab_and_binder(book):
             assert all(link in page for link in launch), path.name
 
 
+FOLDED_SETUP = re.compile(r'<div class="cell tag_hide-input[^"]*">\s*<details class="[^"]*\bhide above-input">'
+                          r'(?:(?!</details>).)*# @title Setup: ', re.S)
+
+
+def test_every_page_folds_the_setup_cells_source(book):
+    """MyST-NB's hide-input tag: the setup cell's code behind a 'Show code cell source' toggle, its output shown."""
+    for path in notebooks():
+        page = (book / "notebooks" / f"{path.stem}.html").read_text()
+        assert FOLDED_SETUP.search(page), f"{path.name}: the setup cell's source is not folded"
+
+
 def test_book_fetches_nothing_from_the_web(book):
     for page in book.rglob("*.html"):
         found = REMOTE_RESOURCE.findall(page.read_text())
