@@ -1,10 +1,10 @@
 # %% [markdown]
-# # 00 · How this course runs: eight devices anywhere, and a first sharded array
+# # 00 · A first sharded array, on eight devices anywhere
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/00_setup.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/00_setup.ipynb)
 #
-# An array too large for one device can be cut into blocks, one per device, but then you must know
-# which device holds which block and how many bytes it costs. Cut 8 ways, a `(128, 512)` float32 array
+# A model's weights soon outgrow one device's memory; cut into blocks, one per device, they fit, but
+# then you must know which device holds which block and what each costs. Cut 8 ways, a `(128, 512)` float32 array
 # of 256 KiB leaves a 32 KiB block on each device, and the 8 blocks add up to the array with nothing copied.
 #
 # **You need:** JAX on one device: `jax.numpy` arrays and `jax.jit`. Nothing from the course yet.
