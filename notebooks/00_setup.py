@@ -1,18 +1,25 @@
 # %% [markdown]
-# # 00 · How this course runs: eight devices anywhere, and a first sharded array
+# # 00 · A first sharded array, on eight devices anywhere
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/00_setup.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/00_setup.ipynb)
 #
-# This notebook teaches how the course gets **8 devices** on any machine, and how to read a sharded
-# array. Every notebook shards arrays over 8 devices, the same way on a laptop, in CI, on Binder, on
-# Colab and on an 8-accelerator machine. You will see why the device count must be chosen before JAX
-# does anything, then read a first sharded array three ways.
+# A model's weights soon outgrow one device's memory; cut into blocks, one per device, they fit, but
+# then you must know which device holds which block and what each costs. Cut 8 ways, a `(128, 512)` float32 array
+# of 256 KiB leaves a 32 KiB block on each device, and the 8 blocks add up to the array with nothing copied.
+#
+# **You need:** JAX on one device: `jax.numpy` arrays and `jax.jit`. Nothing from the course yet.
+#
+# You will place a first array on 8 devices and read its layout three ways: as a type, as a table of
+# shards and as a picture. At the end you will see how the course gets those 8 devices on a laptop, in
+# CI, on Binder, on Colab or on an 8-accelerator machine, and why the device count must be chosen
+# before JAX does anything.
 #
 # **You will learn**
-# - what the setup cell at the top of every notebook does, and the one JAX setting underneath it;
-# - how the course starts on Colab, on Binder and on your own machine;
 # - how `P('data', 'model')` on a `(4, 2)` mesh cuts a `(128, 512)` array into `(32, 256)` blocks,
 #   read as the type `f32[128@data,512@model]`, as a shard table, and as a picture;
+# - how many bytes each device holds, and how to check that nothing is copied;
+# - what the setup cell at the top of every notebook does, and how the course starts on Colab, on
+#   Binder and on your own machine;
 # - what happens when you ask for another device count too late, and how to recover.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -36,12 +43,85 @@ SETUP = setup_devices(8)
 CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %% [markdown]
-# ## 1. What the setup cell did
+# ## 1. A first sharded array
 #
-# JAX creates its devices **once**, at the first JAX operation (`jnp.ones`, `jax.devices()`, a `jit`
-# call, ...). Where a machine has no 8 accelerators, JAX can split the CPU into N *simulated* devices,
-# if told before that first operation. Each is a separate XLA device with its own buffers, and
-# collectives between them really copy memory. Only speed is missing; this course is about **layouts**.
+# The setup cell above gave this notebook 8 devices. Arrange them as a `(4, 2)` grid with named axes, a
+# **mesh**: `data` runs down (4 devices), `model` runs across (2 devices). Then cut a `(128, 512)` array
+# into one block per device with `P('data', 'model')` and draw where each block went:
+
+# %%
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from utils import draw_mesh, draw_sharding, shard_table, type_string
+
+# Explicit axes only so that jax.typeof prints the layout in section 2; notebook 01 explains axis types.
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+x = jax.device_put(jnp.arange(128 * 512, dtype=jnp.float32).reshape(128, 512),
+                   NamedSharding(mesh, P("data", "model")))
+draw_sharding(x)
+
+# %% [markdown]
+# A `PartitionSpec` says, dimension by dimension, which mesh axis splits it. `P('data', 'model')` splits
+# dimension 0 (128 rows) over `data` (4 devices), so 32 rows each, and dimension 1 (512 columns) over
+# `model` (2 devices), so 256 columns each: every device holds a `(32, 256)` block. Here is the mesh
+# (notebook 01 is all about meshes), and the check:
+
+# %%
+print(mesh)
+draw_mesh(mesh)
+print("global shape:", x.shape)
+print("spec:        ", x.sharding.spec)
+print("shard shape: ", x.sharding.shard_shape(x.shape))
+assert x.sharding.shard_shape(x.shape) == (32, 256)
+assert all(s.data.shape == (32, 256) for s in x.addressable_shards)
+
+# %% [markdown]
+# ## 2. The same layout, three ways
+#
+# **The type.** The course writes a sharded array's type as `f32[128@data,512@model]`: each dimension's
+# size and, after `@`, the mesh axis that splits it. On a mesh whose axes are *Explicit* (as here),
+# `jax.typeof` prints the long form, `float32[128@data,512@model]`, because the sharding is part of the
+# type (notebooks 01 and 05 explain Explicit and Auto axes). `type_string` from the course's `utils`
+# writes the short form for an array on any mesh.
+
+# %%
+print("jax.typeof: ", jax.typeof(x))
+print("type_string:", type_string(x))
+assert str(jax.typeof(x)) == "float32[128@data,512@model]"
+assert type_string(x) == "f32[128@data,512@model]"
+
+# %% [markdown]
+# **The shard table.** One row per device: which slice of the global array it holds, whether it is a
+# copy (replica), the block's shape and bytes. It is `x.addressable_shards`, tabulated:
+
+# %%
+table = shard_table(x)
+print(table)
+
+assert x.nbytes == 256 * 1024  # 128 x 512 float32 values: 256 KiB
+assert set(table.bytes_per_device.values()) == {32 * 256 * 4}  # 32 KiB on every device
+assert table.total_bytes == x.nbytes  # no copies: the 8 blocks add up to the array
+# The device at data=1, model=1 holds rows 32:64 and columns 256:512, and its block is exactly that slice:
+shard = next(s for s in x.addressable_shards if s.device == mesh.devices[1, 1])
+np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(x)[32:64, 256:512])
+
+# %% [markdown]
+# **The picture** is the figure at the top of section 1: `draw_sharding` draws each block where it sits,
+# labelled with its devices and bytes, in the colour of the device that holds it (the same colour in
+# every figure of the course). Type, table and picture must agree.
+#
+# ## 3. Running the course elsewhere: what the setup cell did
+#
+# This section is for those who want to run the course somewhere else, or to know what the hidden
+# setup cell does. JAX creates its devices **once**, at the first JAX operation (`jnp.ones`,
+# `jax.devices()`, a `jit` call, ...). Where a machine has no 8 accelerators, JAX can split the CPU into
+# N *simulated* devices, if told before that first operation. Each is a separate XLA device with its own
+# buffers, and collectives between them really copy memory. Only speed is missing; this course is about
+# **layouts**.
 #
 # `setup_devices(8)` makes that choice:
 #
@@ -62,17 +142,6 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 # The cell returned a record of its choice. Check what you got:
 
 # %%
-import os
-import warnings
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
-
-from utils import NOT_ANSWERED, DeviceCountError, draw_mesh, draw_sharding, shard_table, type_string
-
 print("devices:           ", jax.devices())
 print("default backend:   ", jax.default_backend())
 print("simulated:         ", SETUP.simulated, "-", SETUP.reason)
@@ -96,66 +165,6 @@ if SETUP.simulated:
 # - **Your machine**: `make lab` opens JupyterLab with everything installed. Notebook 19 (PyTorch/XLA
 #   side by side) runs only there, in its own environment: `make lab-xla`.
 #
-# ## 2. A first sharded array
-#
-# Arrange the 8 devices as a `(4, 2)` grid with named axes, a **mesh**: `data` runs down (4 devices),
-# `model` runs across (2 devices). Notebook 01 is all about meshes; for now, here it is:
-
-# %%
-mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
-print(mesh)
-draw_mesh(mesh)
-
-# %% [markdown]
-# A `PartitionSpec` says, dimension by dimension, which mesh axis splits it. `P('data', 'model')` splits
-# dimension 0 (128 rows) over `data` (4 devices), so 32 rows each, and dimension 1 (512 columns) over
-# `model` (2 devices), so 256 columns each: every device holds a `(32, 256)` block. Put an array there
-# with `jax.device_put` and check:
-
-# %%
-x = jax.device_put(jnp.arange(128 * 512, dtype=jnp.float32).reshape(128, 512),
-                   NamedSharding(mesh, P("data", "model")))
-
-print("global shape:", x.shape)
-print("spec:        ", x.sharding.spec)
-print("shard shape: ", x.sharding.shard_shape(x.shape))
-assert x.sharding.shard_shape(x.shape) == (32, 256)
-assert all(s.data.shape == (32, 256) for s in x.addressable_shards)
-
-# %% [markdown]
-# ## 3. The same layout, three ways
-#
-# **The type.** The course writes a sharded array's type as `f32[128@data,512@model]`: each dimension's
-# size and, after `@`, the mesh axis that splits it. On a mesh whose axes are *Explicit* (as here),
-# `jax.typeof` prints the same, because the sharding is part of the type (notebooks 01 and 05 explain Explicit
-# and Auto axes). `type_string` from the course's `utils` writes it for an array on any mesh.
-
-# %%
-print("jax.typeof: ", jax.typeof(x))
-print("type_string:", type_string(x))
-assert str(jax.typeof(x)) == "float32[128@data,512@model]"
-
-# %% [markdown]
-# **The shard table.** One row per device: which slice of the global array it holds, whether it is a
-# copy (replica), the block's shape and bytes. It is `x.addressable_shards`, tabulated:
-
-# %%
-table = shard_table(x)
-print(table)
-
-assert set(table.bytes_per_device.values()) == {32 * 256 * 4}  # 32 KiB on every device
-assert table.total_bytes == x.nbytes  # no copies: the 8 blocks add up to the array
-# The device at data=1, model=1 holds rows 32:64 and columns 256:512, and its block is exactly that slice:
-shard = next(s for s in x.addressable_shards if s.device == mesh.devices[1, 1])
-np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(x)[32:64, 256:512])
-
-# %% [markdown]
-# **The picture.** `draw_sharding` draws each block where it sits, in the colour of the device that
-# holds it (the same colour in every figure of the course).
-
-# %%
-draw_sharding(x)
-
 # %% [markdown]
 # ## 4. Gotcha: the device count is fixed once JAX has started
 #
@@ -163,6 +172,11 @@ draw_sharding(x)
 # so in backend vocabulary:
 
 # %%
+import os
+import warnings
+
+from utils import DeviceCountError
+
 count = jax.device_count()
 raised = []
 try:
@@ -221,6 +235,7 @@ else:
 
 # %%
 from exercises import ex00_setup as ex
+from utils import NOT_ANSWERED
 
 answer_1 = NOT_ANSWERED  # e.g. P(...)
 ex.columns_spec.check(answer_1);
@@ -235,13 +250,13 @@ ex.bytes_per_device.check(answer_2);
 
 # %% [markdown]
 # ## Takeaways
+# - `P('data', 'model')` on a `(4, 2)` mesh gives each device a `(32, 256)` block of a `(128, 512)`
+#   array: 32 KiB each, 256 KiB in total, nothing copied.
+# - A sharded array reads three ways that must agree: its type (`f32[128@data,512@model]`), its shard
+#   table (who holds which slice, how many bytes) and its picture.
 # - The device count is decided at JAX's first operation. The setup cell decides it first, the same way
 #   in every notebook: 8 real accelerators where they exist, else 8 simulated CPU devices through
 #   `jax.config.update("jax_num_cpu_devices", 8)`.
-# - A sharded array reads three ways that must agree: its type (`f32[128@data,512@model]`), its shard
-#   table (who holds which slice, how many bytes) and its picture.
-# - `P('data', 'model')` on a `(4, 2)` mesh gives each device a `(32, 256)` block of a `(128, 512)`
-#   array: 32 KiB each, 256 KiB in total, nothing copied.
 # - Asking for another device count after JAX started raises an error (`XLA_FLAGS` set too late is
 #   silently ignored); restart the kernel.
 #

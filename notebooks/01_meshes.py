@@ -3,10 +3,19 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/01_meshes.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/01_meshes.ipynb)
 #
-# This notebook teaches the **mesh**: the devices arranged as a grid with named axes such as `data` and
-# `model`, against which every sharding in JAX is written. You will build meshes, meet the three types
-# of mesh axis, see why device order matters on real hardware while results stay the same, and make a
-# mesh the current one with `jax.set_mesh`.
+# A sharding must say which device gets which block without naming device numbers, and the same
+# 8 devices can form a row of 8, a `(4, 2)` grid giving a `(128, 512)` array `(32, 256)` blocks, or
+# a `(2, 2, 2)` cube that keeps 2 copies of each block. Where each device sits matters too: on a TPU
+# v5e board, a ring of the 8 chips in id order crosses 4 links in 2 of its 8 steps, where a good order
+# needs 1 link per step.
+#
+# **You need:** notebook 00 (a sharded array read as its type, shard table and picture); `jax.numpy`
+# and `jax.jit` on one device.
+#
+# You will build the **mesh**, the devices arranged as a grid with named axes such as `data` and
+# `model`, against which every sharding in JAX is written. You will meet the three types of mesh axis,
+# see why device order matters on real hardware while results stay the same, and make a mesh the
+# current one with `jax.set_mesh`.
 #
 # **You will learn**
 # - how a mesh names the devices: `mesh.shape`, `mesh.axis_names`, `mesh.devices`, each device's

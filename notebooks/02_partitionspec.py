@@ -3,12 +3,20 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/02_partitionspec.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/02_partitionspec.ipynb)
 #
-# This notebook teaches the `PartitionSpec`: a short list, one entry per array dimension, that names the
-# mesh axes cutting that dimension. Every placement, every `jit` sharding and every constraint in the rest
-# of the course is written with one. You will compute the block each device gets and check it against the
-# devices' real shards, then learn the rules a spec must follow, how to create arrays already sharded,
-# what happens to dimensions that do not divide evenly, and how to compare two layouts without being
-# fooled.
+# Each array on a mesh needs a rule that says which block of it each device holds. Left without one,
+# a `(1024, 1024)` float32 array created on 8 devices takes its full 4 MiB on every device, where a
+# split gives each 512 KiB.
+#
+# **You need:** notebooks 00 (a sharded array's type, shard table and picture) and 01 (the `(4, 2)`
+# mesh with axes `data` and `model`, Auto and Explicit axes, `jax.set_mesh`); `jax.numpy` and
+# `jax.jit`.
+#
+# You will read and write the `PartitionSpec`, a short list with one entry per array dimension that
+# names the mesh axes cutting that dimension. Every placement, every `jit` sharding and every constraint
+# in the rest of the course is written with one. You will compute the block each device gets and check
+# it against the devices' real shards, then learn the rules a spec must follow, how to create arrays
+# already sharded, what happens to dimensions that do not divide evenly, and how to compare two layouts
+# without being fooled.
 #
 # **You will learn**
 # - to read a spec dimension by dimension: `P('data', 'model')` on a `(4, 2)` mesh turns a `(128, 512)`
@@ -53,6 +61,7 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (
     NOT_ANSWERED,
+    assert_close,
     collectives,
     draw_mesh,
     draw_sharding,
@@ -289,7 +298,7 @@ print("padded to f32[12]:", "f32[12]" in hlo, "| blocks of f32[3]:", "f32[3]" in
 print(f"sum = {float(total):.5f}")
 assert "f32[12]" in hlo and "f32[3]" in hlo
 assert collectives(compiled).count("all-reduce") == 1
-np.testing.assert_allclose(total, np.cos(2 * np.arange(10)).sum(), rtol=1e-5)  # not this + 2
+assert_close(total, np.cos(2 * np.arange(10)).sum())  # the one-device sum, not this + 2
 
 # %% [markdown]
 # **Returning the uneven value is where the two JAX lines differ.** The docstring of

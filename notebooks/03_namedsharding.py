@@ -3,11 +3,17 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/03_namedsharding.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/03_namedsharding.ipynb)
 #
-# A `NamedSharding` pairs a mesh with a `PartitionSpec`, and `jax.device_put` moves an array (or a
-# whole pytree of them) onto the devices that sharding names. This notebook places arrays and reads
-# every property of the result next to the shard table and the picture; counts what replication costs
-# in bytes; and shards a dict of parameters and a batch with one call and a rule. Every claim is checked
-# by an assert.
+# Every copy of a block costs memory: a `(128, 512)` float32 array of 256 KiB, replicated on 8
+# devices, fills 2 MiB of the mesh, and fully sharded it fills 256 KiB. A model is a whole tree of such
+# arrays, and each needs its own layout, placed in one call.
+#
+# **You need:** notebooks 00 (shard table, `type_string`, `draw_sharding`), 01 (meshes and their axis
+# types) and 02 (`PartitionSpec`); `jax.numpy` and pytrees (`jax.tree.map`).
+#
+# You will pair a mesh with a `PartitionSpec` in a `NamedSharding` and place arrays, or whole pytrees of
+# them, with `jax.device_put`. You will read every property of the result next to the shard table and
+# the picture, count what replication costs in bytes, and shard a dict of parameters and a batch with
+# one call and a rule. Every claim is checked by an assert.
 #
 # **You will learn**
 # - what `NamedSharding(mesh, spec)` knows before any array exists: `shard_shape`, `device_set`,
