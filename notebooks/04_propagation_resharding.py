@@ -312,7 +312,7 @@ print(memory_per_device(compiled))  # the same fields, read by the course's help
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Exact figures, §3: the CPU compiler's groups and temporaries
 print(f"{jax.default_backend()}: replica_groups={groups}, temp {format_bytes(stats.temp_size_in_bytes)} "
-      f"(all of A: {format_bytes(A.nbytes)}) | TPU v5e: temp 0 B, A gathered as bf16 inside a fusion")
+      f"(all of A: {format_bytes(A.nbytes)}) | TPU v5e: temp 0 B")
 if CPU:  # the CPU compiler writes the groups in iota form and keeps the gathered A in a temporary buffer
     assert groups == "[4,2]<=[8]" and iota_groups(groups) == positions.tolist()
     assert stats.temp_size_in_bytes == A.nbytes

