@@ -182,7 +182,9 @@ draw_matmul(a, b, c)
 a, b, c, col = run_case("3", P(None, "model"), P("model", None))
 assert found(col) == [("all-reduce", (128, 512), 2)]
 assert c.sharding.is_fully_replicated
-draw_matmul(a, b, c)
+picture = draw_matmul(a, b, c)
+assert "f32[128,512]{U:model} → f32[128,512]" in picture.axes[2].get_title()  # C's title: the pending sum
+picture
 
 # %% [markdown]
 # **Case 3 with `C` cut.** Add `data` to `A`'s rows and fix `C` at `P('data', 'model')` with
@@ -196,7 +198,9 @@ a, b, c, col = run_case("3'", P("data", "model"), P("model", None), out=P("data"
 assert c.sharding.shard_shape(c.shape) == (32, 256)  # each device keeps half of the (32, 512) it summed
 (op,) = col.ops  # one sum over model: a reduce-scatter, or an all-reduce and a slice (the CPU's form)
 assert op.kind in ("reduce-scatter", "all-reduce") and op.group_size == 2
-draw_matmul(a, b, c)
+picture = draw_matmul(a, b, c)
+assert "f32[128@data,512]{U:model} → f32[128@data,512@model]" in picture.axes[2].get_title()
+picture
 
 # %% [markdown]
 # **Case 4: one axis cuts `I` and `K`.** `A` at `P('data', None)`, `B` at `P(None, 'data')`. The natural
