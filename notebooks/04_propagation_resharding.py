@@ -3,10 +3,15 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/04_propagation_resharding.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/04_propagation_resharding.ipynb)
 #
-# Inside `jax.jit` every intermediate and output gets a sharding, though you only sharded the inputs,
-# and wherever two shardings disagree the compiler moves data. For each layout you predict the
-# collectives, compile, check them in the compiled program and draw which blocks move; then you compile
-# the same programs for a TPU v5e-8 that you do not have.
+# You shard only the inputs, yet inside `jax.jit` every value gets a sharding, and wherever two disagree
+# the compiler moves data you never asked to move. Add two arrays cut two ways and it may copy both whole
+# onto every device: 5 times the bytes of a plan that one line of yours selects.
+#
+# **You need:** notebooks 01 to 03 (device meshes, `PartitionSpec`, `NamedSharding` and
+# `jax.device_put`) and `jax.jit`.
+#
+# You will predict each layout's collectives, compile, find them in the compiled program and draw which
+# blocks move. Then you compile the same programs for a TPU v5e-8 that you do not have.
 #
 # **You will learn**
 # - why computation follows data: elementwise ops keep their input's sharding, and a matmul's output
@@ -100,19 +105,18 @@ assert y_eager.sharding.is_equivalent_to(x.sharding, x.ndim)
 #
 # For `C = A @ B` with `A: [I, J]` and `B: [J, K]`, what must move depends on where each operand is cut:
 # along the **contracting dimension** `J`, which the sum runs over, and along `I` and `K`, which become
-# `C`'s dimensions. The four cases below are those of [How to Scale Your Model](https://jax-ml.github.io/scaling-book/)
-# (part 3, on sharded matrices).
+# `C`'s dimensions. The four cases, and sorting matmuls by them, are the taxonomy of
+# [How to Scale Your Model](https://jax-ml.github.io/scaling-book/) (part 3, on sharded matrices).
 #
 # | case | layout | what must happen |
 # |---|---|---|
 # | 1 | `J` whole in both operands | each device multiplies its own blocks: **nothing moves** |
 # | 2 | `J` cut in one operand only | **all-gather** that operand along `J` first |
-# | 3 | `J` cut in both, by the same mesh axis | local partial products, then an **all-reduce** (a **reduce-scatter** if `C` stays cut over that axis) |
+# | 3 | `J` cut in both, by the same mesh axis | local partial sums `{U:axis}`, then an **all-reduce** (a **reduce-scatter** if `C` stays cut over that axis) |
 # | 4 | one mesh axis cuts both `I` and `K` | `C` cannot be cut twice by one axis: **all-gather one operand** |
 #
-# For each case: predict from the table, compile, check the compiled program's collectives (kind,
-# per-device result shape, group size), and draw what device 0 holds (green), fetches (red hatching) and
-# computes (purple).
+# For each case: predict, compile, check the collectives (kind, per-device shape, group size), and draw
+# what device 0 holds (green), fetches (red hatching) and computes (purple).
 
 # %%
 I, J, K = 128, 256, 512  # noqa: E741  C[I, K] = A[I, J] @ B[J, K]; J is the contracting dimension
@@ -169,33 +173,34 @@ draw_matmul(a, b, c)
 
 # %% [markdown]
 # **Case 3: `J` cut on both sides by the same axis.** `A` at `P(None, 'model')`, `B` at `P('model', None)`:
-# the second layer of a tensor-parallel MLP. Each device holds matching halves of `J` and computes a partial
-# product of the full `(128, 512)` shape; `C` is the sum of the two. Predict one all-reduce over `model`
-# (a group of 2) and `C` replicated.
+# the second layer of a tensor-parallel MLP. Each device holds matching halves of `J` and computes a full
+# `(128, 512)` product of its halves: a **pending sum**, partial sums still to be added over `model`. The
+# course writes it `f32[128,512]{U:model}` (notebook 05 shows JAX writing it so). Predict one all-reduce
+# over `model` (a group of 2) and `C` replicated.
 
 # %%
 a, b, c, col = run_case("3", P(None, "model"), P("model", None))
 assert found(col) == [("all-reduce", (128, 512), 2)]
 assert c.sharding.is_fully_replicated
-draw_matmul(a, b, c)
+picture = draw_matmul(a, b, c)
+assert "f32[128,512]{U:model} → f32[128,512]" in picture.axes[2].get_title()  # C's title: the pending sum
+picture
 
 # %% [markdown]
 # **Case 3 with `C` cut.** Add `data` to `A`'s rows and fix `C` at `P('data', 'model')` with
 # `jax.jit(matmul, out_shardings=...)` (notebook 05 covers the ways to ask for a layout). Each device's
-# partial product is `(32, 512)`, but it keeps only a `(32, 256)` block of the sum: a reduce-scatter's job.
-# On the CPU backend the partitioner's two steps stay separate: an **all-reduce** of the `(32, 512)`
-# partial products, then a local `dynamic-slice` that keeps each device's half. The TPU compiler fuses the
-# pair into one reduce-scatter (section 4 shows it); on other accelerators the cell accepts either form.
+# pending sum is `f32[128@data,512]{U:model}`, but it keeps only a `(32, 256)` block of the sum: a
+# reduce-scatter's job. The CPU backend writes it as an **all-reduce** and a local `dynamic-slice`; the TPU
+# compiler fuses the pair into one reduce-scatter (section 4).
 
 # %%
 a, b, c, col = run_case("3'", P("data", "model"), P("model", None), out=P("data", "model"))
 assert c.sharding.shard_shape(c.shape) == (32, 256)  # each device keeps half of the (32, 512) it summed
-if CPU:
-    assert found(col) == [("all-reduce", (32, 512), 2)]
-    assert "dynamic-slice" in cases["3'"][3].as_text()  # ... and cuts its half out locally
-else:  # the backend's own form: a reduce-scatter where its compiler fuses the pair
-    assert len(col.ops) == 1 and col.ops[0].kind in ("reduce-scatter", "all-reduce") and col.ops[0].group_size == 2
-draw_matmul(a, b, c)
+(op,) = col.ops  # one sum over model: a reduce-scatter, or an all-reduce and a slice (the CPU's form)
+assert op.kind in ("reduce-scatter", "all-reduce") and op.group_size == 2
+picture = draw_matmul(a, b, c)
+assert "f32[128@data,512]{U:model} → f32[128@data,512@model]" in picture.axes[2].get_title()
+picture
 
 # %% [markdown]
 # **Case 4: one axis cuts `I` and `K`.** `A` at `P('data', None)`, `B` at `P(None, 'data')`. The natural
@@ -239,6 +244,16 @@ del cases["2 or 3?"]
 assert found(col) == [("all-reduce", (32, 512), 2)]
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)
 
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §2: case 3' as the CPU compiler writes it
+compiled = cases["3'"][3]
+text, here = compiled.as_text(), found(collectives(compiled))
+print(f"case 3' on {jax.default_backend()}: {here}, dynamic-slice: "
+      f"{'dynamic-slice' in text} | TPU v5e: [('reduce-scatter', (32, 256), 2)] (section 4)")
+if CPU:  # an all-reduce of the (32, 512) partial sums ...
+    assert here == [("all-reduce", (32, 512), 2)]
+    assert "dynamic-slice" in text  # ... and each device cuts its half out locally
+
 # %% [markdown]
 # ## 3. Reading the compiled program
 #
@@ -256,6 +271,7 @@ compiled = cases["3'"][3]
 op = collectives(compiled).ops[0]
 line = hlo_line(compiled, op)
 print(line)
+assert op.group_size == mesh.shape["model"]  # groups of 2: a sum over model
 
 # %% [markdown]
 # Read it left to right: `f32[32,512]` is each device's result, its summed partial product;
@@ -264,9 +280,8 @@ print(line)
 # (`mesh.devices.flat`; here, the device ids), lay them out as `[4,2]`, and each row is a group: {0,1},
 # {2,3}, {4,5}, {6,7}. Those are the mesh's rows, devices that differ only in their `model` index: a sum
 # over `model`. Groups along `data` are the mesh's columns, written with a transpose: `[2,4]<=[4,2]T(1,0)`
-# lays out 0 to 7 as `[4,2]`, transposes it, and reads 2 groups of 4: {0,2,4,6}, {1,3,5,7}. Other lines
-# name the mesh axes instead, `replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` (axis 1 is
-# `model`), or list the groups, `{{0,1},{2,3},...}`.
+# lays out 0 to 7 as `[4,2]`, transposes it, and reads 2 groups of 4: {0,2,4,6}, {1,3,5,7}. Other
+# programs name mesh axes (`mesh['axis_0'=4,'axis_1'=2] {'axis_1'}`) or list the groups.
 
 # %%
 def iota_groups(text):
@@ -281,8 +296,8 @@ def iota_groups(text):
 positions = np.arange(8).reshape(mesh.devices.shape)  # the program's device numbers, laid out as the mesh
 groups = re.search(r"replica_groups=(.+?), (?:use_global_device_ids|to_apply|dimensions)", line).group(1)
 print("replica_groups:", groups, "| mesh positions:", positions.tolist())
-if CPU:  # how the CPU compiler writes this program's groups: the mesh's rows, groups over 'model'
-    assert groups == "[4,2]<=[8]" and iota_groups(groups) == positions.tolist()
+assert iota_groups("[4,2]<=[8]") == positions.tolist()  # the mesh's rows: groups over model
+assert iota_groups("[2,4]<=[4,2]T(1,0)") == positions.T.tolist()  # its columns: groups over data
 
 # %% [markdown]
 # The compiled program also knows each device's memory. `compiled.memory_analysis()` returns the
@@ -296,18 +311,23 @@ print(f"{type(stats).__name__}: argument_size_in_bytes={stats.argument_size_in_b
       f"output_size_in_bytes={stats.output_size_in_bytes:,}, temp_size_in_bytes={stats.temp_size_in_bytes:,}")
 assert stats.argument_size_in_bytes == (32 * 256 + 256 * 128) * 4  # A's (32, 256) block + B's (256, 128)
 assert stats.output_size_in_bytes == 128 * 128 * 4  # C's (128, 128) block
-if CPU:  # the CPU compiler keeps the gathered A in a temporary buffer
-    assert stats.temp_size_in_bytes == A.nbytes
 print(memory_per_device(compiled))  # the same fields, read by the course's helper from here on
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: the CPU compiler's groups and temporaries
+print(f"{jax.default_backend()}: replica_groups={groups}, temp {format_bytes(stats.temp_size_in_bytes)} "
+      f"(all of A: {format_bytes(A.nbytes)}) | TPU v5e: temp 0 B")
+if CPU:  # the CPU compiler writes the groups in iota form and keeps the gathered A in a temporary buffer
+    assert groups == "[4,2]<=[8]" and iota_groups(groups) == positions.tolist()
+    assert stats.temp_size_in_bytes == A.nbytes
 
 # %% [markdown]
 # ## 4. The same programs for a TPU v5e-8, compiled without one
 #
 # JAX compiles ahead of time for a TPU it does not have: `jax.experimental.topologies` describes a v5e-8
 # (`v5e:2x4`), you build the same mesh from its devices, describe the inputs as
-# `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`, and compile. Nothing runs, but the program, its
-# collectives and its memory can be read. This needs libtpu, the TPU compiler (Linux only); notebook 15
-# does more with it.
+# `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`, and compile. Nothing runs, but the program can be
+# read. This needs libtpu, the TPU compiler (Linux only); notebook 15 does more with it.
 
 # %%
 ok, why = tpu_compiler_available()
@@ -326,9 +346,9 @@ if ok:
     print(topo.devices[0].device_kind, "x", len(topo.devices), "| compiled:", list(tpu))
 
 # %% [markdown]
-# Case 3', side by side: on the TPU the partial products are **reduce-scattered**, and each chip receives
-# only its `(32, 256)` block of the sum. The TPU compiler writes it as a fusion that calls a computation
-# named `all-reduce-scatter`; `collectives()` counts that as one reduce-scatter. By the ring formulas it
+# Case 3', side by side: on the TPU the pending sums are **reduce-scattered**, and each chip receives only
+# its `(32, 256)` block. The TPU compiler writes a fusion that calls `all-reduce-scatter`; `collectives()`
+# counts it as one reduce-scatter. By the ring formulas it
 # sends half the all-reduce's bytes: `(N-1)/N` against `2(N-1)/N` times the partial products.
 
 # %%
@@ -340,8 +360,6 @@ if ok:
     print(memory_per_device(tpu["3'"]))
     assert found(there) == [("reduce-scatter", (32, 256), 2)]
     assert "calls=%all-reduce-scatter" in fusion
-    if CPU:
-        assert found(here) == [("all-reduce", (32, 512), 2)]
 
 # %% [markdown]
 # The four cases on both backends:
@@ -358,8 +376,6 @@ if ok:
         assert found(there) == tpu_expected[name]
         if name in ("2", "4"):  # the gathered operand, converted before it moves
             assert all(op.result_type.startswith("bf16[") for op in there.ops)
-        if CPU and name != "3'":
-            assert found(here) == found(there)  # the same kinds, shapes and groups on both
     exact = jax.jit(lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST))
     with quiet():
         gathered = collectives(exact.lower(*tpu_args["2"]).compile()).ops
@@ -370,11 +386,21 @@ if ok:
 # The same collectives, shapes and groups, except case 3'. The TPU gathers `bf16`, though: it converts
 # `f32` matmul operands to `bfloat16` before gathering them, half the bytes. That is its default matmul
 # precision at work: with `precision=jax.lax.Precision.HIGHEST` the same gather stays `f32`.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: the CPU programs beside the TPU programs
+if ok:
+    same = [name for name, (*_, c) in cases.items() if found(collectives(c)) == found(collectives(tpu[name]))]
+    print(f"same kinds, shapes and groups on {jax.default_backend()} and TPU v5e-8: cases {same}")
+    if CPU:  # all but 3', which the CPU compiler writes as an all-reduce and a slice
+        assert found(collectives(cases["3'"][3])) == [("all-reduce", (32, 512), 2)]
+        assert same == [name for name in cases if name != "3'"]
+
+# %% [markdown]
 # ## 5. When two inputs disagree, the compiler reshards
 #
-# Inside `jit` you may combine arrays sharded differently: propagation picks one sharding for the result,
-# and the partitioner moves whatever does not fit it. Add `x` at `P('data', None)` to `y` in five layouts:
+# Combine arrays sharded differently and propagation picks one sharding for the result; the partitioner
+# moves whatever does not fit it. Add `x` at `P('data', None)` to `y` in five layouts:
 
 # %%
 x = jax.device_put(X, NamedSharding(mesh, P("data", None)))
@@ -401,20 +427,19 @@ for spec, out in [("P('data', 'model')", P("data", "model")), ("P()", P("data", 
     y, s, col = results[spec]
     assert col.count() == 0 and s.sharding.is_equivalent_to(NamedSharding(mesh, out), 2)  # free: a local slice
 assert results["P('model', None)"][1].sharding.is_fully_replicated
-if CPU:  # the routes the partitioner took, as the CPU compiler writes them
-    assert found(results["P(None, 'data')"][2]) == [("all-to-all", (1, 32, 128), 4)]
-    assert found(results["P('model', None)"][2]) == [("all-gather", (128, 512), 4), ("all-gather", (128, 512), 2)]
-    assert max(results, key=lambda spec: results[spec][2].estimated_bytes) == "P('model', None)"
+assert [(op.kind, op.group_size) for op in results["P(None, 'data')"][2].ops] == [("all-to-all", 4)]
+assert results["P('model', None)"][2].kinds == {"all-gather"}  # full copies of both
+assert max(results, key=lambda spec: results[spec][2].estimated_bytes) == "P('model', None)"
 
 # %% [markdown]
 # - `P('data', 'model')`, `P()`, `P(None, 'model')`: every device already holds its block of `y`, or more,
 #   and slices it locally: nothing moves. With `P(None, 'model')` the result takes both cuts,
 #   `P('data', 'model')`; the picture below shows why.
 # - `P(None, 'data')`: `y` cuts columns where `x` cuts rows, over the same axis. One all-to-all among the 4
-#   devices of each `data` group gives each device its row block of `y`; each device sends 3 of its 4 pieces.
-# - `P('model', None)`: both cut rows, over different axes. Propagation does not choose between `data` and
-#   `model` for the result's rows: it leaves them uncut, so the result is replicated and the partitioner
-#   all-gathers both inputs to full copies, the most expensive of the five by the ring estimate.
+#   devices of each `data` group gives each device its row block of `y`.
+# - `P('model', None)`: both cut rows, over different axes. Propagation picks neither for the result's
+#   rows: it is replicated, and both inputs are all-gathered to full copies, the costliest of the five by
+#   the ring estimate.
 
 # %%
 y, s, _ = results["P(None, 'model')"]
@@ -443,8 +468,7 @@ assert len(matching) == mesh.size // 2
 # Ask for the result at `P('data', None)`, by `out_shardings` or by `with_sharding_constraint` on `y`, and
 # the tie is gone. The program becomes one **collective-permute**: each device receives at most one
 # `(32, 512)` block (group 3: blocks travel around rings of 3 devices). Ring estimate 64 KiB against
-# 320 KiB, 5 times less. Where propagation settles a conflict badly, a constraint wins; notebook 05 builds
-# on that.
+# 320 KiB, 5 times less. Notebook 05 builds on that.
 
 # %%
 def programs(m):
@@ -464,8 +488,6 @@ for name, f in programs(mesh).items():
     assert s.sharding.is_equivalent_to(NamedSharding(mesh, P() if name == "propagation" else P("data", None)), 2)
 gathers = [("all-gather", (128, 512), 4), ("all-gather", (128, 512), 2)]  # x over data, y over model
 permute = [("collective-permute", (32, 512), 3)]
-if CPU:
-    assert [found(c) for c in cols.values()] == [gathers, permute, permute]
 assert cols["propagation"].estimated_bytes == 5 * cols["constraint"].estimated_bytes
 if ok:  # the TPU compiler makes the same choices
     args = [jax.ShapeDtypeStruct(X.shape, X.dtype, sharding=NamedSharding(tpu_mesh, spec))
@@ -491,6 +513,15 @@ assert raised == ["ValueError"]
 assert double_by_columns(X).sharding.is_equivalent_to(NamedSharding(mesh, P(None, "model")), 2)  # NumPy: placed
 x_cols = jax.device_put(x, NamedSharding(mesh, P(None, "model")))  # the fix: move it first, outside jit
 assert double_by_columns(x_cols).sharding.is_equivalent_to(x_cols.sharding, 2)
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §5: the routes as the CPU compiler writes them
+swap = found(results["P(None, 'data')"][2])  # y at P(None, 'data'): the all-to-all
+print(f"{jax.default_backend()}: {swap} | TPU v5e: [('all-to-all', (4, 32, 128), 4)]")
+if CPU:
+    assert swap == [("all-to-all", (1, 32, 128), 4)]
+    assert found(results["P('model', None)"][2]) == gathers  # x over data, y over model
+    assert [found(c) for c in cols.values()] == [gathers, permute, permute]
 
 # %% [markdown]
 # ## Exercises
@@ -531,17 +562,17 @@ ex.read_groups.check(answer_3);
 # - Shardy propagates shardings from the inputs to every value; XLA's SPMD partitioner writes each device's
 #   program and inserts the collectives. Computation follows data: elementwise ops keep their input's
 #   sharding, and `P('data', None) @ P(None, 'model')` gives `P('data', 'model')` with nothing moved.
-# - Where the operands are cut predicts the collective: `J` whole, none; `J` cut on one side, an
-#   all-gather; on both, an all-reduce (a reduce-scatter when `C` stays cut); one axis on `I` and `K`, an
+# - Where the operands are cut predicts the collective: `J` whole, none; cut on one side, an all-gather;
+#   on both, a pending sum `{U:axis}` and an all-reduce (or reduce-scatter); one axis on `I` and `K`, an
 #   all-gather of one operand. The compiler picks the route: compile and count.
 # - The HLO line states kind, per-device shape and replica groups (`[4,2]<=[8]`: the mesh's rows, a group
 #   over `model`); `compiled.memory_analysis()` gives bytes per device. Byte counts from the ring formulas
 #   are estimates.
-# - The CPU backend writes a reduce-scatter as an all-reduce and a slice; compiled for a TPU v5e-8 without
-#   one, the same program has a reduce-scatter, and the TPU gathers `f32` matmul operands as `bf16`.
-# - When inputs disagree, the compiler reshards: free when each device already holds its block, an
-#   all-to-all or full copies on every device when not. Asking for the result's layout can turn full copies
-#   into one collective-permute. A committed input that does not match `in_shardings` raises instead.
+# - The CPU backend writes a reduce-scatter as an all-reduce and a slice; the TPU v5e-8 program has a
+#   reduce-scatter, and gathers `f32` matmul operands as `bf16`.
+# - When inputs disagree, the compiler reshards: free when each device holds its block, else an all-to-all
+#   or full copies. Asking for the result's layout can turn full copies into one collective-permute. A
+#   committed input that does not match `in_shardings` raises.
 #
 # Propagation decides every layout you leave open. To ask for one yourself inside `jit`, go on to 05.
 #

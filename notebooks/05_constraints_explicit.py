@@ -3,11 +3,15 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/05_constraints_explicit.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/05_constraints_explicit.ipynb)
 #
-# This notebook teaches how to ask for a layout inside `jax.jit`, and how to choose who lays out the
-# values inside it: the compiler (**Auto** axes) or the types of your program (**Explicit** axes). On Auto
-# axes you pin a value or a result and the compiler plans around it; on Explicit axes every value's
-# sharding is part of its type, and changing it is a line of your code. Every request is checked in the
-# compiled program: the layout delivered, the collectives, the bytes.
+# Left to itself, the compiler may run `relu(x @ w1) @ w2` by moving a weight between devices, over 2
+# times the bytes of a plan that moves only activations. Getting the better plan takes a request inside
+# `jax.jit`, where `jax.device_put`, the tool that works outside, does nothing on Auto axes.
+#
+# **You need:** notebooks 01 to 04 (meshes and axis types, `PartitionSpec`, `NamedSharding`, propagation
+# and the four matmul cases), `jax.jit` and `jax.typeof`.
+#
+# You will ask for layouts inside `jax.jit`, and choose who lays out its values: the compiler (**Auto**
+# axes) or your program's types (**Explicit** axes). Every request is checked in the compiled program.
 #
 # **You will learn**
 # - why `jax.device_put` inside `jit` does not reshard on Auto axes, and what does:
@@ -52,6 +56,7 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (
     NOT_ANSWERED,
+    assert_close,
     collectives,
     compile_with_log,
     draw_mesh,
@@ -169,8 +174,8 @@ assert sent < permute.estimated_bytes
 
 # %% [markdown]
 # The blocks travel in cycles: "group 3" in the table is the longest one. A device that sends to itself
-# keeps its block, because the rows it holds are among the rows its new layout keeps. The ring estimate
-# charges every device a whole block, so for this permute it is an overestimate.
+# keeps its block: its rows are among those its new layout keeps. The ring estimate charges every device a
+# whole block, so here it overestimates.
 
 # %% [markdown]
 # **A constraint also reaches backwards.** A batch that arrives as a NumPy array has no sharding, and
@@ -197,16 +202,23 @@ for name, c in (("no constraint", plain), ("constrained", pinned)):
 assert plain.input_shardings[0][1].is_fully_replicated  # every device gets all 128 rows
 assert pinned.input_shardings[0][1].is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)  # 32 each
 assert "all-reduce" in collectives(pinned).kinds  # the mean adds up four partial sums
-if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
-    assert memory_per_device(plain).argument == (128 * 256 + 256 * 16) * 4
-    assert memory_per_device(pinned).argument == (32 * 256 + 256 * 16) * 4
-    assert 3.9 < plain.cost_analysis()["flops"] / pinned.cost_analysis()["flops"] < 4.1  # per device
-np.testing.assert_allclose(pinned(w, batch), np.mean(np.tanh(batch @ np.asarray(w))), rtol=RTOL)
+assert memory_per_device(pinned).argument < memory_per_device(plain).argument  # a quarter of the batch each
+assert_close(pinned(w, batch), np.mean(np.tanh(batch @ np.asarray(w))))
 
 # %% [markdown]
 # Nothing moved: the batch had no layout yet, so it enters split, and each device holds a quarter of it
-# and does a quarter of the work (on the CPU backend, by the compiler's own count of operations). A constraint never changes *what* is computed, only *where*.
-#
+# and does a quarter of the work. A constraint never changes *what* is computed, only *where*.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §2: the CPU compiler's bytes and operations per device
+print(f"{jax.default_backend()}: arguments {memory_per_device(plain).argument:,} B unconstrained, "
+      f"{memory_per_device(pinned).argument:,} B constrained (accelerators pad small arrays)")
+if CPU:  # exact byte counts of the CPU compiler, and its own count of operations
+    assert memory_per_device(plain).argument == (128 * 256 + 256 * 16) * 4
+    assert memory_per_device(pinned).argument == (32 * 256 + 256 * 16) * 4
+    assert 3.9 < plain.cost_analysis()["flops"] / pinned.cost_analysis()["flops"] < 4.1  # per device
+
+# %% [markdown]
 # ## 3. `out_shardings=`: the result in the layout you ask for
 #
 # `x @ w` with `x` at `P('data', None)` and `w` at `P(None, 'model')` comes out `P('data', 'model')`
@@ -227,10 +239,8 @@ print(collectives(asked))
 assert free.output_shardings.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
 assert collectives(free).count() == 0
 assert y.sharding.is_equivalent_to(rows_whole, 2)  # delivered as asked
-np.testing.assert_allclose(y, X @ W, rtol=RTOL, atol=1e-3)
-if CPU:
-    (op,) = collectives(asked).ops
-    assert (op.kind, op.result_type, op.group_size) == ("all-gather", "f32[32,256]", 2)  # a row block, whole
+assert [(op.kind, op.group_size) for op in collectives(asked).ops] == [("all-gather", 2)]  # with its partner
+assert_close(y, X @ W)
 
 # %% [markdown]
 # Each device's `(32, 128)` block is gathered with its `model` partner into whole rows.
@@ -257,13 +267,12 @@ assert collectives(by_result).count() == collectives(by_constraint).count() == 0
 if COUNTS_FLOPS:
     for c in (by_result, by_constraint):
         assert 3.9 < neither.cost_analysis()["flops"] / c.cost_analysis()["flops"] < 4.1  # a quarter of the rows
-np.testing.assert_allclose(by_result(A, B), np.tanh(A) @ B, rtol=RTOL, atol=1e-3)
+assert_close(by_result(A, B), np.tanh(A) @ B)
 
 # %% [markdown]
-# Why, then, did `asked` above gather the product instead of computing whole rows? Because of a
-# conflict: the operands already fix the product's layout at `P('data', 'model')`. A result
-# sharding does not win against the operands, so the matmul stays where they put it and the result is
-# moved after it. A constraint pins the value itself: the matmul must then produce whole rows, and needs
+# Why, then, did `asked` above gather the product instead of computing whole rows? The operands already
+# fix the product's layout at `P('data', 'model')`, and a result sharding does not win against them: the
+# result is moved after the matmul. A constraint pins the value itself: the matmul must then produce whole rows, and needs
 # all of `w` on every device. `jax.debug.inspect_array_sharding` shows which layout the compiler gave a
 # value inside `jit` (on Auto axes `jax.typeof` does not say); its callback runs while compiling:
 
@@ -288,12 +297,21 @@ assert inside.output_shardings.is_equivalent_to(rows_whole, 2)  # the same layou
 assert np.prod(gather_product.shapes[0]) == 32 * 256 and np.prod(gather_w.shapes[0]) == W.size  # rows; all of w
 if COUNTS_FLOPS:  # whole rows are twice the work of half-rows
     assert 1.9 < inside.cost_analysis()["flops"] / asked.cost_analysis()["flops"] < 2.1
-np.testing.assert_allclose(inside(x, w_cols), X @ W, rtol=RTOL, atol=1e-3)
+assert_close(inside(x, w_cols), X @ W)
 
 # %% [markdown]
 # Same result, same layout; the constraint moves all of `w` and doubles each device's work. Use
 # `out_shardings` for what the caller gets, a constraint for a value inside, and check the program.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: the gather as the CPU compiler writes it
+first = jax.jit(jnp.matmul, out_shardings=rows_whole).lower(x, w_cols).compile()  # the section's first request
+(op,) = collectives(first).ops
+print(f"{jax.default_backend()}: {op.kind} {op.result_type}, group {op.group_size} | TPU v5e: the same")
+if CPU:
+    assert (op.kind, op.result_type, op.group_size) == ("all-gather", "f32[32,256]", 2)  # a row block, whole
+
+# %% [markdown]
 # ## 4. When the compiler plans poorly
 #
 # Take `relu(x @ w1) @ w2` with the batch split over `data` and both weights stored split by **rows**
@@ -320,19 +338,14 @@ for name, c in (("the compiler's plan", chosen), ("h pinned", pinned)):
     print(f"{name}: {memory_per_device(c)}\n{collectives(c)}\n")
 assert "all-to-all" in collectives(chosen).kinds and "all-to-all" not in collectives(pinned).kinds
 assert collectives(pinned).estimated_bytes < collectives(chosen).estimated_bytes / 2
-if CPU:
-    a2a = next(op for op in collectives(chosen).ops if op.kind == "all-to-all")
-    assert a2a.result_bytes == w1.sharding.shard_shape(w1.shape)[0] * 1024 * 4  # w1's whole slice: 1 MiB
-    assert collectives(pinned).kinds == {"all-reduce"}
-    assert memory_per_device(chosen).temp > 7.9 * memory_per_device(pinned).temp  # 2 MiB against 256 KiB
 np.testing.assert_allclose(pinned(x, w1, w2), chosen(x, w1, w2), rtol=RTOL, atol=1e-3)
+chain_plans = chosen, pinned  # their exact figures close this section
 
 # %% [markdown]
-# The compiler moves a weight: its all-to-all carries a device's whole slice of `w1` (1 MiB on the CPU
-# backend). Pinned, `h` is built from partial products summed over `model` (by all-reduces on the CPU
-# backend): activations only, under half the bytes by the ring-formula estimate, and on the CPU backend
-# about an eighth of the temporary memory. A constraint is a request, not a speed-up: measure before you
-# keep one.
+# The compiler moves a weight: its all-to-all carries a device's whole slice of `w1`. Pinned, `h` is built
+# from pending sums `{U:model}` added over `model`: activations only, under half the bytes by the
+# ring-formula estimate (and on the CPU backend an eighth of the temporaries). A constraint is a request,
+# not a speed-up: measure before you keep one.
 #
 # **A reshard with no good route.** From `P('data', None)` to `P(None, 'model')` the cut moves to the other
 # dimension *and* the other axis. The partitioner falls back to gathering the **whole array** on every
@@ -360,8 +373,6 @@ print("direct:\n", collectives(direct_c), "\n\nwaypoint:\n", collectives(waypoin
 print("\nfull rematerialization reported: direct", "Involuntary full rematerialization" in direct_log,
       "| waypoint", "Involuntary full rematerialization" in waypoint_log)
 assert "Involuntary" not in waypoint_log
-if CPU:  # the CPU compiler's warning (libtpu's stays off stderr)
-    assert "Involuntary full rematerialization" in direct_log
 assert [op.result_type for op in collectives(direct_c).ops] == ["f32[128,512]"]  # all of x, on every device
 assert [op.result_type for op in collectives(waypoint_c).ops] == ["f32[128,256]"]  # only the kept columns
 out = waypoint_c(x)
@@ -386,6 +397,18 @@ assert collectives(compiled).count() == 0
 # %%
 waypoint_layout = jax.ShapeDtypeStruct(X.shape, X.dtype, sharding=NamedSharding(mesh, P("data", "model")))
 draw_shardings({"1: x": x, "2: waypoint": waypoint_layout, "3: target": out})
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: the CPU compiler's bytes and its warning
+a2a = next(op for op in collectives(chain_plans[0]).ops if op.kind == "all-to-all")
+temps = [memory_per_device(c).temp for c in chain_plans]
+print(f"{jax.default_backend()}: the all-to-all carries {a2a.result_bytes:,} B; temporaries {temps[0]:,} B "
+      f"against {temps[1]:,} B pinned; warning on stderr: {'Involuntary full rematerialization' in direct_log}")
+if CPU:
+    assert a2a.result_bytes == w1.sharding.shard_shape(w1.shape)[0] * 1024 * 4  # w1's whole slice: 1 MiB
+    assert collectives(chain_plans[1]).kinds == {"all-reduce"}
+    assert temps[0] > 7.9 * temps[1]  # 2 MiB against 256 KiB
+    assert "Involuntary full rematerialization" in direct_log  # the CPU compiler's warning (libtpu's stays off stderr)
 
 # %% [markdown]
 # ## 5. Explicit axes: the sharding is in the type
@@ -431,7 +454,7 @@ print(collectives(compiled))
 assert trace_types == ["float32[128@data,512]", "float32[512,256@model]", "float32[128@data,256@model]",
                        "float32[256@model]"]
 assert collectives(compiled).kinds == {"all-reduce"} and collectives(compiled).ops[0].group_size == 4
-np.testing.assert_allclose(compiled(xe, we), (X @ W).sum(axis=0), rtol=RTOL, atol=1e-3)
+assert_close(compiled(xe, we), (X @ W).sum(axis=0))
 
 # %% [markdown]
 # ## 6. What Explicit axes refuse
@@ -458,7 +481,29 @@ print(collectives(by_rows))
 assert refused == {"matmul": "ShardingTypeError"} and str(jax.typeof(ce)) == "float32[128@data,512]"
 (op,) = collectives(by_rows).ops
 assert op.kind == "all-reduce" and op.group_size == 2  # the partial sums, added up within each model pair
-np.testing.assert_allclose(ce, A @ B, rtol=RTOL, atol=1e-3)
+assert_close(ce, A @ B)
+
+# %% [markdown]
+# **A pending sum has a type.** Ask for `out_sharding=P('data', None, unreduced={'model'})` and the matmul
+# stops before adding: `jax.typeof` marks the partial sums still owed over `model` as `{U:model}`, the
+# notation of notebook 04. `jax.reshard` to a spec without it adds them: one all-reduce over `model`.
+
+# %%
+owed = []
+
+
+def add_later(a, b):
+    partial = jnp.matmul(a, b, out_sharding=P("data", None, unreduced={"model"}))
+    summed = jax.reshard(partial, P("data", None))
+    owed.extend(str(jax.typeof(v)) for v in (partial, summed))
+    return summed
+
+
+later = jax.jit(add_later).lower(ae, be).compile()
+print(" -> reshard -> ".join(owed), "\n", collectives(later), sep="")
+assert owed == ["float32[128@data,512]{U:model}", "float32[128@data,512]"]
+assert [(op.kind, op.group_size) for op in collectives(later).ops] == [("all-reduce", 2)]
+assert_close(later(ae, be), A @ B)
 
 # %% [markdown]
 # **Mismatched operands.** Add an array at `P('data', None)` to one at `P(None, 'data')`. On Auto axes the
@@ -555,7 +600,7 @@ print("explicit_program returns", jax.typeof(ye))
 assert seen["in auto_axes"] == ((AxisType.Auto, AxisType.Auto), "float32[128,512]")
 assert seen["in explicit_axes"] == ((AxisType.Explicit, AxisType.Explicit), "float32[128@data,512]")
 assert str(jax.typeof(ye)) == "float32[128@data,256]"
-np.testing.assert_allclose(ye, 2 * np.maximum(X @ W, 0), rtol=RTOL, atol=1e-3)
+assert_close(ye, 2 * np.maximum(X @ W, 0))
 np.testing.assert_array_equal(ya, 2 * X)
 
 # %% [markdown]

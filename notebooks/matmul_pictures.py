@@ -26,7 +26,7 @@ from matplotlib.patches import Patch, Rectangle
 from utils.drawing import _draw_tiles, _finish, _tile_lines  # shared with utils.drawing's own pictures
 from utils.layout import Tile, _Box, as_layout, check_spec, spec_entries, tiles, type_string
 
-__all__ = ["MatmulTraffic", "OperandTraffic", "Piece", "draw_matmul", "matmul_traffic"]
+__all__ = ["MatmulTraffic", "OperandTraffic", "Piece", "draw_matmul", "matmul_traffic", "pending_marker"]
 
 
 # --- the plan: which blocks of C = A @ B one device holds, needs, and must fetch -------------------------------------
@@ -138,7 +138,7 @@ class MatmulTraffic:
                 parts.append(f"fetches {n} block{'s' if n > 1 else ''} of {name} over {_axes_text(op.gather_axes)}"
                              " (all-gather)")
         if self.partial_axes:
-            parts.append(f"holds only a partial sum of its {names[2]} block: adds over "
+            parts.append(f"holds a pending sum {pending_marker(self.partial_axes)} of its {names[2]} block: adds over "
                          f"{_axes_text(self.partial_axes)} ({self.reduction})")
         if not parts:
             return f"dev {self.device} holds everything its {names[2]} block needs: nothing moves"
@@ -147,6 +147,22 @@ class MatmulTraffic:
 
 def _axes_text(axes: tuple[str, ...]) -> str:
     return " and ".join(repr(a) for a in axes)
+
+
+def pending_marker(axes: Sequence[str]) -> str:
+    """The pending-sum marker as ``jax.typeof`` prints it: ``{U:model}``, ``{U:(data,model)}``; ``''`` for none.
+
+    A value carrying it holds partial sums still to be added over those mesh axes.
+    """
+    axes = tuple(axes)
+    if not axes:
+        return ""
+    return "{U:" + (axes[0] if len(axes) == 1 else f"({','.join(axes)})") + "}"
+
+
+def _without(spec: PartitionSpec, axes: Sequence[str]) -> PartitionSpec:
+    """A 2-D ``spec`` with ``axes`` dropped from every dimension (a dimension left with none is whole)."""
+    return PartitionSpec(*(tuple(a for a in entry if a not in axes) or None for entry in spec_entries(spec, 2)))
 
 
 def _device_coords(mesh: Any) -> dict[int, tuple[int, ...]]:
@@ -249,8 +265,7 @@ def matmul_traffic(
     else:
         k0, k1 = 0, lhs_shape[1]
 
-    out_entries = spec_entries(out_sharding.spec, 2)
-    compute_spec = PartitionSpec(*(tuple(a for a in axes if a not in partial) or None for axes in out_entries))
+    compute_spec = _without(out_sharding.spec, partial)
     computed = _own_tile(out_shape, NamedSharding(mesh, compute_spec), device_id)
     (m0, n0), (m1, n1) = computed.start, computed.stop
     return MatmulTraffic(
@@ -319,9 +334,10 @@ def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | N
     rows line up with C's rows and B's columns with C's columns. For
     ``device``: its blocks of A and B are outlined in green ("held by dev 0");
     pieces it needs but does not hold are hatched red ("fetched from dev 1":
-    an all-gather); its block of C is outlined in purple, with "partial sum
-    over 'model'" when A and B split the contracting dimension alike (an
-    all-reduce, or a reduce-scatter when C is split over that axis too).
+    an all-gather); its block of C is outlined in purple, with "pending sum
+    {U:model}" when A and B split the contracting dimension alike (an
+    all-reduce, or a reduce-scatter when C is split over that axis too), and
+    C's title gives the pending sum's type, e.g. ``f32[512,1024]{U:model} → ...``.
     Blocks it does not use are faded; the title says what moves. A dimension
     more than 4x another is drawn shorter, and the panels say 'not to scale'.
 
@@ -385,7 +401,11 @@ def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | N
             ax.yaxis.set_label_position("right")  # A's ylabel, on the left, names these rows too
         if name == names[1]:
             ax.xaxis.set_label_position("top")  # C's xlabel, below C, names these columns too
-        ax.set_title(f"{name}\n{type_string(shape, sh, dtype=dtype)}   {sh.spec}", fontsize=9)
+        kind = type_string(shape, sh, dtype=dtype)
+        if op is None and traffic.partial_axes:  # C: the pending sum, then the reduction's result
+            pending = type_string(shape, NamedSharding(sh.mesh, _without(sh.spec, traffic.partial_axes)), dtype=dtype)
+            kind = f"{pending}{pending_marker(traffic.partial_axes)} → {kind}"
+        ax.set_title(f"{name}\n{kind}   {sh.spec}", fontsize=9)
     handles = [
         Patch(facecolor="none", edgecolor=_HELD, linewidth=2.5, label=f"held by dev {d}"),
         Patch(facecolor="none", edgecolor=_FETCH, hatch="xx", linewidth=2, linestyle="--",
@@ -395,7 +415,7 @@ def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | N
     ]
     if traffic.partial_axes:
         handles.insert(3, Patch(facecolor="none", edgecolor=_OUT, hatch="//", linewidth=0,
-                                label=f"partial sums dev {d} computes: added up over "
+                                label=f"pending sums {pending_marker(traffic.partial_axes)} dev {d} computes: added over "
                                       f"{_axes_text(traffic.partial_axes)} ({traffic.reduction})"))
     fig.legend(handles=handles, loc="lower center", ncol=3 if len(handles) > 4 else 2, fontsize=8, frameon=False)
     summary = traffic.summary((names[0], names[1], names[2]))
@@ -419,7 +439,7 @@ def _matmul_roles(traffic: MatmulTraffic, op: Any, panel_tiles: list[Tile]) -> d
                 roles[i] = [f"{part}fetched from dev {p.source}"]
         elif d in t.devices:  # the output: the device's own block
             if traffic.partial_axes:
-                roles[i] = [f"dev {d}'s block: partial sum over {_axes_text(traffic.partial_axes)}"]
+                roles[i] = [f"dev {d}'s block: pending sum {pending_marker(traffic.partial_axes)}"]
             else:
                 roles[i] = [f"dev {d}'s block: complete"]
         elif traffic.reduction == "reduce-scatter" and _overlaps(t, traffic.computed_start, traffic.computed_stop):

@@ -9,7 +9,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_drawing import _extents, _label_boxes, _patches  # the same ways of measuring a picture
 
-from notebooks.matmul_pictures import draw_matmul, matmul_traffic
+from notebooks.matmul_pictures import draw_matmul, matmul_traffic, pending_marker
 from utils.drawing import tile_labels
 from utils.inspecting import collectives
 
@@ -45,7 +45,8 @@ def test_matmul_traffic_partial_sum_cases():
     t = _traffic(P("data", "model"), P("model", None), P("data", None))
     assert t.partial_axes == ("model",) and t.contracting == (0, 512) and t.reduction == "all-reduce"
     assert t.lhs.missing == () == t.rhs.missing and t.computed_shape == (128, 1024)
-    assert t.summary(("x", "w", "y")) == "dev 0 holds only a partial sum of its y block: adds over 'model' (all-reduce)"
+    assert t.summary(("x", "w", "y")) == (
+        "dev 0 holds a pending sum {U:model} of its y block: adds over 'model' (all-reduce)")
     dev1 = _traffic(P("data", "model"), P("model", None), P("data", None), device=1)
     assert dev1.contracting == (512, 1024)  # its own half of the contracting dimension
     t = _traffic(P(None, "data"), P("data", None), P())
@@ -120,12 +121,15 @@ def test_draw_matmul_the_four_cases():
     assert _roles(figs["gather"]) == ["held by dev 0", "held by dev 0", "dev 0's block: complete"]
     assert "fetched from dev 1" in tile_labels(figs["gather"])[1]
     assert "fetches 1 block of A over 'model' (all-gather)" in figs["gather"]._suptitle.get_text()
-    assert _roles(figs["all-reduce"])[-1] == "dev 0's block: partial sum over 'model'"
+    assert _roles(figs["all-reduce"])[-1] == "dev 0's block: pending sum {U:model}"
+    assert figs["all-reduce"].axes[2].get_title().split("\n")[1] == (
+        "f32[512@data,1024]{U:model} → f32[512@data,1024]   P('data', None)")  # the pending sum, then C
+    assert "{U:" not in figs["gather"].axes[2].get_title()  # no partial sums, no marker
     assert "(all-reduce)" in figs["all-reduce"]._suptitle.get_text()
     assert _roles(figs["nothing"]) == ["held by dev 0", "held by dev 0", "dev 0's block: complete"]
     assert "nothing moves" in figs["nothing"]._suptitle.get_text()
     assert not _patches(figs["nothing"], "fetched") and not _patches(figs["nothing"], "partial")
-    assert _roles(figs["all-reduce-data"])[-1] == "dev 0's block: partial sum over 'data'"
+    assert _roles(figs["all-reduce-data"])[-1] == "dev 0's block: pending sum {U:data}"
     (fetched,) = _patches(figs["gather"], "fetched")  # the one piece dev 0 fetches: A[0:128, 512:1024]
     assert (round(fetched.get_x(), 6), round(fetched.get_y(), 6), round(fetched.get_width(), 6)) == (0.5, 0.0, 0.5)
     legend = [t.get_text() for t in figs["gather"].legends[0].get_texts()]
@@ -235,3 +239,19 @@ def test_draw_matmul_draws_a_b_and_c_on_one_scale(case, sizes):
     assert min(sizes_pt) >= 6.5
     boxes = _label_boxes(fig)
     assert not [(p, q) for n, (p, a) in enumerate(boxes) for q, b in boxes[n + 1:] if a.overlaps(b)]
+
+
+def test_pending_marker_is_the_one_jax_typeof_prints():
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    a = jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
+    b = jax.ShapeDtypeStruct((32, 8), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
+    seen = []
+
+    def f(a, b):
+        seen.append(str(jax.typeof(jnp.matmul(a, b, out_sharding=P("data", None, unreduced={"model"})))))
+        return a
+
+    with jax.set_mesh(mesh):
+        jax.jit(f).lower(a, b)
+    assert seen == ["float32[16@data,8]" + pending_marker(("model",))] == ["float32[16@data,8]{U:model}"]
+    assert pending_marker(("data", "model")) == "{U:(data,model)}" and pending_marker(()) == ""
