@@ -194,7 +194,6 @@ by_compiler_c = by_compiler.lower(x3).compile()
 print(collectives(by_compiler_c))
 assert_close(by_compiler_c(x3), scattered)
 
-
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Exact figures, §3: the collectives' types on the CPU backend
 if CPU:  # TPU v5e: all-gather f32[4,4,4], and this small reduce-scatter is an all-reduce
@@ -358,6 +357,7 @@ print(f"bytes each device sends: ring all-gather {sent['all-gather']}, ring redu
 assert sent["all-gather"] == ag_ring.estimated_bytes == (N - 1) / N * A.nbytes  # (N-1)/N of the result
 assert sent["reduce-scatter"] == (N - 1) / N * PARTS[0].nbytes  # (N-1)/N of each device's partials
 
+
 # %% [markdown]
 # The first `model` column after each step; a block takes the colours of the devices whose data it
 # holds, and the outlined block is sent next, along the arrow:
@@ -506,12 +506,12 @@ print("the same in_specs=P() on the Auto mesh:\n", on_auto, sep="")
 (op,) = on_auto.ops
 assert op.kind == "all-gather" and np.prod(op.shapes[0]) == X.size  # the whole array
 
-
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Exact figures, §8: the gather's type on the CPU backend
 if CPU:  # the TPU's: f32[4,4,8]
     assert op.result_type == "f32[16,8]"
     print("CPU compiler: all-gather f32[16,8]; TPU v5e: f32[4,4,8]")
+
 
 # %% [markdown]
 # ## 9. The `check_vma` replication check
