@@ -5,13 +5,13 @@
 #
 # The compiler picks every collective of a `jax.jit` program; to get a particular one, say a reduce-scatter
 # that leaves each of 4 devices a quarter of a sum, you write the program each device runs. Written by
-# hand it is easy to get wrong: a forgotten `psum` returns a partial sum as the answer, and the pmap habit
-# of averaging gradients makes them 8 times too large.
+# hand it is easy to get wrong: a forgotten `psum` can return a partial sum as the answer, and the pmap
+# habit of averaging gradients makes them 8 times too large.
 #
 # **You need:** notebooks 02 (`PartitionSpec`), 04 (the collectives the compiler inserts) and 05 (Explicit
 # meshes, `jax.typeof`); `jax.jit`, `jax.grad` and `jax.lax.scan`.
 #
-# You will write with `jax.shard_map` the collectives the compiler inserted for you in notebooks 04 and 05,
+# You will write with `jax.shard_map` the collectives the compiler inserted in notebooks 04 and 05,
 # compare each result with NumPy, and find each in the compiled program with its kind, its per-device shape
 # and its group of devices. Two rings built from `ppermute` show how all-gather and reduce-scatter move data.
 #

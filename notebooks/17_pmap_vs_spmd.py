@@ -4,8 +4,8 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_pmap_vs_spmd.ipynb)
 #
 # `jax.pmap` is now `jax.jit` wrapped around `jax.shard_map`, and the obvious port of a pmap training
-# step into `shard_map` runs without a warning while every gradient comes out 8 times too large. Nor can
-# `pmap` split the parameters 8 ways or add a second mesh axis, which `jit` states in four specs.
+# step into `shard_map` runs without a warning while every gradient comes out 8 times too large. Splitting
+# the parameters 8 ways, four specs with `jit`, is a page of hand-written collectives with `pmap`.
 #
 # **You need:** notebooks 06 (`jax.shard_map`, `check_vma`) and 07 (data parallelism with `jax.jit`);
 # 08 and 10 (tensor parallelism, FSDP) for section 7.
