@@ -3,16 +3,23 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/06_shard_map.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/06_shard_map.ipynb)
 #
-# This notebook teaches `jax.shard_map`, which hands you the program each device runs: your function sees
-# one block of each array, and every collective in it is one you wrote. You will write by hand the
-# collectives the compiler inserted for you in notebooks 04 and 05, compare each result with plain NumPy,
-# and find each collective in the compiled program with its kind, its per-device shape and its group of
-# devices.
+# The compiler picks every collective of a `jax.jit` program; to get a particular one, say a reduce-scatter
+# that leaves each of 4 devices a quarter of a sum, you write the program each device runs. Written by
+# hand it is easy to get wrong: a forgotten `psum` can return a partial sum as the answer, and the pmap
+# habit of averaging gradients makes them 8 times too large.
+#
+# **You need:** notebooks 02 (`PartitionSpec`), 04 (the collectives the compiler inserts) and 05 (Explicit
+# meshes, `jax.typeof`); `jax.jit`, `jax.grad` and `jax.lax.scan`.
+#
+# You will write with `jax.shard_map` the collectives the compiler inserted in notebooks 04 and 05,
+# compare each result with NumPy, and find each in the compiled program with its kind, its per-device shape
+# and its group of devices. Two rings built from `ppermute` show how all-gather and reduce-scatter move data.
 #
 # **You will learn**
 # - what `in_specs` and `out_specs` mean, and that inside `shard_map` the mesh axes are **Manual**;
 # - `psum`, `all_gather`, `psum_scatter`, `all_to_all`, `ppermute` and `axis_index`: what each computes
 #   and what each compiles to;
+# - each collective as a change of type, and the ring that all-gather and reduce-scatter are modelled on;
 # - how to go manual over one axis only (`axis_names=`) and leave the other to the compiler;
 # - why `in_specs` reshards on an Auto mesh but only checks on an Explicit one;
 # - what the `check_vma` replication check catches, and the wrong answer you get without it;
@@ -45,12 +52,15 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from utils import (
     NOT_ANSWERED,
+    assert_close,
     collectives,
     draw_mesh,
     draw_permute,
@@ -58,6 +68,7 @@ from utils import (
     draw_shardings,
     type_string,
 )
+from utils.drawing import device_color
 
 
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
@@ -139,7 +150,7 @@ print(seen["partial"], "-> psum ->", seen["total"])
 print(ops)
 assert (seen["partial"], seen["total"]) == ("float32[8]{V:data}", "float32[8]")
 assert [(op.kind, op.result_type, op.group_size) for op in ops.ops] == [("all-reduce", "f32[8]", 4)]
-np.testing.assert_allclose(sums, X.sum(axis=0), rtol=RTOL)
+assert_close(sums, X.sum(axis=0))
 
 # %% [markdown]
 # One `psum`, one all-reduce of 8 floats among the 4 devices of each `data` column: exactly what the
@@ -149,7 +160,7 @@ np.testing.assert_allclose(sums, X.sum(axis=0), rtol=RTOL)
 #
 # **`all_gather`** gives every device the blocks of all devices along an axis; with `tiled=True` they are
 # concatenated (without it, stacked on a new axis). `to='invarying'` states that the result is the same on
-# every device of the axis (section 8 shows why that matters). **`psum_scatter`** sums like `psum`, but
+# every device of the axis (section 9 shows why that matters). **`psum_scatter`** sums like `psum`, but
 # each device keeps only its slice of the sum: here the four `(4, 4)` row blocks of each column half are
 # added up, and each device keeps one row of the `(4, 8)` result, `X.reshape(4, 4, 8).sum(0)` in NumPy.
 
@@ -165,10 +176,8 @@ print("all_gather:\n", ag, "\n\npsum_scatter:\n", rs, sep="")
 (ag_op,), (rs_op,) = ag.ops, rs.ops  # one collective each, among the 4 devices of a data column
 assert (ag_op.kind, ag_op.group_size, np.prod(ag_op.shapes[0])) == ("all-gather", 4, 16 * 4)  # whole columns
 assert rs_op.group_size == 4 and "stablehlo.reduce_scatter" in jax.jit(scatter).lower(x).as_text()
-if CPU:  # the CPU compiler's types (the TPU's: all-gather f32[4,4,4]; this small reduce-scatter, an all-reduce)
-    assert (ag_op.result_type, rs_op.kind, rs_op.result_type) == ("f32[16,4]", "reduce-scatter", "f32[1,4]")
 np.testing.assert_array_equal(gathered, X)  # the same values, whole columns on every device
-np.testing.assert_allclose(scattered, X.reshape(4, 4, 8).sum(axis=0), rtol=RTOL)
+assert_close(scattered, X.reshape(4, 4, 8).sum(axis=0))
 
 draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered})
 
@@ -181,13 +190,18 @@ draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter
 # %%
 x3 = jax.device_put(X.reshape(4, 4, 8), NamedSharding(mesh, P("data", None, "model")))
 by_compiler = jax.jit(lambda a: a.sum(axis=0), out_shardings=NamedSharding(mesh, P("data", "model")))
-compiled = by_compiler.lower(x3).compile()
-print(collectives(compiled))
-np.testing.assert_allclose(compiled(x3), scattered, rtol=RTOL)
-if CPU:
-    (op,) = collectives(compiled).ops
-    assert (op.kind, op.result_type) == ("all-reduce", "f32[4,4]")  # the whole sum on every device
-    assert re.search(r"f32\[1,4\]\S* dynamic-slice\(", compiled.as_text())  # then each keeps its row
+by_compiler_c = by_compiler.lower(x3).compile()
+print(collectives(by_compiler_c))
+assert_close(by_compiler_c(x3), scattered)
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: the collectives' types on the CPU backend
+if CPU:  # TPU v5e: all-gather f32[4,4,4], and this small reduce-scatter is an all-reduce
+    assert (ag_op.result_type, rs_op.kind, rs_op.result_type) == ("f32[16,4]", "reduce-scatter", "f32[1,4]")
+    (op,) = collectives(by_compiler_c).ops
+    assert (op.kind, op.result_type) == ("all-reduce", "f32[4,4]")  # the compiler's sum: all of it everywhere
+    assert re.search(r"f32\[1,4\]\S* dynamic-slice\(", by_compiler_c.as_text())  # then each keeps its row
+    print("CPU compiler: all-gather f32[16,4], reduce-scatter f32[1,4]; jit's sum: all-reduce f32[4,4], then a slice")
 
 # %% [markdown]
 # ## 4. `all_to_all`: switch which dimension is split
@@ -241,8 +255,181 @@ draw_shardings({"1: before": ids, "2: after ppermute": shifted}, ncols=2, show_b
 # The device at `data=1` now holds the data of the one at `data=0`, and the one at `data=0` holds the
 # data of the one at `data=3`: the ring wraps around. One collective-permute of one block per device did
 # it.
+
+# %% [markdown]
+# ## 6. Collectives as changes of type, and the ring
 #
-# ## 6. Manual over one axis only: `axis_names=`
+# Each collective rewrites a type (notebook 03's notation; `{U:data}`: a pending sum, partials still to
+# be added over `data`):
+#
+# | collective | type in → type out |
+# |---|---|
+# | `all_gather` | `f32[16@data,8] → f32[16,8]` |
+# | `psum` | `f32[16,8]{U:data} → f32[16,8]` |
+# | `psum_scatter` | `f32[16,8]{U:data} → f32[16@data,8]` |
+# | `all_to_all` | `f32[16@data,8] → f32[16,8@data]` |
+# | `ppermute` | `f32[16@data,8] → f32[16@data,8]`: the type stays, the blocks move |
+#
+# An Auto mesh cannot type a pending sum, so the partials `X`, `2X`, `3X`, `4X` come in as the `(16, 8)`
+# blocks of a `(64, 8)` stack, one per device; they add up to `10X`.
+
+# %%
+partials = jax.device_put(np.concatenate([(d + 1) * X for d in range(4)]), NamedSharding(mesh, P("data", None)))
+pending = type_string(partials.addressable_shards[0].data) + "{U:data}"  # one device's partial
+rewrites = {  # collective: (per-device program, input, out_specs)
+    "all_gather": (lambda b: jax.lax.all_gather(b, "data", tiled=True, to="invarying"), x_rows, P()),
+    "psum": (lambda b: jax.lax.psum(b, "data"), partials, P()),
+    "psum_scatter": (lambda b: jax.lax.psum_scatter(b, "data", tiled=True), partials, P("data", None)),
+    "all_to_all": (lambda b: jax.lax.all_to_all(b, "data", 1, 0, tiled=True), x_rows, P(None, "data")),
+    "ppermute": (lambda b: jax.lax.ppermute(b, "data", ring), x_rows, P("data", None)),
+}
+types, out = {}, {}
+for name, (f, a, out_specs) in rewrites.items():
+    out[name] = jax.shard_map(f, mesh=mesh, in_specs=P("data", None), out_specs=out_specs)(a)
+    types[name] = f"{pending if a is partials else type_string(a)} → {type_string(out[name])}"
+    print(f"{name:<13} {types[name]}")
+assert types == {"all_gather": "f32[16@data,8] → f32[16,8]", "psum": "f32[16,8]{U:data} → f32[16,8]",
+                 "psum_scatter": "f32[16,8]{U:data} → f32[16@data,8]", "all_to_all": "f32[16@data,8] → f32[16,8@data]",
+                 "ppermute": "f32[16@data,8] → f32[16@data,8]"}
+for name in ("all_gather", "all_to_all"):
+    np.testing.assert_array_equal(out[name], X)
+for name in ("psum", "psum_scatter"):
+    assert_close(out[name], 10 * X)
+np.testing.assert_array_equal(out["ppermute"], np.roll(X, 4, axis=0))  # each 4-row block one place on
+
+# %% [markdown]
+# The textbook model of an all-gather or a reduce-scatter is a **ring**: in each of `N - 1` steps every
+# device sends one block to the next, a `ppermute`. An all-gather passes on the block received last; a
+# reduce-scatter passes on a running sum, to which the receiver adds its own partial of that block. Both
+# rings below run along `data` and keep every buffer after each step. Device `d`'s partial of block `j` is
+# `[2**d, (j+1)·2**d]`: the bits of a sum's first entry name the contributors, the ratio the block.
+
+# %%
+N = 4  # devices along data
+
+
+def ring_all_gather(block):  # block: this device's (1, 2) piece
+    i = jax.lax.axis_index("data")
+    buf = jax.lax.dynamic_update_slice_in_dim(jnp.full((N, 2), jnp.nan), block, i, 0)  # NaN: not arrived
+    frames, passing = [buf], block
+    for step in range(N - 1):
+        passing = jax.lax.ppermute(passing, "data", ring)  # what the previous device received last
+        buf = jax.lax.dynamic_update_slice_in_dim(buf, passing, (i - step - 1) % N, 0)
+        frames.append(buf)
+    return buf[None], jnp.stack(frames)[None]
+
+
+def ring_reduce_scatter(part):  # part: this device's (N, 2) partials, one row per block
+    i = jax.lax.axis_index("data")
+    running = jax.lax.dynamic_slice_in_dim(part, (i - 1) % N, 1, 0)  # block i - 1 starts here
+    frames = [running]
+    for step in range(N - 1):
+        own = jax.lax.dynamic_slice_in_dim(part, (i - step - 2) % N, 1, 0)
+        running = jax.lax.ppermute(running, "data", ring) + own
+        frames.append(running)
+    return running, jnp.stack(frames)[None]  # after N - 1 steps: the whole sum of block i
+
+
+A = np.arange(1, 2 * N + 1, dtype=np.float32).reshape(N, 2)  # block j: row j
+PARTS = np.array([[[2.0**d, (j + 1) * 2.0**d] for j in range(N)] for d in range(N)], np.float32)  # [d, j]
+a_rows, parts = (jax.device_put(v.reshape(-1, 2), NamedSharding(mesh, P("data", None))) for v in (A, PARTS))
+rings, sent = {}, {}
+for name, ring_fn, arg, out_specs in (("all-gather", ring_all_gather, a_rows, P("data")),
+                                      ("reduce-scatter", ring_reduce_scatter, parts, P("data"))):
+    compiled = program(jax.shard_map(ring_fn, mesh=mesh, in_specs=P("data", None), out_specs=(out_specs, P("data"))),
+                       arg)
+    result, frames = compiled(arg)
+    rings[name] = np.asarray(frames)  # [device along data, step, ...]
+    sent[name] = sum(op.result_bytes for op in collectives(compiled).ops)  # bytes each device sends
+    assert collectives(compiled).counts["collective-permute"] == N - 1 == len(collectives(compiled).ops)
+    out[name] = result
+gather_ref = jax.shard_map(lambda b: jax.lax.all_gather(b, "data", tiled=True, to="invarying"), mesh=mesh,
+                           in_specs=P("data", None), out_specs=P())
+scatter_ref = jax.shard_map(lambda b: jax.lax.psum_scatter(b, "data", tiled=True), mesh=mesh,
+                            in_specs=P("data", None), out_specs=P("data", None))
+np.testing.assert_array_equal(out["all-gather"], np.stack([gather_ref(a_rows)] * N))  # every device: all of A
+np.testing.assert_array_equal(out["all-gather"], np.stack([A] * N))
+np.testing.assert_array_equal(out["reduce-scatter"], scatter_ref(parts))
+np.testing.assert_array_equal(out["reduce-scatter"], PARTS.sum(axis=0))  # device i: block i, summed
+(ag_ring,) = collectives(program(gather_ref, a_rows)).ops
+print(f"bytes each device sends: ring all-gather {sent['all-gather']}, ring reduce-scatter "
+      f"{sent['reduce-scatter']}; ring estimate of the compiled all_gather {ag_ring.estimated_bytes:.0f}")
+assert sent["all-gather"] == ag_ring.estimated_bytes == (N - 1) / N * A.nbytes  # (N-1)/N of the result
+assert sent["reduce-scatter"] == (N - 1) / N * PARTS[0].nbytes  # (N-1)/N of each device's partials
+
+
+# %% [markdown]
+# The first `model` column after each step; a block takes the colours of the devices whose data it
+# holds, and the outlined block is sent next, along the arrow:
+
+# %%
+def draw_rings(rings, ids):
+    """Draw ring collectives frame by frame, one panel per ring. ``rings[title][f][i]`` maps each block that
+    device ``ids[i]`` holds after step ``f`` (0: the start) to the ids of the devices whose data it sums,
+    drawn as stripes in their colours. An outlined block and an arrow mark what each device sends next:
+    the block that changed on the next device in the next frame."""
+    n, w, gap = len(ids), 1.5, 0.8  # blocks are w wide and 1 high
+    band = n + 1.6  # height of one frame
+    fig, axes = plt.subplots(1, len(rings), figsize=(3.6 * len(rings), 0.3 * band * max(map(len, rings.values())) + 0.4))
+    for ax, (title, frames) in zip(np.atleast_1d(axes), rings.items(), strict=True):
+        for f, held in enumerate(frames):
+            y0 = f * band
+            ax.text(-0.2, y0 + n / 2, "start" if f == 0 else f"after\nstep {f}", ha="right", va="center", fontsize=7.5)
+            for i, dev in enumerate(ids):
+                x0 = i * (w + gap)
+                ax.text(x0 + w / 2, y0 - 0.2, f"dev {dev}", ha="center", va="bottom", fontsize=7)
+                for block in range(n):
+                    who = held[i].get(block, ())
+                    ax.add_patch(Rectangle((x0, y0 + block), w, 1, fill=False, edgecolor="0.75", linewidth=0.6))
+                    for k, d in enumerate(who):  # one stripe per contributing device
+                        ax.add_patch(Rectangle((x0 + k * w / len(who), y0 + block), w / len(who), 1,
+                                               facecolor=device_color(d), edgecolor="none", gid="ring-block"))
+                    if who:
+                        ax.text(x0 + w / 2, y0 + block + 0.5, "+".join(map(str, who)), ha="center", va="center",
+                                fontsize=6.5, gid="ring-label", bbox=dict(boxstyle="round,pad=0.1", facecolor="white",
+                                                                          alpha=0.8, linewidth=0))
+                if f + 1 == len(frames):
+                    continue
+                nxt = (i + 1) % n
+                (block,) = [b for b, who in frames[f + 1][nxt].items() if frames[f][nxt].get(b) != who]
+                ax.add_patch(Rectangle((x0, y0 + block), w, 1, fill=False, edgecolor="black", linewidth=1.5))
+                x1 = nxt * (w + gap)
+                if nxt:  # to the neighbour on the right, at the block's height
+                    ends, style = ((x0 + w, y0 + block + 0.5), (x1, y0 + block + 0.5)), "arc3"
+                else:  # the wrap: under the frame, back to the first device
+                    ends, style = ((x0 + w / 2, y0 + n), (x1 + w / 2, y0 + n)), "bar,fraction=-0.06"
+                ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=9, linewidth=1.2, shrinkA=1,
+                                             shrinkB=1, connectionstyle=style, gid="ring-arrow",
+                                             color=[0.7 * v for v in device_color(dev)[:3]],
+                                             label=f"dev {dev} -> dev {ids[nxt]}: block {block}"))
+        ax.set(xlim=(-1.3, n * (w + gap) - gap + 0.1), ylim=(len(frames) * band - 0.7, -0.6), aspect="equal")
+        ax.set_title(title, fontsize=8.5)
+        ax.axis("off")
+    fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value
+    return fig
+
+
+ids = mesh.device_ids[:, 0].tolist()  # the devices along data, model=0
+
+
+def contributors(bits):
+    return tuple(ids[p] for p in range(N) if int(bits) >> p & 1)
+
+
+frames = {"ring all-gather: whose block each is": [
+    [{j: (ids[j],) for j in range(N) if not np.isnan(buf[j, 0])} for buf in rings["all-gather"][:, step]]
+    for step in range(N)],
+    "ring reduce-scatter: whose partials each sum adds": [
+    [{int(s[1] / s[0]) - 1: contributors(s[0])} for s in rings["reduce-scatter"][:, step, 0]] for step in range(N)]}
+draw_rings(frames, ids)
+
+# %% [markdown]
+# Each device sent 3 blocks of 8 bytes: 24 bytes, `(N-1)/N` of the all-gather's 32-byte result, the
+# **ring estimate** of every `collectives` table. It is a model, not a measurement: the compiler picks
+# its own algorithm per backend and topology, not necessarily this ring.
+#
+# ## 7. Manual over one axis only: `axis_names=`
 #
 # `axis_names={'data'}` makes only `data` Manual; `model` stays Auto, and the compiler handles it as in
 # notebook 04. Compute the column sums of `x @ w` with `w` split by columns over `model`, writing only the
@@ -271,17 +458,22 @@ partial_c = program(partial, x_rows, w)
 print("all axes manual:\n", collectives(full_c), "\n\nonly data manual:", inside, "\n", collectives(partial_c), sep="")
 assert inside == {"axis types": (AxisType.Manual, AxisType.Auto), "w": (8, 16)}
 assert "all-gather" in collectives(full_c).kinds  # the whole w, gathered for in_specs=P()
-np.testing.assert_allclose(partial_c(x_rows, w), (X @ W).sum(axis=0), rtol=RTOL)
-np.testing.assert_allclose(full_c(x_rows, w), (X @ W).sum(axis=0), rtol=RTOL)
-if CPU:
-    assert [(op.kind, op.result_type) for op in collectives(partial_c).ops] == [("all-reduce", "f32[8]")]
+assert_close(partial_c(x_rows, w), (X @ W).sum(axis=0))
+assert_close(full_c(x_rows, w), (X @ W).sum(axis=0))
 
 # %% [markdown]
 # Inside, the axis types are `(Manual, Auto)`, and `w` looks whole, `(8, 16)`: over an Auto axis your code
 # sees the global view. The compiled program keeps `w` split: on the CPU backend its only collective is
 # your `psum`, of 8 floats, half the columns.
-#
-# ## 7. On an Explicit mesh, `in_specs` is a check
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §7: the partly manual program on the CPU backend
+if CPU:
+    assert [(op.kind, op.result_type) for op in collectives(partial_c).ops] == [("all-reduce", "f32[8]")]
+    print("CPU compiler: one all-reduce f32[8], w stays split")
+
+# %% [markdown]
+# ## 8. On an Explicit mesh, `in_specs` is a check
 #
 # On an Auto mesh, `in_specs` that differ from the input's sharding are a reshard the compiler inserts
 # (the gather of `w` above). On an Explicit mesh the sharding is in the input's type (notebook 05), and
@@ -307,17 +499,22 @@ with jax.set_mesh(emesh):
         refused.append("ValueError")
         print("in_specs=P(): ValueError:", str(err).split(". `in_specs`")[0])
 assert refused == ["ValueError"]
-np.testing.assert_allclose(sums_e, X.sum(axis=0), rtol=RTOL)
+assert_close(sums_e, X.sum(axis=0))
 
 on_auto = collectives(program(jax.shard_map(double, mesh=mesh, in_specs=P(), out_specs=P()), x_rows))
 print("the same in_specs=P() on the Auto mesh:\n", on_auto, sep="")
 (op,) = on_auto.ops
 assert op.kind == "all-gather" and np.prod(op.shapes[0]) == X.size  # the whole array
-if CPU:  # the CPU compiler's type (the TPU's: f32[4,4,8])
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §8: the gather's type on the CPU backend
+if CPU:  # the TPU's: f32[4,4,8]
     assert op.result_type == "f32[16,8]"
+    print("CPU compiler: all-gather f32[16,8]; TPU v5e: f32[4,4,8]")
+
 
 # %% [markdown]
-# ## 8. The `check_vma` replication check
+# ## 9. The `check_vma` replication check
 #
 # `out_specs=P()` is a **claim**: the output is the same on every device, so any copy stands for the
 # whole. `shard_map` tracks which values vary across which axes (the `{V:data}` of section 2) and refuses a
@@ -385,12 +582,11 @@ assert "jax.experimental.shard_map is deprecated" in str(warned[0].message)
 np.testing.assert_array_equal(old, sums)
 
 # %% [markdown]
-# The fix is the spelling used throughout this notebook: `jax.shard_map(f, mesh=mesh, in_specs=...,
-# out_specs=...)`, with the mesh as a keyword (or from `jax.set_mesh`), and `check_vma` where the old
-# function said `check_rep`.
+# The fix, as used throughout: `jax.shard_map(f, mesh=mesh, in_specs=..., out_specs=...)`, the mesh a
+# keyword (or from `jax.set_mesh`), and `check_vma` for `check_rep`.
 
 # %% [markdown]
-# ## 9. Gradients through `shard_map`
+# ## 10. Gradients through `shard_map`
 #
 # A loss written per device: the 16 rows are split over **both** axes, 2 per device (`P(('data', 'model'),
 # None)`), and `pmean` over both axes averages the eight local losses (`psum` and `pmean` take a tuple of
@@ -438,9 +634,8 @@ assert verdicts == {("grad_of_mean", True): "right", ("grad_of_mean", False): "t
 # %% [markdown]
 # With the check on, the gradient of `w` arrives already summed over the 8 devices, so differentiating
 # the mean is right, and averaging the gradients again (as `pmap` code does) keeps that sum: 8 times too
-# large. With `check_vma=False` nothing is cast, so nothing is summed: each device keeps its own
-# gradient, `psum` transposes to another `psum`, and `out_specs=P()` hands back the first device's
-# answer, as if its 2 rows were the batch. `pmap` runs without the check, which is why its habit of
+# large. With `check_vma=False` nothing is cast or summed: `out_specs=P()` hands back the first device's
+# gradient, as if its 2 rows were the batch. `pmap` runs without the check, which is why its habit of
 # averaging gradients is right there. Keep the check on and differentiate the loss your program computes.
 #
 # **Casting by hand: `jax.lax.pcast`.** A `scan` carry must keep its type from step to step, so a carry
@@ -469,7 +664,7 @@ compiled = program(summed(cast=True), xg)
 print(collectives(compiled))
 assert caught[-1] == "TypeError"
 assert [(op.kind, op.group_size) for op in collectives(compiled).ops] == [("all-reduce", 8)]
-np.testing.assert_allclose(compiled(xg), Xg.sum(axis=0), rtol=RTOL, atol=1e-5)
+assert_close(compiled(xg), Xg.sum(axis=0), atol=1e-5)
 assert not hasattr(jax.lax, "pvary")  # the older spelling, seen online, is gone: use pcast
 
 # %% [markdown]
@@ -515,9 +710,10 @@ ex.all_to_all_out_specs.check(answer_3);
 # - `jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)` runs `f` on each device's block; inside, the
 #   axes are Manual and `{V:data}` marks values that differ across `data`.
 # - Each collective is one line and one op in the compiled program: `psum` → all-reduce, `all_gather` →
-#   all-gather, `psum_scatter` → reduce-scatter (kept by the CPU compiler, whose own reduce-scatter is
-#   an all-reduce and a slice), `all_to_all` → all-to-all, `ppermute` →
-#   collective-permute; `axis_index` needs none.
+#   all-gather, `psum_scatter` → reduce-scatter, `all_to_all` → all-to-all, `ppermute` →
+#   collective-permute; `axis_index` needs none. Each rewrites the type; ppermute only moves blocks.
+# - `N - 1` `ppermute` steps around a ring make an all-gather or a reduce-scatter: each device sends
+#   `(N-1)/N` of the result, the ring estimate.
 # - `axis_names={'data'}` goes manual over `data` only and leaves `model` to the compiler.
 # - On an Auto mesh `in_specs` reshards the input; on an Explicit mesh it must match the input's type.
 # - Keep `check_vma=True`: it refuses an `out_specs` that claims replication it cannot prove, where

@@ -3,10 +3,15 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_pmap_vs_spmd.ipynb)
 #
-# `jax.pmap` is now `jax.jit` wrapped around `jax.shard_map`, and this notebook teaches you to replace
-# it with those two. You write one data-parallel step three ways and get the same numbers
-# and the same all-reduce from each, look inside `pmap`, port pmap code (including the port that
-# silently multiplies every gradient by 8), and meet what `pmap` cannot express.
+# `jax.pmap` is now `jax.jit` wrapped around `jax.shard_map`, and the obvious port of a pmap training
+# step into `shard_map` runs without a warning while every gradient comes out 8 times too large. Splitting
+# the parameters 8 ways, four specs with `jit`, is a page of hand-written collectives with `pmap`.
+#
+# **You need:** notebooks 06 (`jax.shard_map`, `check_vma`) and 07 (data parallelism with `jax.jit`);
+# 08 and 10 (tensor parallelism, FSDP) for section 7.
+#
+# You will write one data-parallel step with `pmap`, `jit` and `shard_map`, get the same numbers from
+# each, look inside `pmap`, port pmap code safely, and meet what it cannot express.
 #
 # **You will learn**
 # - how the same step written with `pmap`, `jit` and `shard_map` relate;
@@ -45,7 +50,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, draw_sharding, draw_shardings, quiet, shard_table,
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, quiet, shard_table,
                    tpu_compiler_available, type_string)
 
 
@@ -56,13 +61,13 @@ def assert_same(a, b, *, exact=False):
         if exact and CPU:
             np.testing.assert_array_equal(u, v)
         else:
-            np.testing.assert_allclose(u, v, rtol=RTOL, atol=RTOL / 10)
+            assert_close(u, v, atol=RTOL / 10)
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
 #
-# pmap code is usually pure functions of a parameter pytree, so this notebook uses a pure-JAX version of
-# the MLP of notebooks 07 to 10: 64 examples of 64 features labelled by a random teacher, a
+# pmap code is usually pure functions of a parameter pytree, so here the MLP of notebooks 07 to 10 is
+# pure JAX: 64 examples of 64 features labelled by a random teacher, a
 # `64 -> 256 -> 10` MLP whose parameters are a dict of four arrays, and plain SGD. `step` is written for
 # **one** device; its run is the reference.
 
@@ -115,12 +120,11 @@ assert ref_losses[-1] < ref_losses[0] / 2  # it learns
 # ## 2. Way 1: `jax.pmap` with `pmean`
 #
 # `pmap` runs a function once per device. Every argument gets a **leading axis** of size 8: device `i`
-# gets slice `i`, without that axis, and talks to the others through collectives named by `axis_name`.
-# The step averages the per-device gradients with `jax.lax.pmean`. So the inputs are stacked: 8 copies
-# of every parameter, and the batch reshaped to `(8, 8, 64)`, placed with `P('data')` on the leading
-# axis of a 1-D mesh (the layout `pmap` itself uses, section 5). `pmap` takes devices in id order unless
-# given `devices=`, and `jax.make_mesh` orders them by position on a TPU board (notebook 01): pass pmap
-# the mesh's devices so both agree on which device gets slice `i`.
+# gets slice `i`, without that axis, and talks to the others through collectives named by `axis_name`;
+# here `jax.lax.pmean` averages the gradients. So the inputs are stacked: 8 copies of every parameter,
+# and the batch reshaped to `(8, 8, 64)`, placed with `P('data')` on the leading axis of a 1-D mesh (the
+# layout `pmap` itself uses, section 5). `pmap` takes devices in id order, `jax.make_mesh` by position on
+# a TPU board (notebook 01): pass `devices=` the mesh's, so both agree on which device gets slice `i`.
 
 # %%
 def pmap_body(p, x, y):  # runs on each device: x (8, 64), y (8,), p one full copy of the parameters
@@ -157,8 +161,8 @@ assert_same(pmap_copy, ref_params)
 #
 # ## 3. Way 2: `jax.jit` with `NamedSharding`
 #
-# With `jax.jit` there is no per-device program. Keep the single-device `step` as it is and say where
-# the data lives: parameters replicated (`P()`), batch split over `data` (`P('data')`). The compiler sees
+# With `jax.jit` there is no per-device program: keep the single-device `step` and say where the data
+# lives: parameters replicated (`P()`), batch split over `data` (`P('data')`). The compiler sees
 # a mean over a split batch and inserts the sum over devices itself (notebook 07).
 
 # %%
@@ -233,14 +237,19 @@ for name, (fn, args) in versions.items():
 assert written["jit"] == 0 and written["pmap"] > 0 and written["shard_map"] > 0
 for comm in compiled.values():  # one sum over devices of every gradient, and the loss: 76,840 + 4 bytes
     assert comm.kinds == {"all-reduce"} and comm.result_bytes == param_bytes + 4
-    if CPU:  # the CPU compiler combines them into one op
-        assert comm.count() == 1
 
 # %% [markdown]
 # The `jit` version is the *shorter* one: the single-device step plus two shardings, and the same
 # compiled all-reduce. Use `jit` for data parallelism (notebook 07), `shard_map` where you need
 # per-device code.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: how many all-reduces on the CPU backend
+if CPU:  # the CPU compiler combines the sums into one op
+    assert [comm.count() for comm in compiled.values()] == [1, 1, 1]
+    print("CPU compiler: one all-reduce in each version")
+
+# %% [markdown]
 # ## 5. Under the hood: `pmap` is `jit` around `shard_map`
 #
 # Since JAX 0.8.0, `jax.pmap` is built from the other two, and the option that brought back the old one,
@@ -390,7 +399,7 @@ assert isinstance(batch, np.ndarray) and batch.shape == (n, 64 // n, 64)
 
 # %% [markdown]
 # For placement, `jax.device_put` with a `NamedSharding` of the **global** array, no device axis, replaces
-# them all: `P()` replicates, `P('data')` splits (`params_repl` and `x_dp` of section 3). To keep a pmap
+# them all: `P()` replicates, `P('data')` splits (section 3). To keep a pmap
 # function for a while, give it the stacked array at `P('data')` (section 2); its output has that very
 # layout. Given no `axis_name`, `pmap` names its mesh axis `_internal_pmap_axis_name`, as the type shows;
 # `is_equivalent_to` compares blocks and devices, not names:
@@ -443,10 +452,9 @@ assert ported_losses[1] > ported_losses[0] > pmap_losses[1, 0]  # up, where it s
 # Later the ported loss can even drop below the correct one (for SGD a constant factor is just another
 # learning rate): a loss curve is a poor detector. After a port, compare **gradients**.
 #
-# **Why.** `shard_map` tracks, by default (`check_vma=True`), which values vary across devices. The
-# parameters come in replicated (`P()`); the batch block varies. Combining the two inserts an implicit
-# cast to "varying" (`pvary`), whose transpose in the backward pass is a **sum over devices**
-# (`psum_invariant`). So `jax.grad` inside `shard_map` already returns the sum of the 8 per-device
+# **Why.** With `check_vma=True` (the default) `shard_map` tracks which values vary across devices.
+# Combining the replicated parameters with the varying batch block inserts an implicit cast to "varying"
+# (`pvary`), whose transpose in the backward pass is a **sum over devices** (`psum_invariant`). So `jax.grad` inside `shard_map` already returns the sum of the 8 per-device
 # gradients, and `pmean` of a value equal everywhere changes nothing: 8 means summed, 8 times the mean.
 # The bare gradient's jaxpr shows both halves:
 
@@ -558,10 +566,9 @@ except ValueError as err:
 assert nesting in doc and nested_failed
 
 # %% [markdown]
-# That is a regression of the move onto `shard_map` in JAX 0.8.0, not a designed limit: the
+# A regression of the move onto `shard_map` in JAX 0.8.0 (the
 # [migration guide](https://docs.jax.dev/en/latest/migrate_pmap.html) calls the new `pmap` "not a
-# perfect replacement" for the old one. Do not wait for a fix: use a 2-D mesh with `jit` (or a
-# `shard_map` over both axes).
+# perfect replacement"): use a 2-D mesh with `jit`, or a `shard_map` over both axes.
 #
 # ### 7.3 FSDP: sharded parameters
 #
@@ -613,8 +620,7 @@ assert_same(np.array([np.asarray(loss)[0] for loss in pmap_fsdp_losses]), ref_lo
 assert {"all-gather", "reduce-scatter"} <= pmap_fsdp_comm.kinds  # what you wrote, and its transpose
 
 # %% [markdown]
-# A page of code where `jit` needed four specs, with a rescaling that is easy to get wrong. Which
-# program moves less depends on the compiler. Below: `jit`'s FSDP step compiled here, the hand-written
+# A page of code where `jit` needed four specs, with a rescaling that is easy to get wrong. Below: `jit`'s FSDP step compiled here, the hand-written
 # one, and `jit`'s compiled ahead of time for a TPU v5e-8 (`v5e:2x4`; libtpu, no TPU). Byte totals are
 # ring-formula estimates, not measurements.
 
@@ -643,28 +649,29 @@ else:
     assert any((256, 10) in op.shapes for op in tpu_comm.ops if op.kind == "all-reduce")  # w2's: all of it
     assert all(op.result_type.startswith("bf16") for op in tpu_comm.ops if op.kind == "all-gather")
 
-if CPU:  # the CPU compiler's programs
+# %% [markdown]
+# Reading the three tables:
+#
+# - **By hand:** 3 all-gathers of the weights, 3 reduce-scatters of their gradients: textbook FSDP.
+# - **`jit`, CPU backend:** the weights gathered too, plus an all-gather of the logits' size and an
+#   all-to-all where propagation re-cuts values; every gradient summed by one all-reduce (76,844 bytes)
+#   and sliced, so its estimate exceeds the hand-written one's.
+# - **`jit`, TPU:** only `w1`'s gradient is reduce-scattered (`f32[8,256]`); the others are all-reduced.
+#   The all-gathers are bf16 (the TPU's default matmul precision): half the bytes.
+#
+# How good `jit`'s collectives are depends on the compiler: read the program compiled for your machine
+# (notebook 15: TPU pods).
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §7: the CPU compiler's FSDP programs
+if CPU:
     (all_reduce,) = [op for op in fsdp_comm.ops if op.kind == "all-reduce"]
     assert {kind: k for kind, k in fsdp_comm.counts.items() if k} == {"all-gather": 4, "all-to-all": 1, "all-reduce": 1}
     assert all_reduce.result_bytes == param_bytes + 4  # every gradient, and the loss
     assert pmap_fsdp_comm.counts["all-gather"] == 3 and pmap_fsdp_comm.counts["reduce-scatter"] == 3
     assert fsdp_comm.estimated_bytes > pmap_fsdp_comm.estimated_bytes
-
-# %% [markdown]
-# Reading the three tables:
-#
-# - **By hand:** 3 all-gathers of the weights and 3 reduce-scatters of their gradients, the textbook
-#   FSDP pattern you wrote.
-# - **`jit`, CPU backend:** the weights gathered too, and in the backward pass a fourth all-gather
-#   (`f32[64,10]`, the size of the logits) and an all-to-all, where propagation re-cuts values. Every
-#   gradient is summed by one all-reduce (76,844 bytes) and sliced: this program has no reduce-scatter,
-#   so its estimate exceeds the hand-written one's.
-# - **`jit`, TPU:** only `w1`'s gradient is reduce-scattered (`f32[8,256]`, this device's rows); the
-#   others are all-reduced, as on the CPU. The all-gathers are bf16 (the TPU's default matmul
-#   precision): half the bytes.
-#
-# How good `jit`'s collectives are depends on the compiler: read the program compiled for your machine
-# (notebook 15 does it for TPU pods).
+    print(f"CPU compiler, ring estimates: jit {fsdp_comm.estimated_bytes:,.0f} B, by hand "
+          f"{pmap_fsdp_comm.estimated_bytes:,.0f} B")
 
 # %% [markdown]
 # ## Exercises
@@ -706,14 +713,14 @@ ex.pmean_factor.check(answer_2);
 
 # %% [markdown]
 # ## Takeaways
-# - One data-parallel step, three ways: `pmap` + `pmean`, `jit` + `NamedSharding` (no collective
-#   written), `shard_map` + `pmean` of the loss; the same parameters and all-reduce. `jit` is shortest.
+# - One data-parallel step: `pmap` + `pmean`, `jit` + `NamedSharding`, or `shard_map` + `pmean` of the
+#   loss; the same parameters and all-reduce. `jit` is shortest.
 # - `pmap` is `jit` around `shard_map(check_vma=False)` on a 1-D mesh, and returns ordinary `jax.Array`s
-#   with `(1, ...)` blocks. Nesting it fails since that move, although its docstring still documents it.
+#   with `(1, ...)` blocks. Nesting it fails, though its docstring documents it.
 # - Migrating: `in_axes` become specs; blocks keep their rank; placement is `jax.device_put` with
 #   `P()`/`P('data')`; and **never keep `pmean` of gradients inside `shard_map`**: the gradient of a
 #   replicated input is already summed there, N times too large. Differentiate the `pmean`-ed loss.
 # - A second mesh axis and sharded parameters are specs with `jit`, hand-written collectives (or
-#   impossible) with `pmap`. Which collectives `jit` produces depends on the compiler: read them.
+#   impossible) with `pmap`. `jit`'s collectives depend on the compiler: read them.
 #
 # **Next:** [18 · Multi-host SPMD: two processes, one mesh](18_multihost.ipynb)

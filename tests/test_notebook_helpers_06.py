@@ -2,7 +2,9 @@
 
 06 section 5 draws its ring shift along 'data' with ``draw_permute`` before running it. The arrows must
 join mesh positions, and name the devices that sit there: in id order (the CPU) and in the order a TPU
-v5e-8 host's ``jax.make_mesh`` gives, where the same positions hold other ids.
+v5e-8 host's ``jax.make_mesh`` gives, where the same positions hold other ids. Section 6 draws its recorded
+ring all-gather and reduce-scatter with the notebook's own ``draw_rings``: each arrow must carry the block
+that the next device holds new in the next frame, and a sum must show the colours of its contributors.
 """
 
 import jax
@@ -30,3 +32,53 @@ def test_the_ring_of_06_is_drawn_between_mesh_positions(order):
     assert sorted(_arrows(draw_permute(mesh, "data", RING))) == want
     if order == V5E:  # the wrap-around of the first column: data index 3 holds device 5 there, not 6
         assert "dev 5 -> dev 0" in want and "dev 6 -> dev 0" not in want
+
+
+# 06 section 6 draws its two rings with ``draw_rings``, a function of the notebook read from its source here.
+# Frames of a 4-device ring all-gather: after step f, the device at position i holds blocks i-f .. i.
+def _gather_frames(ids):
+    n = len(ids)
+    return [[{(i - s) % n: (ids[(i - s) % n],) for s in range(f + 1)} for i in range(n)] for f in range(n)]
+
+
+@pytest.fixture(scope="module")
+def draw_rings():
+    from tests.test_tpu_side import from_notebook
+
+    return from_notebook("06", "draw_rings").draw_rings
+
+
+@pytest.mark.parametrize("ids", [[0, 2, 4, 6], [0, 2, 7, 5]], ids=["id order", "v5e order"])
+def test_draw_rings_sends_the_block_the_next_device_gets_in_the_next_frame(draw_rings, ids):
+    from matplotlib.colors import to_rgba
+
+    from utils.drawing import device_color
+
+    fig = draw_rings({"all-gather": _gather_frames(ids)}, ids)
+    (ax,) = fig.axes
+    arrows = [p.get_label() for p in ax.patches if p.get_gid() == "ring-arrow"]
+    # at step f + 1 the device at position i passes on block i - f, the one it got last
+    want = [f"dev {ids[i]} -> dev {ids[(i + 1) % 4]}: block {(i - f) % 4}" for f in range(3) for i in range(4)]
+    assert arrows == want
+    blocks = [p for p in ax.patches if p.get_gid() == "ring-block"]
+    assert len(blocks) == sum(range(1, 5)) * 4  # 1, 2, 3, then 4 blocks on each of 4 devices
+    assert {to_rgba(p.get_facecolor()) for p in blocks} == {to_rgba(device_color(d)) for d in ids}
+    assert min(t.get_fontsize() for t in ax.texts) >= 6.5
+
+
+def test_draw_rings_stripes_a_sum_in_the_colours_of_its_contributors(draw_rings):
+    ids = [0, 2, 4, 6]
+    frames = [[{i: (ids[i],)} for i in range(4)], [{(i + 1) % 4: (ids[i], ids[(i + 1) % 4])} for i in range(4)]]
+    fig = draw_rings({"a sum": frames}, ids)
+    (ax,) = fig.axes
+    labels = sorted(t.get_text() for t in ax.texts if t.get_gid() == "ring-label")
+    assert labels == sorted(["0", "2", "4", "6", "0+2", "2+4", "4+6", "6+0"])
+    widths = {round(p.get_width(), 3) for p in ax.patches if p.get_gid() == "ring-block"}
+    assert len(widths) == 2  # whole blocks, and halves for the sums of two
+
+
+def test_draw_rings_refuses_frames_where_no_block_moved(draw_rings):
+    ids = [0, 2, 4, 6]
+    still = [{i: (ids[i],)} for i in range(4)]
+    with pytest.raises(ValueError):  # nothing arrived on the next device: no send to draw
+        draw_rings({"stuck": [still, still]}, ids)
