@@ -86,7 +86,7 @@ replicated_input_collective = Exercise(
     hint="slicing an operand that is already whole on a device is free; then count which operands are split on k",
     explanation=(
         "x is replicated across 'model', so each device slices the 32 features that match its 32 rows of w "
-        "for free. Now both operands are split on the contracting dimension (case 3): local partial sums of "
-        "shape (16, 256), added up by an all-reduce over 'model'."
+        "for free. Now both operands are split on the contracting dimension (case 3): local partial sums, "
+        "f32[64@data,256]{U:model} (a (16, 256) block each), added up by an all-reduce over 'model'."
     ),
 )

@@ -171,7 +171,8 @@ gradient_traffic = Exercise(
     hint="ring-formula estimates: a reduce-scatter sends (N-1) x its result, an all-reduce 2(N-1)/N x its result; "
     "the results are (8, 256) and (64, 256) float32",
     explanation=(
-        "57,344 against 114,688 bytes (56 and 112 KiB): an all-reduce is a reduce-scatter plus an all-gather, so "
-        "keeping only a slice of its result wastes the all-gather half."
+        "57,344 against 114,688 bytes (56 and 112 KiB): f32[64,256]{U:fsdp} -> reduce-scatter -> f32[64@fsdp,256] "
+        "is half of an all-reduce (a reduce-scatter plus an all-gather), so keeping only a slice of an "
+        "all-reduce's result wastes the all-gather half."
     ),
 )

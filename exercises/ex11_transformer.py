@@ -149,7 +149,8 @@ residual_allreduce = Exercise(
     wrong=((2, 8 * 16 * 64 * 4), (4, 32 * 16 * 64 * 4), (2, 16 * 16 * 64 * 4), (4, 8 * 16 * 64 * 4)),
     hint="the sum runs over the 'model' axis; each device holds the rows of the batch that its 'data' index owns",
     explanation=(
-        "(4, 65,536): 4 devices share each sum (the 'model' axis), and each holds 32 / 2 = 16 rows of "
-        "16 x 64 float32 = 64 KiB. A wider model axis means bigger groups and more rows per device."
+        "(4, 65,536): each partial residual stream, f32[32@data,16,64]{U:model}, is summed by the 4 devices of "
+        "the 'model' axis, and each holds 32 / 2 = 16 rows of 16 x 64 float32 = 64 KiB. A wider model axis "
+        "means bigger groups and more rows per device."
     ),
 )

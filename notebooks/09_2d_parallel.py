@@ -3,13 +3,18 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/09_2d_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/09_2d_parallel.ipynb)
 #
-# On a 2-D mesh you split the batch and the weights at once: data parallelism (07) and tensor parallelism
-# (08) together. 8 devices form a `(4, 2)` grid; the batch is split 4 ways down the `data` axis, every
-# weight matrix 2 ways across the `model` axis. Each kind of traffic then stays on its own axis: partial
-# activations are added up between the 2 devices of a row, gradients between the 4 devices of a column.
-# This notebook builds that layout for the course MLP, reads from the compiled train step which
-# collective runs over which axis, and predicts the collective of a sharded matmul from the four
-# matmul cases.
+# Tensor parallelism on 8 devices sums activations for the whole batch among all 8: for the course
+# MLP, an all-reduce of its `f32[64,10]` logits every step. Data parallelism on 8 keeps every weight
+# whole on each device and all-reduces 76,844 bytes (every gradient, and the loss) among all 8.
+#
+# **You need:** notebooks 04 (the four matmul cases), 07 (data parallelism, the course MLP and its train
+# step) and 08 (column- and row-parallel layers); `jax.make_mesh`, `NamedSharding`, `jax.jit`,
+# `jax.lax.with_sharding_constraint`, and `collectives` to read a compiled program.
+#
+# A 2-D mesh combines data and tensor parallelism: 8 devices form a `(4, 2)` grid, the batch split 4 ways on `data` and
+# every weight matrix 2 ways on `model`, so each kind of traffic stays on its own, smaller axis. You build
+# that layout for the course MLP, read from the compiled train step which collective runs over which
+# axis, and predict the collective of a sharded matmul from the four matmul cases.
 #
 # **You will learn**
 # - how to combine `P('data', None)` for the batch with the column/row weight pairing of notebook 08;
@@ -18,6 +23,15 @@
 # - what the compiler inserts for `P('data', 'model') @ P(None, 'model')`, and why;
 # - how the row-parallel matmul is written on Explicit axes, with `out_sharding=`;
 # - that the 2-D train step gives the same losses as one device and as data parallelism.
+#
+# The strategy on one line, forward, then a weight's gradient (`{U:axis}`: partial sums still to be added
+# over that axis; section 4 checks each type):
+#
+# ```
+# x: f32[64@data,64] · w1: f32[64,256@model] → h: f32[64@data,256@model] · w2: f32[256@model,10]
+#    → f32[64@data,10]{U:model} → all-reduce(model) → f32[64@data,10]
+# xᵀ·dh: f32[64,256@model]{U:data} → all-reduce(data) → f32[64,256@model]
+# ```
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -50,6 +64,7 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (
     NOT_ANSWERED,
+    assert_close,
     collectives,
     draw_mesh,
     draw_sharding,
@@ -193,9 +208,7 @@ case2_ops = collectives(matmul.lower(a_in, w_col).compile())
 print(case2_ops)
 (gather,) = case2_ops.ops
 assert gather.kind == "all-gather" and gather.group_size == 2 and np.prod(gather.shapes[0]) == 16 * 64
-if CPU:  # the CPU compiler gathers the f32 block as it is; the TPU compiler gathers it as bf16[2,32,16]
-    assert gather.result_type == "f32[16,64]"
-np.testing.assert_allclose(matmul(a_in, w_col), x @ w, rtol=RTOL, atol=1e-3)
+assert_close(matmul(a_in, w_col), x @ w)
 
 # %% [markdown]
 # **No all-reduce: one all-gather** of a `(16, 64)` block, in groups of 2 devices, that is, along
@@ -227,7 +240,7 @@ out_case3 = matmul_free(a_in, w_row)
 print(case3_ops)
 print("output:", type_string(out_case3))
 assert [(op.kind, op.shapes, op.group_size) for op in case3_ops.ops] == [("all-reduce", ((16, 256),), 2)]
-np.testing.assert_allclose(out_case3, x @ w, rtol=RTOL, atol=1e-3)
+assert_close(out_case3, x @ w)
 
 # %% [markdown]
 # Each device multiplies its 32 input features by the matching 32 weight rows, a partial `(16, 256)`
@@ -252,7 +265,13 @@ print(explicit_ops)
 print("output type:", jax.typeof(row_parallel(a_explicit, w_explicit)))
 assert [(op.kind, op.shapes, op.group_size) for op in explicit_ops.ops] == [
     (op.kind, op.shapes, op.group_size) for op in case3_ops.ops]  # the same all-reduce along `model`
-np.testing.assert_allclose(row_parallel(a_explicit, w_explicit), x @ w, rtol=RTOL, atol=1e-3)
+assert_close(row_parallel(a_explicit, w_explicit), x @ w)
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: the gathered block's type
+print(f"gathered block: {gather.result_type} (CPU compiler: f32[16,64]; TPU v5e: bf16[2,32,16])")
+if CPU:  # the CPU compiler gathers the f32 block as it is; the TPU compiler gathers it as bf16[2,32,16]
+    assert gather.result_type == "f32[16,64]"
 
 # %% [markdown]
 # ## 4. The compiled train step: which collective runs on which axis
@@ -306,7 +325,14 @@ assert [(op.kind, op.shapes) for op in tp_ops.ops] == [("all-reduce", ((64, 10),
 # data: the gradients of the parameters this device holds, plus the loss
 assert {op.kind for op in along_data} == {"all-reduce"}
 assert sum(op.result_bytes for op in along_data) == (half_params + 1) * 4
-assert dp_ops.result_bytes == (n_params + 1) * 4  # every gradient, in 1-D data parallelism
+assert dp_ops.result_bytes == (n_params + 1) * 4 == 76_844  # every gradient, in 1-D data parallelism
+
+with jax.set_mesh(mesh):  # the typed chain of the opening, read from the real arrays
+    logits = jax.jit(lambda model, x: model(x))(model_2d, x_2d)
+chain = [type_string(a) for a in (x_2d, model_2d.linear1.kernel[...], h, model_2d.linear2.kernel[...], logits)]
+print(" · ".join(chain))
+assert chain == ["f32[64@data,64]", "f32[64,256@model]", "f32[64@data,256@model]", "f32[256@model,10]",
+                 "f32[64@data,10]"]  # {U:model} and {U:data}: the two all-reduces just above
 
 # %% [markdown]
 # - **Along `model` (groups of 2):** the all-reduce of notebook 08's pairing, but only for this device's
@@ -329,6 +355,11 @@ memory = memory_per_device(compiled_2d)
 print(f"parameters per device: {params_per_device} B of {n_params * 4} B")
 print(memory)
 assert params_per_device == half_params * 4
+assert memory.alias >= 3 * params_per_device  # model and Adam state donated, updated in place
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: the step's arguments, byte for byte
+print(f"arguments {memory.argument} B, aliased {memory.alias} B (CPU compiler; accelerators pad small arrays)")
 if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
     assert memory.argument == 3 * params_per_device + 8 + 16 * 64 * 4 + 16 * 4
     assert memory.alias == 3 * params_per_device + 8  # model and Adam state donated, updated in place
@@ -350,13 +381,13 @@ with jax.set_mesh(mesh):
 print("single device:", np.round(losses_ref, 4))
 print("data parallel:", np.round(losses_dp, 4))
 print("2-D:          ", np.round(losses_2d, 4))
-np.testing.assert_allclose(losses_dp, losses_ref, rtol=RTOL)
-np.testing.assert_allclose(losses_2d, losses_ref, rtol=RTOL)
+assert_close(losses_dp, losses_ref)
+assert_close(losses_2d, losses_ref)
 assert losses_2d[-1] < losses_2d[0] / 5
 for trained in (model_dp, model_2d):  # the trained parameters too, gathered to the host
     for leaf, ref in zip(jax.tree.leaves(nnx.state(trained, nnx.Param)),
                          jax.tree.leaves(nnx.state(reference, nnx.Param)), strict=True):
-        np.testing.assert_allclose(np.asarray(leaf), np.asarray(ref), rtol=RTOL, atol=RTOL)
+        assert_close(leaf, ref, atol=RTOL)
 
 # %% [markdown]
 # Three layouts, one result: the same losses and the same trained parameters. And the 2-D parameters

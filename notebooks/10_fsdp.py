@@ -3,19 +3,33 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/10_fsdp.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/10_fsdp.ipynb)
 #
-# FSDP splits the large parameters, and with them their Adam moments, across the data-parallel devices,
-# and gathers each weight whole just before it is used; the batch is split as in data parallelism
-# (notebook 07).
+# Data parallelism keeps the parameters and Adam's two moments, 12 bytes per float32 parameter, on every
+# device. A model of 1 billion parameters then needs 12 GB per device before any gradient or activation.
+#
+# **You need:** notebooks 06 (`jax.shard_map` and its collectives), 07 (data parallelism, the course MLP
+# and its train step) and 09 (group sizes name mesh axes); `jax.tree_util.tree_map_with_path`,
+# `nnx.eval_shape`, `jax.lax.with_sharding_constraint` and `memory_analysis()`.
+#
+# FSDP splits the large parameters and their Adam moments across the data-parallel devices, and gathers
+# each weight whole just before it is used. You write its rule, create the model already sharded, and
+# measure what it divides and what it costs.
 #
 # **You will learn**
 # - how to write the FSDP rule as `(path, leaf) -> NamedSharding`, and plan a layout on abstract state
 #   before any array exists;
 # - how to create a model and its optimizer already sharded, so that no device ever holds the whole model;
-# - what FSDP divides by the device count (the stored parameters and Adam state) and what it does not
-#   (the step's temporaries), from `memory_analysis()`: on the CPU, and in a TPU's HBM at a real size;
+# - what FSDP divides by the device count (the stored state) and what it does not (the step's
+#   temporaries), on the CPU and in a TPU's HBM at a real size;
 # - which collectives the FSDP step contains, and why FSDP saves memory, not communication;
 # - hybrid sharding (HSDP): FSDP inside a group, data parallelism across groups;
 # - that FSDP gives the same losses as data parallelism and as a single device.
+#
+# The strategy on one line (`{U:fsdp}`: partial sums still to be added over `fsdp`; section 5 checks it):
+#
+# ```
+# w1: f32[64@fsdp,256] → all-gather(fsdp) → f32[64,256];  x: f32[64@fsdp,64] · w1 → h: f32[64@fsdp,256]
+# xᵀ·dh: f32[64,256]{U:fsdp} → reduce-scatter(fsdp) → f32[64@fsdp,256]
+# ```
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -50,15 +64,14 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, draw_shardings, format_bytes, memory_per_device, quiet, shard_table,
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_shardings, format_bytes, memory_per_device, quiet, shard_table,
                    tpu_compiler_available, type_string)
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
 #
-# Notebook 07's model, data and train step, imported: an MLP `64 -> 256 -> 10` from two `nnx.Linear`
-# layers, a batch of 64 examples labelled by a fixed random teacher, Adam `1e-2`, and the `nnx.jit`
-# train step that donates the model and optimizer. The single-device run is the reference.
+# Notebook 07's MLP `64 -> 256 -> 10`, its batch of 64 examples, Adam `1e-2` and its `nnx.jit` train
+# step (donating the model and optimizer), imported. The single-device run is the reference.
 
 # %%
 from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
@@ -124,9 +137,9 @@ assert errors == ["IndivisibleError", "InvalidInputException"]
 # %% [markdown]
 # Two problems: 10 rows do not split 8 ways, and a function that moves arrays cannot plan a layout for
 # arrays that do not exist yet. The fix is a rule that only **decides**: `(path, leaf) -> NamedSharding`.
-# `jax.tree_util.tree_map_with_path` applies it to every leaf and gives back a pytree of shardings with
-# the structure of the state. This one keeps the 1,024-element threshold, splits the **first dimension
-# that the `fsdp` axis divides**, and uses the path to name a large leaf that nothing divides.
+# `jax.tree_util.tree_map_with_path` maps it over a state into a pytree of shardings. This one keeps the
+# 1,024-element threshold, splits the **first dimension that the `fsdp` axis divides**, and uses the path
+# to name a large leaf that nothing divides.
 
 # %%
 def path_name(path):
@@ -200,15 +213,13 @@ draw_shardings(nnx.state(model), ncols=4)
 
 # %% [markdown]
 # The init program takes no arguments and allocates, per device, less than the parameters alone
-# (75.0 KiB), let alone with Adam's moments: no device ever held the whole model. The random numbers are
-# the reference's, bit for bit: with `jax_threefry_partitionable` (on by default in the JAX versions
-# tested here) the generator gives the same values however the array is split.
+# (75.0 KiB): no device ever held the whole model. Its random numbers are the reference's, bit for bit:
+# with `jax_threefry_partitionable` (on by default) they do not depend on how the array is split.
 #
 # > **Three ways to create a sharded model.** Build it eagerly, then `jax.device_put` the state
-# > (notebook 07): fine when one device can hold the whole model. Run the constructor in `nnx.jit` with
+# > (notebook 07): fine when one device holds the whole model. Run the constructor in `nnx.jit` with
 # > sharding constraints (here, 08, 09): nothing whole anywhere. Or plan from `nnx.eval_shape` and
-# > compile `jax.jit(init, out_shardings=plan)` (notebook 11, as MaxText does): the plan exists before
-# > any array.
+# > compile `jax.jit(init, out_shardings=plan)` (notebook 11, as MaxText does).
 #
 # ## 4. The memory: what FSDP divides, and what it does not
 #
@@ -231,15 +242,16 @@ for name, m, o in (("data parallel", dp_model, dp_optimizer), ("FSDP", model, op
 
 small_bytes = (256 + 10) * 4  # the two biases, replicated under both layouts
 assert bytes_on_device_0(nnx.state(dp_model)) == param_bytes
+assert bytes_on_device_0(nnx.state((dp_model, dp_optimizer))) == 12 * (param_bytes // 4) + 8  # 12 B per parameter
 assert (bytes_on_device_0(nnx.state(model)) - small_bytes) * 8 == param_bytes - small_bytes  # 1/8 of the rest
 for m, o in ((dp_model, dp_optimizer), (model, optimizer)):  # mu and nu laid out like the parameters, 2 counters
     assert bytes_on_device_0(nnx.state(o)) == 2 * bytes_on_device_0(nnx.state(m)) + 8
 
 # %% [markdown]
-# FSDP stores 1/8 of each kernel (9.25 KiB) plus the whole biases (1.0 KiB) per device, where data
-# parallelism stores all 75.0 KiB; Adam's two moments follow the same split. That is what FSDP divides.
-# What about the step itself? Compile the FSDP train step on 2, 4 and 8 devices, with the batch split
-# on the same axis, and read `memory_analysis()`:
+# Data parallelism stores all 75.0 KiB of parameters and twice that in Adam moments on every device:
+# 12 bytes per parameter. FSDP stores 1/8 of each kernel (9.25 KiB) plus the whole biases (1.0 KiB), and
+# the moments follow the same split. What about the step itself? Compile the FSDP train step on 2, 4 and
+# 8 devices, with the batch split on the same axis, and read `memory_analysis()`:
 
 # %%
 rows = {}
@@ -265,22 +277,24 @@ for name, mem in [(f"FSDP, {n} devices", m) for n, m in mems.items()] + [("data 
           f"{format_bytes(mem.total):>11}")
 
 assert mems[2].argument > mems[4].argument > mems[8].argument  # the stored state shrinks with n
+
+# %% [markdown]
+# The arguments, what a device stores between steps (its share of the state, donated and so aliased,
+# plus its examples), shrink as devices are added. On the CPU backend the temporaries, what the step
+# allocates while it runs, do not: about twice the model on every mesh, as large as data parallelism's,
+# because each device gathers every kernel whole (section 5) and receives the whole summed gradient. A
+# compiler that reduce-scatters the gradient need not hold that sum (section 5 compiles for a TPU). To
+# hold one layer's gathered weights at a time, a deep model scans over its layers with rematerialisation
+# (`jax.lax.scan`, `jax.checkpoint`); notebook 12 measures one.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: the CPU compiler's temporaries
+print(f"temporaries / parameters: FSDP on 8 {mems[8].temp / param_bytes:.2f}, data parallel {dp_mem.temp / param_bytes:.2f}")
 if CPU:  # the CPU compiler's temporaries
     assert min(mems[n].temp for n in mems) > param_bytes  # the step's working memory: more than the whole model ...
     assert max(mems[n].temp for n in mems) < 1.05 * min(mems[n].temp for n in mems)  # ... whatever n is
     assert 1.9 * param_bytes < mems[8].temp < 2.1 * param_bytes  # about twice the model
     assert abs(mems[8].temp - dp_mem.temp) < 0.05 * dp_mem.temp  # as large as data parallelism's
-
-# %% [markdown]
-# The arguments, what a device stores between steps (its share of the model and Adam state, donated and
-# so aliased, plus its examples), shrink as devices are added. On the CPU backend the temporaries, what
-# the step allocates while it runs, do not: about twice the model on every mesh, as large as data
-# parallelism's, because each device gathers every kernel whole (section 5) and receives the whole
-# summed gradient. A compiler that reduce-scatters the gradient need not hold that sum, so read a GPU
-# or TPU program rather than assume (section 5 compiles one for a TPU). To hold only one layer's
-# gathered weights at a time, a deep model is a `jax.lax.scan` over its layers with rematerialisation
-# (`jax.checkpoint`): each layer is gathered, used and dropped in turn. This two-layer MLP has
-# neither; notebook 12 builds and measures one.
 
 # %% [markdown]
 # ## 5. The compiled step: all-gathers, and what happens to the gradient
@@ -290,12 +304,10 @@ comm, dp_comm = collectives(compiled_fsdp), collectives(compiled_dp)
 print("FSDP:", comm, sep="\n")
 print("\ndata parallel:", dp_comm, sep="\n")
 assert "all-gather" in comm.kinds and dp_comm.kinds == {"all-reduce"}
-if CPU:  # what the CPU compiler inserts
-    assert comm.counts == {"all-reduce": 1, "all-gather": 3, "reduce-scatter": 0, "all-to-all": 1,
-                           "collective-permute": 0}
-    assert [op.shapes for op in comm.ops if op.kind == "all-gather"][:2] == [((64, 256),), ((256, 10),)]
-    (all_reduce,) = [op for op in comm.ops if op.kind == "all-reduce"]
-    assert all_reduce.result_bytes == dp_comm.result_bytes == param_bytes + 4  # the whole gradient, + the loss
+h = jax.jit(lambda model, x: model.linear1(x))(model, x_fsdp)  # the opening's chain, from the real arrays
+chain = [type_string(a) for a in (model.linear1.kernel[...], x_fsdp, h)]
+print(" | ".join(chain))
+assert chain == ["f32[64@fsdp,256]", "f32[64@fsdp,64]", "f32[64@fsdp,256]"]
 
 # %% [markdown]
 # The CPU compiler's FSDP table, from the top:
@@ -312,8 +324,6 @@ if CPU:  # what the CPU compiler inserts
 # %%
 slices = sorted(set(re.findall(r"= (f32\[[0-9,]+\])\{[0-9,]+\} dynamic-slice\(", compiled_fsdp.as_text())))
 print("dynamic-slice results in the FSDP step:", slices)
-if CPU:
-    assert {"f32[256,8]", "f32[10,32]"} <= set(slices)  # 1/8 of each kernel gradient (in its transposed layout)
 
 # %% [markdown]
 # **The TPU program.** You need no TPU to see what the TPU compiler does with the same step: JAX
@@ -359,17 +369,14 @@ else:
     assert all(op.result_type.startswith("bf16[") for op in tpu_comm.ops if op.kind == "all-gather")
     assert tpu_dp_comm.kinds == {"all-reduce"} and tpu_dp_comm.result_bytes == param_bytes + 4  # DP on the TPU
     assert tpu_comm.estimated_bytes < tpu_dp_comm.estimated_bytes  # bf16 gathers: fewer bytes than DP
-    if CPU:
-        assert comm.count("reduce-scatter") == 0 and tpu_comm.count("all-gather") == comm.count("all-gather")
 
 # %% [markdown]
-# The TPU program differs from the CPU's in two ways. The gradient of `linear1`'s `(64, 256)` kernel
-# is a **reduce-scatter**: one fused op that leaves each chip only its `f32[8,256]` block of the sum.
-# The narrow `(256, 10)` kernel's gradient is not: the compiler combined it with the biases and the
-# loss into one all-reduce and slices it afterwards, as the CPU does. And the all-gathers move
-# **bf16**, half the bytes: a float32 matmul on TPU multiplies in bf16 by default, so the compiler
-# converts its operands before gathering them. These are the choices of the libtpu installed here,
-# made array by array; another version may choose otherwise, so read the program rather than assume.
+# The TPU program is the opening's chain for `linear1`: its gradient is a **reduce-scatter**, one fused
+# op that leaves each chip only its `f32[8,256]` block of the sum. The narrow `(256, 10)` kernel's
+# gradient is not: the compiler merged it with the biases and the loss into one all-reduce and slices
+# it, as the CPU does. And the all-gathers move **bf16**, half the bytes: a float32 matmul on TPU
+# multiplies in bf16 by default, so the operands are converted before gathering. This libtpu chooses
+# array by array; another version may choose otherwise.
 
 # %% [markdown]
 # **The memory on a TPU, at a real size.** A 75 KiB program lives mostly in a TPU's on-chip VMEM
@@ -452,8 +459,7 @@ print(rs, "\n")
 print(ar)
 assert [(op.kind, op.shapes) for op in rs.ops] == [("reduce-scatter", ((8, 256),))]
 assert [(op.kind, op.shapes) for op in ar.ops] == [("all-reduce", ((64, 256),))]
-np.testing.assert_allclose(jax.jit(by_reduce_scatter)(partial_grads), partial_grads.reshape(8, 64, 256).sum(0),
-                           rtol=1e-5, atol=1e-4)
+assert_close(jax.jit(by_reduce_scatter)(partial_grads), partial_grads.reshape(8, 64, 256).sum(0), rtol=1e-5)
 
 # %% [markdown]
 # The same numbers, but the reduce-scatter's result is an `(8, 256)` block where the all-reduce's is the
@@ -468,13 +474,10 @@ np.testing.assert_allclose(jax.jit(by_reduce_scatter)(partial_grads), partial_gr
 # %%
 print(f"FSDP {format_bytes(comm.estimated_bytes)}, data parallel {format_bytes(dp_comm.estimated_bytes)}"
       " per device per step (ring estimates from the compiled programs)")
-if CPU:
-    assert comm.estimated_bytes > dp_comm.estimated_bytes
 
 # %% [markdown]
-# **FSDP saves memory, not communication.** It pays for the memory with the same traffic or more,
-# counted in values. In bytes it can be less on TPU, whose gathers carry bf16: by the ring estimate, the
-# TPU FSDP step above sends less than the TPU data-parallel step (an assert of that cell).
+# **FSDP saves memory, not communication:** the same traffic or more, counted in values. In bytes it can
+# be less on TPU, whose gathers carry bf16 (the TPU cell above asserts it).
 #
 # **Hybrid sharding (HSDP).** Between slices or hosts the links are slower, and gathering every weight
 # across all of them each step costs. HSDP splits the state over an `fsdp` axis inside a group and
@@ -500,7 +503,22 @@ assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 8) == (256 +
 # where data parallelism sends all of them. (The small replicated biases and the loss are summed over
 # all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh; notebook 18
 # builds multi-slice meshes.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §5: the CPU compiler's collectives
+print(f"{dict(comm.counts)}; gradient slices {slices}")
+if CPU:  # what the CPU compiler inserts
+    assert comm.counts == {"all-reduce": 1, "all-gather": 3, "reduce-scatter": 0, "all-to-all": 1,
+                           "collective-permute": 0}
+    assert [op.shapes for op in comm.ops if op.kind == "all-gather"][:2] == [((64, 256),), ((256, 10),)]
+    (all_reduce,) = [op for op in comm.ops if op.kind == "all-reduce"]
+    assert all_reduce.result_bytes == dp_comm.result_bytes == param_bytes + 4  # the whole gradient, + the loss
+    assert {"f32[256,8]", "f32[10,32]"} <= set(slices)  # 1/8 of each kernel gradient (in its transposed layout)
+    assert comm.estimated_bytes > dp_comm.estimated_bytes  # FSDP's ring estimate above data parallelism's
+    if ok:  # the TPU compiler gathers as often, and reduce-scatters where the CPU compiler does not
+        assert comm.count("reduce-scatter") == 0 and tpu_comm.count("all-gather") == comm.count("all-gather")
+
+# %% [markdown]
 # ## 6. FSDP trains like data parallelism
 #
 # Train both 5 steps from the same initial parameters and compare them with each other and with the
@@ -512,14 +530,13 @@ fsdp_losses = [float(train_step(model, optimizer, x_fsdp, y_fsdp)) for _ in rang
 print("reference:    ", np.round(ref_losses, 4))
 print("data parallel:", np.round(dp_losses, 4))
 print("FSDP:         ", np.round(fsdp_losses, 4))
-np.testing.assert_allclose(fsdp_losses, dp_losses, rtol=RTOL)
-np.testing.assert_allclose(fsdp_losses, ref_losses, rtol=RTOL)
+assert_close(fsdp_losses, dp_losses)
+assert_close(fsdp_losses, ref_losses)
 
 # %% [markdown]
 # The parameters stayed sharded, and they match the reference's. Compare shardings with
 # `is_equivalent_to`, not by their specs: the compiler may write the trained kernel's spec as
-# `P('fsdp',)`, without the trailing `None` the rule wrote, and such specs compare unequal although
-# they describe the same layout.
+# `P('fsdp',)`, without the rule's trailing `None`, and such specs compare unequal.
 
 # %%
 planned = by_name(shardings)["0/linear1/kernel"]
@@ -529,7 +546,7 @@ assert trained.is_equivalent_to(planned, 2)  # the same layout, however its spec
 assert shard_table(model.linear1.kernel[...]).shard_shapes == {(8, 256)}
 for trained_leaf, ref_leaf in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                                   jax.tree.leaves(nnx.state(ref_model, nnx.Param)), strict=True):
-    np.testing.assert_allclose(np.asarray(trained_leaf), np.asarray(ref_leaf), rtol=RTOL, atol=RTOL)  # gathered
+    assert_close(trained_leaf, ref_leaf, atol=RTOL)  # gathered to the host
 
 # %% [markdown]
 # ## Exercises
@@ -574,13 +591,13 @@ ex.gradient_traffic.check(answer_3);
 
 # %% [markdown]
 # ## Takeaways
-# - FSDP is data parallelism with the large parameters and their Adam moments split across the same
-#   devices (`f32[64@fsdp,256]`); biases stay replicated.
+# - Data parallelism stores 12 bytes per parameter on every device; FSDP splits the large parameters and
+#   their Adam moments across the same devices (`f32[64@fsdp,256]`); biases stay replicated.
 # - Write the rule as `(path, leaf) -> NamedSharding`, map it with `jax.tree_util.tree_map_with_path`,
 #   plan on `nnx.eval_shape` state, and create the model sharded: no device holds it whole.
-# - What a device stores shrinks with the device count. On the CPU backend the step's temporaries do
-#   not: each device gathers every weight whole and sums the whole gradient, about twice the model on
-#   every mesh. On a TPU at a real size they are more than the whole model and than data parallelism's.
+# - What a device stores shrinks with the device count; the step's temporaries do not (each device
+#   gathers every weight whole): about twice the model on the CPU backend, more than data parallelism's
+#   on a TPU at a real size.
 # - The step all-gathers the weights and reduce-scatters the gradients (on the CPU backend: an all-reduce
 #   and a slice). That is data parallelism's traffic or more: FSDP saves memory, not communication.
 #   HSDP sends only each group's shard of the gradients across groups.
