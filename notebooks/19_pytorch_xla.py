@@ -165,6 +165,12 @@ print(xmesh.get_logical_mesh())
 np.testing.assert_array_equal(xmesh.get_logical_mesh(), np.vectorize(lambda d: d.id)(jmesh42.devices))
 draw_mesh(jmesh42)
 
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: `jax.make_mesh`'s order on CPU devices
+if CPU:  # CPU devices have no board: jax.make_mesh keeps the order jax.devices() lists
+    assert made.devices.tolist() == jmesh.devices.tolist()
+    print("jax.make_mesh((8, 1)) on CPU devices: ids", made.device_ids.ravel().tolist(), "as jax.devices() lists them")
+
 # %% [markdown]
 # ## 4. Partition specs: `mark_sharding` and `device_put`
 #
