@@ -12,7 +12,7 @@
 # on `jax.ShapeDtypeStruct`s, `jax.make_mesh`, `NamedSharding`, and Flax NNX's `nnx.eval_shape`.
 #
 # You will compile for TPU slices with no TPU present, put each TPU program beside the CPU's, read a
-# chip's two memories, and ask the compiler whether that model trains on 256 chips, allocating nothing.
+# chip's two memories, and ask the compiler whether an 8B model trains on 256 chips, allocating nothing.
 #
 # **You will learn**
 # - how to describe a TPU slice with `topologies.get_topology_desc`, and each generation's HBM;

@@ -12,9 +12,9 @@
 # `jax.checkpoint` and the course's `collectives()`.
 #
 # You will estimate a training step's time before running it, from the compiled program and three
-# published numbers per chip: one layer of an 8-billion-parameter transformer on a v5e slice under five
-# strategies, when communication hides behind compute, an estimate held against a published measurement,
-# and a profiler trace.
+# published numbers per chip: compile one layer of an 8-billion-parameter transformer for a v5e slice
+# under five strategies, find when communication hides, check an estimate against a published
+# measurement, and record a profiler trace.
 #
 # **You will learn**
 # - the roofline: compute, memory and communication time per chip, and what makes a matmul
