@@ -3,11 +3,16 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/15_tpu_pods.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/15_tpu_pods.ipynb)
 #
-# Most figures in notebooks 04 to 14 came from the CPU compiler (12 to 14 compiled a few TPU programs and
-# left the how to this notebook), but you will train on TPUs. JAX compiles ahead of time for any TPU
-# slice with no TPU present: you get the real TPU program, to read but not run. Here you put it beside
-# the CPU program, read a TPU chip's two memories, and ask whether an 8-billion-parameter model shaped
-# like Llama 3 8B trains on a 256-chip slice, without allocating any of it.
+# A model shaped like Llama 3 8B, with float32 weights and Adam moments, carries 90 GiB of state, and one
+# program on a TPU v5e chip may use 15.75 GiB of its memory. Whether it trains on 256 such chips, and
+# under which strategy, only the TPU compiler can say, while notebooks 04 to 14 mostly asked the CPU's.
+#
+# **You need:** notebooks 04 (the four matmul cases), 07 to 10 (DP, TP, FSDP and 2-D train steps), 11
+# (logical axis rules) and 12 (mixed precision, `memory_per_device`); `jax.jit(f).lower(...).compile()`
+# on `jax.ShapeDtypeStruct`s, `jax.make_mesh`, `NamedSharding`, and Flax NNX's `nnx.eval_shape`.
+#
+# You will compile for TPU slices with no TPU present, put each TPU program beside the CPU's, read a
+# chip's two memories, and ask the compiler whether an 8B model trains on 256 chips, allocating nothing.
 #
 # **You will learn**
 # - how to describe a TPU slice with `topologies.get_topology_desc`, and each generation's HBM;
@@ -247,18 +252,26 @@ else:
     assert gather["TPU"].result_type == "bf16[128,1024]" and gather["TPU"].result_bytes == 128 * 1024 * 2
     sums = [op for found in matmuls.values() for op in found["TPU"].ops if op.kind == "all-reduce"]
     assert sums and all(op.result_type.startswith("f32[") for op in sums)  # the summed results stay float32
-    if CPU:
-        for case, found in matmuls.items():
-            kinds = {b: [(op.kind, op.group_size) for op in f.ops] for b, f in found.items()}
-            assert kinds["TPU"] == kinds["CPU"], case  # the same collectives, over the same axes
-        assert gather["CPU"].result_type == "f32[128,1024]" and gather["CPU"].result_bytes == 128 * 1024 * 4
+    tpu_kinds = [[(op.kind, op.group_size) for op in found["TPU"].ops] for found in matmuls.values()]
+    assert tpu_kinds == [[("all-gather", 2)], [("all-reduce", 2)], [], [("all-reduce", 4)]]  # notebook 04's
 
 # %% [markdown]
-# Both compilers pick the same collective over the same axis: the partitioner is the same code. But case
-# 1 gathers `bf16[128,1024]` on TPU against `f32[128,1024]` on CPU, half the bytes: a float32 matmul on a
-# TPU multiplies in bf16 by default (hence `RTOL = 1e-2` off the CPU), so the operand is converted before
-# the gather. The all-reduces sum float32 results, and stay float32.
-#
+# The TPU program has the collectives notebook 04 predicted, over the same axes, as the CPU's has: the
+# partitioner is the same code. But case 1 gathers `bf16[128,1024]` on TPU against `f32[128,1024]` on
+# CPU, half the bytes: a float32 matmul on a TPU multiplies in bf16 by default (hence `RTOL = 1e-2` off
+# the CPU), so the operand is converted before the gather. The all-reduces sum float32 results, and stay
+# float32.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: the CPU program beside the TPU's
+if ok and CPU:
+    for case, found in matmuls.items():
+        kinds = {b: [(op.kind, op.group_size) for op in f.ops] for b, f in found.items()}
+        assert kinds["TPU"] == kinds["CPU"], case  # the same collectives, over the same axes
+    print(f"case 1 gathers: CPU {gather['CPU'].result_type}, TPU {gather['TPU'].result_type}")
+    assert gather["CPU"].result_type == "f32[128,1024]" and gather["CPU"].result_bytes == 128 * 1024 * 4
+
+# %% [markdown]
 # ## 4. DP, FSDP, TP and 2-D train steps, on both compilers
 #
 # One train step (a two-layer MLP `512 -> 2048 -> 512`, mean squared error, SGD, a batch of 256) under
@@ -281,7 +294,7 @@ STRATEGIES = {  # mesh shape, axis names, weight specs, batch spec
     "2-D": ((4, 2), ("data", "model"), (P(None, "model"), P("model", None)), P("data")),
 }
 devices = {"CPU": jax.devices(), **({"TPU": topos["v5e:2x4"].devices} if ok else {})}
-steps = {}
+steps, shard_bytes = {}, {}
 for name, (shape, axes, (w1_spec, w2_spec), batch_spec) in STRATEGIES.items():
     for backend, devs in devices.items():
         mesh = jax.make_mesh(shape, axes, axis_types=(AxisType.Auto,) * len(shape), devices=devs)
@@ -289,6 +302,7 @@ for name, (shape, axes, (w1_spec, w2_spec), batch_spec) in STRATEGIES.items():
         batch = struct(mesh, (256, 512), batch_spec)
         step = jax.jit(sgd_step, out_shardings=({k: v.sharding for k, v in params.items()}, NamedSharding(mesh, P())))
         steps[name, backend] = step.lower(params, batch, batch).compile()
+        shard_bytes[name] = sum(np.prod(a.sharding.shard_shape(a.shape)) * 4 for a in (*params.values(), batch, batch))
 
 print(f"{'':<6}{'':<5}{'all-gather':>11}{'all-to-all':>11}{'all-reduce':>11}{'reduce-scatter':>15}  forms")
 for (name, backend), compiled in steps.items():
@@ -318,21 +332,25 @@ else:
     assert [op.result_type for op in tpu_fsdp.ops if op.kind == "all-reduce"] == ["f32[]"]  # only the loss
     assert {op.result_type[:4] for op in tpu_fsdp.ops if op.kind == "all-gather"} == {"bf16"}
     assert "async" in {op.form for op in tpu_fsdp.ops}
-    if CPU:
-        for name in ("DP", "TP", "2-D"):
-            kinds = {b: [(op.kind, op.group_size) for op in collectives(steps[name, b]).ops] for b in devices}
-            assert kinds["TPU"] == kinds["CPU"], name
-        cpu_fsdp = collectives(steps["FSDP", "CPU"])
-        (summed,) = [op for op in cpu_fsdp.ops if op.kind == "all-reduce"]
-        assert cpu_fsdp.count("reduce-scatter") == 0 and "f32[512,2048]" in summed.result_type  # whole gradients
-        print(f"ring estimates per chip per step: TPU {format_bytes(tpu_fsdp.estimated_bytes)}, "
-              f"CPU {format_bytes(cpu_fsdp.estimated_bytes)}")
-        assert tpu_fsdp.estimated_bytes < 0.6 * cpu_fsdp.estimated_bytes
 
 # %% [markdown]
 # By the ring formula the TPU's FSDP step moves less than 60% of the CPU program's bytes: notebook 10's
 # CPU estimates overstate the TPU's.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: the CPU's train steps beside the TPU's
+if ok and CPU:
+    for name in ("DP", "TP", "2-D"):
+        kinds = {b: [(op.kind, op.group_size) for op in collectives(steps[name, b]).ops] for b in devices}
+        assert kinds["TPU"] == kinds["CPU"], name
+    cpu_fsdp = collectives(steps["FSDP", "CPU"])
+    (summed,) = [op for op in cpu_fsdp.ops if op.kind == "all-reduce"]
+    assert cpu_fsdp.count("reduce-scatter") == 0 and "f32[512,2048]" in summed.result_type  # whole gradients
+    print(f"FSDP, ring estimates per chip per step: TPU {format_bytes(tpu_fsdp.estimated_bytes)}, "
+          f"CPU {format_bytes(cpu_fsdp.estimated_bytes)}")
+    assert tpu_fsdp.estimated_bytes < 0.6 * cpu_fsdp.estimated_bytes
+
+# %% [markdown]
 # ## 5. Memory per chip: HBM and VMEM
 #
 # `memory_per_device` reads `compiled.memory_analysis()`. Its fields, per TPU chip:
@@ -362,8 +380,7 @@ for name in STRATEGIES:
               f"{format_bytes(v) if tpu else '-':>10}" for v in ((tpu.footprint, tpu.peak) if tpu else "--")))
     if tpu:
         assert tpu.peak > tpu.footprint  # at these sizes the compiler keeps buffers in VMEM too, and peak counts them
-    if tpu and CPU:
-        assert tpu.argument == mems["CPU"].argument  # the same shards: all shapes here are multiples of 8 x 128
+        assert tpu.argument == shard_bytes[name]  # the shards exactly: all shapes here are multiples of 8 x 128
 
 # %% [markdown]
 # Read `peak` as HBM and the DP step seems to need more on the TPU than on the CPU; its HBM is less, as
@@ -391,8 +408,6 @@ else:
     print("some buffers in VMEM:", ", ".join(in_vmem[:4]))
     assert abs(int(spaces["default"]) - dp_mem.footprint) < 0.05 * dp_mem.footprint  # footprint is HBM
     assert int(spaces["vmem"]) > 0 and in_vmem  # buffers in VMEM, layouts with S(1)
-    if CPU:  # the CPU program of the same step needs more memory than the TPU's HBM
-        assert dp_mem.footprint < memory_per_device(steps["DP", "CPU"]).footprint
 
 if not ok:
     print(why)
@@ -401,15 +416,25 @@ else:
              for b, m in meshes.items()}
     print("f32[100,100] argument: CPU", small["CPU"].argument, "bytes, TPU", small["TPU"].argument, "bytes")
     assert small["TPU"].argument == 104 * 128 * 4  # stored as [104, 128]: padded up to 8 x 128 tiles
-    if CPU:
-        assert small["CPU"].argument == 100 * 100 * 4
 
 # %% [markdown]
 # Both agree with the dump, to within small buffers each space rounds up. At these toy sizes whole
 # weights fit in VMEM, so comparing memory between CPU and TPU here says little; compare far above
 # 128 MiB, as section 6 does. The `(100, 100)` array shows the tiling: 40,000 bytes take 53,248 of HBM.
 # Dimensions that are multiples of 128 (and of 8 in the second-to-last) waste nothing.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §5: the CPU program's memory beside the TPU's
+if ok and CPU:
+    for name in STRATEGIES:  # the same shards on both
+        assert memory_per_device(steps[name, "CPU"]).argument == memory_per_device(steps[name, "TPU"]).argument
+    cpu_dp = memory_per_device(steps["DP", "CPU"]).footprint
+    print(f"DP step: CPU footprint {format_bytes(cpu_dp)}, TPU HBM {format_bytes(dp_mem.footprint)} | "
+          f"f32[100,100]: CPU {small['CPU'].argument:,} bytes, TPU {small['TPU'].argument:,}")
+    assert dp_mem.footprint < cpu_dp  # the CPU program of the same step needs more memory than the TPU's HBM
+    assert small["CPU"].argument == 100 * 100 * 4
+
+# %% [markdown]
 # ## 6. Will it fit? Llama 3 8B on 256 chips
 #
 # The question to ask before renting a slice. The model has Llama 3 8B's shape: `d_model` 4096, 32
@@ -553,6 +578,7 @@ c = LLAMA3_8B
 per_layer = c.d_model * c.d_model * (2 + 2 * c.kv_heads / c.heads) + 3 * c.d_model * c.d_ff + 2 * c.d_model
 assert n_params == c.layers * per_layer + 2 * c.vocab * c.d_model + c.d_model == 8_030_261_248  # Llama 3 8B's count
 assert state_bytes == 12 * n_params + 8  # 3 float32 arrays per parameter, and two 4-byte step counters
+assert round(state_bytes / GiB) == 90  # the 90 GiB of state the problem started from
 assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(llama_state))  # nothing allocated
 
 # %% [markdown]

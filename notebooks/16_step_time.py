@@ -3,11 +3,17 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/16_step_time.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/16_step_time.ipynb)
 #
-# This notebook teaches you to estimate how long a training step will take before you run it, from the
-# compiled program and three published numbers per chip. Notebooks 07 to 15 counted bytes; divided by a
-# bandwidth they become seconds, as FLOPs do divided by a peak rate. You will compile one
-# layer of an 8-billion-parameter transformer for a TPU v5e slice under five strategies, estimate each
-# one's time, find when communication hides behind compute, hold an estimate against a published
+# Notebooks 07 to 15 counted bytes, but a step costs seconds: a TPU v5e chip does 241 FLOPs in the time it
+# reads one byte of its memory and 1,970 in the time it sends one to a neighbour. Whether arithmetic,
+# memory or communication bounds a step, and whether communication hides, decides what a strategy costs.
+#
+# **You need:** notebooks 07 to 10 (DP, TP, FSDP, 2-D), 12 (mixed precision, rematerialisation) and 15
+# (compiling for a TPU slice ahead of time); `jax.jit(f).lower(...).compile()`, `compiled.cost_analysis()`,
+# `jax.checkpoint` and the course's `collectives()`.
+#
+# You will estimate a training step's time before running it, from the compiled program and three
+# published numbers per chip: compile one layer of an 8-billion-parameter transformer for a v5e slice
+# under five strategies, find when communication hides, check an estimate against a published
 # measurement, and record a profiler trace.
 #
 # **You will learn**
@@ -88,8 +94,7 @@ def costs(compiled):
 #
 # A collective along one mesh axis of a TPU torus uses that axis's two links, one per direction, so a
 # chip sends at its ICI figure divided by its port count (v5e: 400 / 4 = 100 GB/s). An H100 sends half
-# its NVLink figure. Float32 matmuls run much slower on an H100 (67 TFLOP/s without tensor cores); a TPU
-# multiplies float32 in bf16 passes by default.
+# its NVLink figure.
 
 # %%
 CHIPS = {  # peak bf16 FLOP/s, HBM bytes/s, bytes/s one chip sends along one mesh axis: the table above
@@ -136,8 +141,8 @@ else:
 
 # %% [markdown]
 # The FLOPs agree exactly. The bytes do not: the TPU compiler's `bytes accessed` is about four times one
-# read of each operand and one write of the result. It counts traffic as the compiled program moves it,
-# which the formula does not, so take the `memory` times below as rough. Below about 240 rows a v5e
+# read of each operand and one write of the result (it counts the compiled program's traffic), so take
+# the `memory` times below as rough. Below about 240 rows a v5e
 # waits on its memory; above, on its matrix units. Training batches have thousands of tokens per chip, so
 # their matmuls are compute-bound and the question becomes communication.
 #
@@ -147,9 +152,8 @@ else:
 # matrices, 176 million parameters, 81% of a layer's), bf16, 32 layers. The slice: a v5e-8 (`v5e:2x4`).
 # The batch: 8 sequences of 2,048 tokens. A program that loops over layers misleads `cost_analysis()`,
 # which counts a loop's body once, and the whole step takes minutes to compile. So compile
-# **one block's forward and backward pass** per strategy, and multiply by the layer count. The table uses
-# the compiler's least effort (`O0`, fast); section 3 checks that the default gives the same FLOPs and
-# collectives.
+# **one block's forward and backward pass** per strategy, and multiply by the layer count, at the
+# compiler's least effort (`O0`; section 3 checks that the default gives the same FLOPs and collectives).
 
 # %%
 D, FF, SEQ, LAYERS, BATCH = 4096, 14336, 2048, 32, 8
@@ -252,12 +256,10 @@ else:
     print(why)
 
 # %% [markdown]
-# All estimates: `compute` assumes the matrix units at peak, `memory` HBM at full bandwidth,
-# `comm` rings at full link speed. None counts attention (its projections and `S x S` scores add about a
-# third again), the optimizer update, the embedding or the loss.
+# No estimate counts attention (its projections and `S x S` scores add about a third again), the
+# optimizer update, the embedding or the loss.
 #
-# The compiler gives FLOPs and bytes per chip (`cost_analysis()`) and the collectives directly; without
-# a loop its FLOPs match `6NT` within 1%. Where it split a gather into a loop of `collective-permute`s
+# Without a loop, the compiler's FLOPs match `6NT` within 1%. Where it split a gather into a loop of `collective-permute`s
 # overlapping pieces of the matmul (a *collective matmul*), `cost_analysis()` counts the loop's body
 # once: trust `6NT` there. `optimal_seconds` is the compiler's own guess.
 #
@@ -412,16 +414,15 @@ else:
 # not needed by the backward pass, so the block costs `(6 + 4/3) NT`, not `8NT`. The estimate is below the
 # measurement, as it must be: it is a floor. With 12,288 tokens per chip, far above FSDP's crossover, the
 # step is compute-bound, and recomputation alone keeps a perfect run near 80% MFU. The rest: matmuls
-# below peak (the flash-attention kernel, small shapes, layouts), the elementwise work the roofline
-# ignores (norms, the softmax, the optimizer's update of 16 billion float32 weights), collectives that do
-# not fully hide, and the step's fixed overheads. The estimate finds the bound; the profiler finds
+# below peak, elementwise work the roofline ignores (norms, the softmax, the optimizer's update),
+# collectives that do not fully hide, and fixed overheads. The estimate finds the bound; the profiler finds
 # the rest.
 #
 # ## 5. A profiler trace
 #
 # `jax.profiler.trace` records what every device ran, when, and for how long. Record two steps of a small
-# data-parallel train step on the 8 CPU devices into a temporary folder; `create_perfetto_trace=True` also
-# writes `perfetto_trace.json.gz`, plain JSON.
+# data-parallel train step on this kernel's 8 devices into a temporary folder;
+# `create_perfetto_trace=True` also writes `perfetto_trace.json.gz`, plain JSON.
 
 # %%
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
@@ -447,19 +448,23 @@ sums = [e for e in ops if e["args"]["hlo_op"].startswith("all-reduce")]
 print(f"{len(ops)} operations on the devices' timelines, {len(sums)} of them all-reduces, on devices "
       f"{sorted({int(e['args']['device_ordinal']) for e in sums})}")
 assert {"perfetto_trace.json.gz"} <= set(written) and any(n.endswith(".xplane.pb") for n in written)
-if CPU:
-    assert len(sums) == 2 * 8  # one gradient all-reduce per step on each of the 8 devices
-    assert {e["args"]["hlo_module"] for e in sums} == {sums[0]["args"]["hlo_module"]}  # all from the train step
 
 # %% [markdown]
-# The trace holds one timeline per device, with the gradient's all-reduce once per step. Durations vary
-# from run to run and mean little on simulated devices, so nothing above depends on them; on a TPU or GPU
-# the same call records the accelerator's timeline. To look at it, keep the folder (pass your own path)
+# The trace holds one timeline per device, with the gradient's all-reduce once per step. Durations on
+# simulated devices mean little; on a TPU or GPU the same call records the accelerator's timeline. To look at it, keep the folder (pass your own path)
 # and drop `perfetto_trace.json.gz` on [ui.perfetto.dev](https://ui.perfetto.dev), or open the folder in
 # XProf (`xprof --logdir=FOLDER`, or TensorBoard's profile plugin) for its trace viewer and op profile.
 # Communication that hides shows as a collective beside a matmul; one that does not, as a gap in the
 # compute.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §5: the CPU trace's all-reduces
+if CPU:  # another backend's trace names its operations its own way
+    assert len(sums) == 2 * 8  # one gradient all-reduce per step on each of the 8 devices
+    assert {e["args"]["hlo_module"] for e in sums} == {sums[0]["args"]["hlo_module"]}  # all from the train step
+    print(f"CPU trace: {len(sums)} all-reduces, 2 steps x 8 devices, all from {sums[0]['args']['hlo_module']}")
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run

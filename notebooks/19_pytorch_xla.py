@@ -3,12 +3,16 @@
 #
 # *Runs locally only:* `make lab-xla` (PyTorch/XLA needs its own environment, about 4 GB).
 #
-# PyTorch/XLA shards a PyTorch program with XLA, the compiler behind JAX, from the same mesh and partition
-# specs. You run each PyTorch/XLA construct next to its JAX twin in one Python process and check that both
-# put the same block on the same device, train to the same losses and get the same collectives.
+# PyTorch/XLA shards PyTorch programs with XLA, the compiler behind JAX, but in SPMD mode PyTorch sees its
+# 8 devices as one, `xla:0`, and every sharding call is spelled differently. A port between the two is right
+# only if both put the same block on each device and train to the same losses, which no API reading shows.
 #
-# torch-xla 2.9.0 needs torch 2.9.0, on x86_64 a 4 GB CUDA build, so it lives in its own environment,
-# `.venv-xla` (Python 3.11, hence JAX 0.10.2): `make lab-xla` opens this notebook there.
+# **You need:** notebooks 03 (`NamedSharding`), 05 (sharding constraints), 07, 08 and 10 (DP, TP, FSDP)
+# and 18 (multi-host); `jax.jit`, `jax.device_put`; and PyTorch on one device
+# (`nn.Module`, `loss.backward()`, `torch.optim`).
+#
+# You will run each PyTorch/XLA construct next to its JAX twin in one Python process and check that both
+# put the same block on the same device, train to the same losses and get the same collectives.
 #
 # **You will learn**
 # - `xr.use_spmd()`, `Mesh` and `xs.mark_sharding`, each beside its JAX twin, and torch_xla's sharding string;
@@ -50,7 +54,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_mesh, draw_sharding, quiet, type_string
+from utils import NOT_ANSWERED, assert_close, collectives, draw_mesh, draw_sharding, quiet, type_string
 
 if importlib.util.find_spec("torch_xla") is None:
     raise ModuleNotFoundError(
@@ -68,13 +72,13 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # hides "Tensorflow library n
 # %% [markdown]
 # ## 1. Two runtimes in one process
 #
-# torch_xla has its own runtime and copy of XLA, which read `PJRT_DEVICE=CPU` and `CPU_NUM_DEVICES=8` when
-# it starts: set them before the import. Its XLA writes every program it compiles to the folder
-# `--xla_dump_to` in `XLA_FLAGS` names (JAX read `XLA_FLAGS` at startup, so its programs do not go there).
+# In `.venv-xla` (Python 3.11, hence JAX 0.10.2), torch_xla has its own runtime and copy of XLA, which
+# read `PJRT_DEVICE=CPU` and `CPU_NUM_DEVICES=8` when it starts: set them before the import. Its XLA writes
+# every program it compiles to the folder `--xla_dump_to` in `XLA_FLAGS` names (JAX read `XLA_FLAGS` at
+# startup, so its programs do not go there).
 #
-# XLA marks GSPMD, the partitioner torch_xla uses (section 6), deprecated in favour of Shardy, with a C++
-# warning for every program GSPMD partitions. `TF_CPP_MIN_LOG_LEVEL=2`, read when torch_xla loads, hides
-# C++ warnings; errors still show.
+# XLA warns that GSPMD, torch_xla's partitioner (section 6), is deprecated, once per program it
+# partitions; `TF_CPP_MIN_LOG_LEVEL=2`, read when torch_xla loads, hides C++ warnings but not errors.
 
 # %%
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -114,8 +118,8 @@ def torch_xla_programs():
 # JAX has no mode. A plain PyTorch/XLA program drives one device (`xla:0`), its multi-process mode
 # (`torchrun`, `xmp.spawn`) one process per device; `xr.use_spmd()` switches to SPMD, before any tensor
 # reaches the device. `mark_sharding` before it raises `RuntimeError`; `use_spmd()` after a tensor warns
-# "Replicating tensors already initialized", and the next program crashes the process (a segmentation
-# fault). Both need a fresh process, about 40 s here, so neither runs below.
+# "Replicating tensors already initialized", and the next program crashes the process. Both need a fresh
+# process, so neither runs below.
 
 # %%
 spmd_before = xr.is_spmd()
@@ -146,8 +150,8 @@ print("jax:      ", jmesh.shape)
 assert dict(mesh.shape()) == dict(jmesh.shape) == {"data": 8, "model": 1}
 jax_ids = np.vectorize(lambda d: d.id)(jmesh.devices)
 np.testing.assert_array_equal(mesh.get_logical_mesh(), jax_ids)  # the same device at every position
-if CPU:
-    assert jax.make_mesh((8, 1), ("data", "model"), axis_types=AUTO).devices.tolist() == jmesh.devices.tolist()
+made = jax.make_mesh((8, 1), ("data", "model"), axis_types=AUTO)
+assert sorted(made.device_ids.flat) == sorted(jax_ids.flat)  # the same devices, in an order of its choosing
 
 # %% [markdown]
 # `mesh.shape()` is an ordered mapping from axis name to size, like JAX's `mesh.shape`. In
@@ -161,6 +165,12 @@ print(xmesh.get_logical_mesh())
 np.testing.assert_array_equal(xmesh.get_logical_mesh(), np.vectorize(lambda d: d.id)(jmesh42.devices))
 draw_mesh(jmesh42)
 
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: `jax.make_mesh`'s order on CPU devices
+if CPU:  # CPU devices have no board: jax.make_mesh keeps the order jax.devices() lists
+    assert made.devices.tolist() == jmesh.devices.tolist()
+    print("jax.make_mesh((8, 1)) on CPU devices: ids", made.device_ids.ravel().tolist(), "as jax.devices() lists them")
+
 # %% [markdown]
 # ## 4. Partition specs: `mark_sharding` and `device_put`
 #
@@ -168,8 +178,8 @@ draw_mesh(jmesh42)
 # tuple of names, or `None`. `xs.mark_sharding(t, mesh, spec)` annotates `t` in place (and returns it wrapped
 # as an `XLAShardedTensor`); `jax.device_put(x, NamedSharding(mesh, P(...)))` returns a new array.
 #
-# Three helpers give each device's block as `(start, stop)` per dimension: from torch_xla's sharding string,
-# from its `local_shards` (the data on each device), and from JAX's `addressable_shards`.
+# Three helpers give each device's block as `(start, stop)` per dimension, from torch_xla's sharding
+# string, from its `local_shards` and from JAX's `addressable_shards`.
 
 # %%
 def spec_of(t):
@@ -438,10 +448,8 @@ for label, hidden in [("no annotation", None), ("h on model", (None, "model")), 
 
     forward_ops[label] = ops(program), ops(compiled)
     print(f"{label}:\n torch_xla {forward_ops[label][0]}\n jax       {forward_ops[label][1]}")
-    np.testing.assert_allclose(logits.detach().cpu().numpy(), reference, rtol=RTOL, atol=RTOL)
-    np.testing.assert_allclose(np.asarray(compiled(params, x_jax)), reference, rtol=RTOL, atol=RTOL)
-    if CPU:
-        assert forward_ops[label][0] == forward_ops[label][1]
+    assert_close(logits.detach().cpu().numpy(), reference, atol=RTOL)
+    assert_close(np.asarray(compiled(params, x_jax)), reference, atol=RTOL)
 
 assert forward_ops["no annotation"][0] == forward_ops["h on model"][0] == [("all-reduce", "f32[32,8]", 8)]
 assert forward_ops["h replicated"][0] == [("all-gather", "f32[32,64]", 8), ("all-reduce", "f32[32,8]", 8)]
@@ -452,7 +460,15 @@ assert not any("jit_" in p.name for p in DUMP.glob("*.txt"))  # JAX's programs n
 # with the one the compiler would choose, one all-reduce sums the `(32, 8)` partial logits. A replicated
 # `h` is obeyed though it helps nothing: an all-gather of `h` comes first. An annotation is an
 # instruction, not a hint, in both.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §7: JAX's forward programs beside torch_xla's
+if CPU:  # torch_xla runs on the CPU: JAX's programs are comparable where JAX does too
+    for label, (torch_ops, jax_ops) in forward_ops.items():
+        assert torch_ops == jax_ops, label
+    print("JAX on the CPU: the same collectives as torch_xla for", ", ".join(forward_ops))
+
+# %% [markdown]
 # ## 8. Training: data parallel and tensor parallel
 #
 # Three SGD steps (learning rate 0.1) from the same weights on the same batch: data parallel on the
@@ -543,9 +559,7 @@ for program in dp_programs:
     assert len(found.ops) - len(gradients) == 3  # and three scalars
 for program in tp_programs:
     assert ops(program) == [("all-reduce", "f32[32,8]", 8)]
-if CPU:
-    assert ops(tp_compiled) == ops(tp_programs[-1])
-    assert collectives(dp_compiled).count() == 1 and collectives(dp_compiled).result_bytes == 4 * (n_params + 1)
+assert collectives(dp_compiled).result_bytes == 4 * (n_params + 1)  # JAX: the same gradient bytes, and the loss
 
 # %% [markdown]
 # **Tensor parallel**: identical, one all-reduce of the `(32, 8)` partial logits; the weight gradients stay
@@ -570,11 +584,19 @@ assert found["GSPMD"] == found["Shardy"]
 
 # %% [markdown]
 # Here the partitioners agree: a check, not a guarantee for every program.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §8: JAX's train steps on the CPU beside torch_xla's
+if CPU:  # torch_xla runs on the CPU: JAX's programs are comparable where JAX does too
+    assert ops(tp_compiled) == ops(tp_programs[-1])
+    assert collectives(dp_compiled).count() == 1  # one all-reduce of a tuple: four gradients and the loss
+    print("JAX on the CPU: tensor parallel", ops(tp_compiled), "| data parallel: one all-reduce of",
+          collectives(dp_compiled).ops[0].result_type)
+
+# %% [markdown]
 # ## 9. Several hosts: the same program on every process
 #
-# On a pod every host runs the same program in its own process. Both frameworks name the process and count
-# its devices (here, one process):
+# Both frameworks name the process and count its devices (here, one process):
 
 # %%
 print(f"torch_xla: process {xr.process_index()} of {xr.process_count()},"
@@ -630,8 +652,8 @@ for key, j in (("x", jx), ("y", jy)):
 # > dist_cp.save(state_dict=state_dict, storage_writer=dist_cp.FileSystemWriter(CHECKPOINT_DIR),
 # >              planner=xc.SPMDSavePlanner())
 # > ```
-# > Once `mark_sharding` has loaded torch_xla's JAX bridge, PyTorch has a custom device named `jax`, and this
-# > writer asks it for a CUDA-style stream, which it lacks.
+# > After a `mark_sharding` it fails: the writer asks PyTorch's `jax` device (torch_xla's bridge to JAX)
+# > for a CUDA-style stream.
 
 # %%
 import torch.distributed.checkpoint as dist_cp
@@ -720,7 +742,7 @@ np.testing.assert_allclose(fsdp_losses, dp_losses_xla, rtol=1e-5)
 torch_xla_programs()
 compiled_model = torch.compile(torch_model(tp_specs_torch, xmesh_tp), backend="openxla")
 logits = compiled_model(x_xla)
-np.testing.assert_allclose(logits.detach().cpu().numpy(), reference, rtol=RTOL, atol=RTOL)
+assert_close(logits.detach().cpu().numpy(), reference, atol=RTOL)
 dynamo_ops = [op for program in torch_xla_programs() for op in ops(program)]
 print("collectives:", dynamo_ops)
 assert ("all-reduce", "f32[32,8]", 8) in dynamo_ops  # the row-parallel sum, as without Dynamo
@@ -743,9 +765,10 @@ print("HybridMesh on CPU:", hybrid)
 assert hybrid == "AssertionError"
 
 # %% [markdown]
-# - **Several hosts.** On a TPU slice, start the script on every worker, one process per host: `gcloud compute tpus tpu-vm ssh NAME --worker=all --command="PJRT_DEVICE=TPU python
-#   train.py"`. On GPU machines, one process per machine: `PJRT_DEVICE=CUDA torchrun --nnodes=2
-#   --node_rank=R --nproc_per_node=1 --rdzv_endpoint=HOST0:PORT train.py`. JAX's twin is notebook 18.
+# - **Several hosts.** Start the script once per host: on a TPU slice, `gcloud compute tpus tpu-vm ssh NAME
+#   --worker=all --command="PJRT_DEVICE=TPU python train.py"`; on GPU machines, `PJRT_DEVICE=CUDA torchrun
+#   --nnodes=2 --node_rank=R --nproc_per_node=1 --rdzv_endpoint=HOST0:PORT train.py`. JAX's twin is
+#   notebook 18.
 #
 # Both runtimes share this process only because both run on CPU devices; on GPUs or TPUs give each
 # framework a process of its own.
@@ -768,15 +791,11 @@ assert hybrid == "AssertionError"
 # | compiled program | `.compile().as_text()` | `XLA_FLAGS=--xla_dump_to=DIR` |
 # | compile once | `jax.jit` | `torch.compile(model, backend="openxla")` |
 # | partitioner | Shardy | GSPMD |
-# | automatic layouts | none | `xr.use_spmd(auto=True)` |
-# | dense layer | kernel `(in, out)` | `weight` `(out, in)` |
 # | FSDP | parameter specs (notebook 10) | `SpmdFullyShardedDataParallel` |
 # | process, its devices | `jax.process_index()`, `jax.local_device_count()` | `xr.process_index()`, `xr.addressable_runtime_device_count()` |
 # | per-host data | `jax.make_array_from_process_local_data` | `MpDeviceLoader(..., input_sharding=...)` |
 # | multi-slice mesh | `mesh_utils.create_hybrid_device_mesh` | `xs.HybridMesh(..., dcn_mesh_shape=...)` (TPU) |
 # | checkpoint | Orbax | `torch.distributed.checkpoint`, SPMD planners |
-# | launch: TPU slice | every worker (`--worker=all`) | the same, `PJRT_DEVICE=TPU` |
-# | launch: GPU hosts | one process per GPU or host | `torchrun --nproc_per_node=1`, one per host |
 
 # %% [markdown]
 # ## Exercises
