@@ -80,10 +80,10 @@ from utils import (
 # - an MLP `64 -> 256 -> 10` made of two `nnx.Linear` layers with a ReLU between them;
 # - softmax cross-entropy, Adam with learning rate `1e-2`, and a train step compiled with `nnx.jit`.
 #
-# The four strategies differ in what they split. Here are the batch `x` and the first kernel `w1` placed
-# as each places them on the same 8 devices, one row per strategy: data parallelism (DP, this notebook)
-# splits the batch; tensor parallelism (TP, 08) splits the kernel; 2-D parallelism (09) splits the batch
-# 4 ways and the kernel 2 ways; fully sharded data parallelism (FSDP, 10) splits both 8 ways.
+# The four strategies differ in what they split. The picture places the batch `x` and the first kernel
+# `w1` as each strategy does, on the same 8 devices, one row per strategy: data parallelism (DP, this
+# notebook) splits the batch; tensor parallelism (TP, 08) splits the kernel; 2-D parallelism (09) splits
+# the batch 4 ways and the kernel 2 ways; fully sharded data parallelism (FSDP, 10) splits both 8 ways.
 
 # %%
 strategies = {  # name (notebook): mesh shape and axes, spec of x, spec of w1
