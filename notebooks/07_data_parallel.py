@@ -3,6 +3,14 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/07_data_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/07_data_parallel.ipynb)
 #
+# Split a batch of 64 examples over 8 devices and each device computes its gradient from only 8 of them,
+# which is not the model's gradient. Adding the 8 gradients up takes an all-reduce in every step, and it
+# carries the size of the model, 76,840 bytes of gradients here, whatever the batch or the device count.
+#
+# **You need:** notebooks 01 to 03 (meshes, `PartitionSpec`, `NamedSharding`, `jax.device_put`), 04
+# (collectives in a compiled program) and 05 (Auto and Explicit axes); `jax.jit`, `jax.grad`, `jax.vmap`,
+# Flax `nnx.Module` and Optax.
+#
 # Data parallelism gives every device the whole model and its own slice of the batch. In this notebook
 # you place a small Flax NNX model that way on 8 devices, find the one collective the compiler adds to
 # the train step, read its size from the compiled program, donate the model's buffers to the step, and
@@ -45,11 +53,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 from utils import (
     NOT_ANSWERED,
+    assert_close,
     collectives,
     draw_mesh,
     draw_sharding,
@@ -71,6 +80,35 @@ from utils import (
 # - an MLP `64 -> 256 -> 10` made of two `nnx.Linear` layers with a ReLU between them;
 # - softmax cross-entropy, Adam with learning rate `1e-2`, and a train step compiled with `nnx.jit`.
 #
+# The four strategies differ in what they split. The picture places the batch `x` and the first kernel
+# `w1` as each strategy does, on the same 8 devices, one row per strategy: data parallelism (DP, this
+# notebook) splits the batch; tensor parallelism (TP, 08) splits the kernel; 2-D parallelism (09) splits
+# the batch 4 ways and the kernel 2 ways; fully sharded data parallelism (FSDP, 10) splits both 8 ways.
+
+# %%
+strategies = {  # name (notebook): mesh shape and axes, spec of x, spec of w1
+    "DP (07)": ((8,), ("data",), P("data"), P()),
+    "TP (08)": ((8,), ("model",), P(), P(None, "model")),
+    "2-D (09)": ((4, 2), ("data", "model"), P("data"), P(None, "model")),
+    "FSDP (10)": ((8,), ("fsdp",), P("fsdp"), P("fsdp")),
+}
+layouts = {}  # "DP (07): x" -> (shape, sharding): layouts only, nothing allocated
+for name, (shape, axes, x_spec, w1_spec) in strategies.items():
+    strategy_mesh = jax.make_mesh(shape, axes, axis_types=(AxisType.Auto,) * len(shape))
+    layouts[f"{name}: x"] = ((64, 64), NamedSharding(strategy_mesh, x_spec))
+    layouts[f"{name}: w1"] = ((64, 256), NamedSharding(strategy_mesh, w1_spec))
+
+share = {}  # the fraction of the whole array each device holds
+for name, (shape, sharding) in layouts.items():
+    (per_device,) = set(shard_table(shape, sharding).bytes_per_device.values())  # the same on every device
+    share[name] = per_device / (np.prod(shape) * 4)
+assert share == {"DP (07): x": 1 / 8, "DP (07): w1": 1,  # the batch split, the kernel whole everywhere
+                 "TP (08): x": 1, "TP (08): w1": 1 / 8,  # the batch whole, the kernel split
+                 "2-D (09): x": 1 / 4, "2-D (09): w1": 1 / 2,  # 4 ways on data, 2 ways on model
+                 "FSDP (10): x": 1 / 8, "FSDP (10): w1": 1 / 8}  # both split
+draw_shardings(layouts, ncols=2, title="what each strategy splits: the batch x and the first kernel w1 on 8 devices")
+
+# %% [markdown]
 # The cell that defines them is tagged `save`: `tools/notebooks.py save` copies it into
 # `notebooks/models.py`, and notebooks 08 to 10 import it from there instead of typing it again.
 #
@@ -118,13 +156,20 @@ ref_losses = [float(train_step(ref_model, ref_optimizer, x, y)) for _ in range(5
 print("parameters:", sum(p.size for p in init_params), "floats =", param_bytes, "bytes =", format_bytes(param_bytes))
 print("reference losses:", np.round(ref_losses, 4))
 assert ref_losses[-1] < ref_losses[0] / 4  # it learns
+assert param_bytes == 76_840  # 19,210 float32 parameters
 
 # %% [markdown]
 # ## 2. The layout: batch split on `data`, parameters replicated
 #
 # On a 1-D mesh of the 8 devices, `P('data')` splits the batch dimension of `x` 8 ways; `P()` gives
 # every device a full copy of a parameter. The **global batch** is 64 examples; the **per-device
-# batch** is 64 / 8 = 8.
+# batch** is 64 / 8 = 8. In the course's types, the forward pass and the first kernel's gradient read
+# (`{U:data}` marks a sum still pending over `data`; section 3 shows why):
+#
+# ```
+# x: f32[64@data,64] · w1: f32[64,256] → h: f32[64@data,256] · w2: f32[256,10] → f32[64@data,10]
+# dw1 = xᵀ·dh: f32[64,256]{U:data} → all-reduce(data) → f32[64,256]
+# ```
 
 # %%
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
@@ -163,7 +208,12 @@ nnx.update(model, jax.device_put(nnx.state(model), replicated))
 nnx.update(optimizer, jax.device_put(nnx.state(optimizer), replicated))
 
 kernel1 = model.linear1.kernel[...]
-print(type_string(kernel1), kernel1.sharding.spec)
+h_dp = jax.jit(lambda model, x: model.linear1(x))(model, x_dp)
+logits_dp = jax.jit(lambda model, x: model(x))(model, x_dp)
+chain = (f"x: {type_string(x_dp)} · w1: {type_string(kernel1)} → h: {type_string(h_dp)} · "
+         f"w2: {type_string(model.linear2.kernel[...])} → {type_string(logits_dp)}")
+print(chain)
+assert chain == "x: f32[64@data,64] · w1: f32[64,256] → h: f32[64@data,256] · w2: f32[256,10] → f32[64@data,10]"
 assert shard_table(kernel1).shard_shapes == {(64, 256)}  # the whole kernel on every device
 assert shard_table(kernel1).total_bytes == 8 * kernel1.nbytes  # 8 copies
 for placed, initial in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), init_params, strict=True):
@@ -204,8 +254,33 @@ full = jax.jit(jax.grad(global_loss))(params)
 k_full, k_summed, k_one = (t["linear1"]["kernel"][...] for t in (full, summed, per_device_grads))
 print("max |sum of 8 slice gradients - full gradient|:", f"{float(jnp.max(jnp.abs(k_summed - k_full))):.1e}")
 print("max |device 0's gradient alone - full gradient|:", f"{float(jnp.max(jnp.abs(k_one[0] - k_full))):.3f}")
-jax.tree.map(partial(np.testing.assert_allclose, rtol=RTOL, atol=1e-5), summed, full)
+jax.tree.map(assert_close, summed, full)
 assert not np.allclose(k_one[0], k_full, atol=1e-3)  # one device's gradient alone is not the answer
+
+# %% [markdown]
+# The same sum in the course's types. The first kernel's gradient is `xᵀ·dh`, where `dh` is the gradient
+# at the first layer's output. With `x` and `dh` split on `data`, each device multiplies its own 8 rows:
+# on an Explicit mesh, `out_sharding=P(None, None, unreduced={'data'})` keeps the 8 products apart as a
+# pending sum, and `reshard` to `P()` adds them, the all-reduce that section 4 finds in the compiled step:
+
+# %%
+def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
+    return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, params).linear2(jax.nn.relu(h)), y).mean()
+
+
+w1, b1 = params["linear1"]["kernel"][...], params["linear1"]["bias"][...]
+dh = jax.grad(loss_after_w1)(x @ w1 + b1)  # the gradient at the first layer's output, on one device
+
+explicit = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+with jax.set_mesh(explicit):
+    x_rows, dh_rows = (jax.device_put(a, NamedSharding(explicit, P("data"))) for a in (x, dh))
+    dw1_pending = jnp.einsum("bi,bh->ih", x_rows, dh_rows, out_sharding=P(None, None, unreduced={"data"}))
+    dw1 = reshard(dw1_pending, P())
+pending_type = jax.typeof(dw1_pending).str_short(short_dtypes=True)  # JAX's own type, {U:data} included
+chain = f"dw1 = xᵀ·dh: {pending_type} → all-reduce(data) → {type_string(dw1)}"
+print(chain)
+assert chain == "dw1 = xᵀ·dh: f32[64,256]{U:data} → all-reduce(data) → f32[64,256]"
+assert_close(dw1, k_full)  # the summed products are the full-batch gradient
 
 # %% [markdown]
 # ## 4. The compiled train step: one all-reduce, the size of the parameters
@@ -223,9 +298,6 @@ print(comm)
 
 assert comm.kinds == {"all-reduce"} and all(op.group_size == 8 for op in comm.ops)
 assert comm.result_bytes == param_bytes + 4  # every gradient, plus the 4-byte loss
-if CPU:
-    assert comm.count() == 1  # the CPU compiler merges the five sums into one all-reduce
-    assert sorted(comm.ops[0].shapes) == [(), (10,), (10, 256), (256,), (256, 64)]  # four gradients and the loss
 
 # %% [markdown]
 # On the CPU backend the all-reduce runs over all 8 devices and carries `(f32[256], f32[256,64],
@@ -243,8 +315,6 @@ for line in pieces:
     shape = line.split("=", 1)[1].split("get-tuple-element")[0].strip().split("{")[0]
     op_name = line.split('op_name="', 1)[1].split('"', 1)[0]
     print(f"{shape:<14}{op_name}")
-if CPU:
-    assert sum("transpose(jvp())" in line for line in pieces) == 4  # four pieces come from the backward pass
 
 # %% [markdown]
 # `transpose(jvp())` is JAX's name for the backward pass: the all-reduce takes what the backward
@@ -270,10 +340,6 @@ for name, m in (("no donation", plain), ("donate_argnums", donated)):
     print(f"{name:<16}{format_bytes(m.argument):>11}{format_bytes(m.output):>11}{format_bytes(m.temp):>13}"
           f"{format_bytes(m.alias):>11}{format_bytes(m.total):>11}")
 assert plain.alias == 0 and donated.alias > 0
-if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
-    assert donated.argument == state_bytes + 8 * 64 * 4 + 8 * 4  # + this device's 8 rows of x and 8 labels
-    assert donated.alias == state_bytes  # the whole model and Adam state are updated in place
-    assert 0 < plain.total - donated.total < state_bytes  # a saving, smaller than the state: larger temporaries
 
 # %% [markdown]
 # On the CPU backend donation aliases the whole 225.1 KiB of model and Adam state: the outputs land in
@@ -281,6 +347,19 @@ if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
 # compilers do too), so the step's total allocation (last column) falls by less than the state it no
 # longer copies. Without donation a device holds the old and the new
 # model and optimizer state side by side: for a large model, a second copy of everything it stores.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: the CPU compiler's all-reduce and the step's bytes
+print(f"{'CPU' if CPU else 'this'} compiler: {comm.count()} all-reduce(s); donation aliases "
+      f"{format_bytes(donated.alias)} of {format_bytes(state_bytes)} state, saves {format_bytes(plain.total - donated.total)}")
+if CPU:
+    assert comm.count() == 1  # the CPU compiler merges the five sums into one all-reduce
+    assert sorted(comm.ops[0].shapes) == [(), (10,), (10, 256), (256,), (256, 64)]  # four gradients and the loss
+    assert sum("transpose(jvp())" in line for line in pieces) == 4  # four pieces come from the backward pass
+    # exact byte counts of the CPU compiler (accelerators pad small arrays)
+    assert donated.argument == state_bytes + 8 * 64 * 4 + 8 * 4  # + this device's 8 rows of x and 8 labels
+    assert donated.alias == state_bytes  # the whole model and Adam state are updated in place
+    assert 0 < plain.total - donated.total < state_bytes  # a saving, smaller than the state: larger temporaries
 
 # %% [markdown]
 # ## 5. Train steps you will see online
@@ -358,10 +437,10 @@ for now, initial in zip(jax.tree.leaves(nnx.state(online_model, nnx.Param)), ini
 dp_losses = [float(train_step(model, optimizer, x_dp, y_dp)) for _ in range(5)]
 print("data parallel:", np.round(dp_losses, 4))
 print("reference:    ", np.round(ref_losses, 4))
-np.testing.assert_allclose(dp_losses, ref_losses, rtol=RTOL)
+assert_close(dp_losses, ref_losses)
 for trained, ref in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                         jax.tree.leaves(nnx.state(ref_model, nnx.Param)), strict=True):
-    np.testing.assert_allclose(np.asarray(trained), np.asarray(ref), rtol=RTOL, atol=RTOL)  # gathered to the host
+    assert_close(trained, ref)  # gathered to the host
 assert kernel1.is_deleted()  # donated: the step wrote the new kernel into this buffer
 assert model.linear1.kernel[...].sharding.is_equivalent_to(replicated, 2)  # still replicated after training
 

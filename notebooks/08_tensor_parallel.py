@@ -3,6 +3,14 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/08_tensor_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/08_tensor_parallel.ipynb)
 #
+# Data parallelism keeps a whole copy of the model on every device, so a model larger than one device's
+# memory cannot train that way at all. Split every weight matrix over 8 devices instead and each keeps an
+# eighth, 128 KiB of a 1 MiB kernel, but the devices then have to add up partial results in every pass.
+#
+# **You need:** notebook 07 (data parallelism, the course's MLP and train step), 04 (the four matmul cases,
+# collectives in a compiled program) and 05 (Auto and Explicit axes, `out_sharding=`); `jax.jit`,
+# `jax.grad`, `nnx.jit` and `nnx.Optimizer`.
+#
 # Tensor parallelism gives every device a slice of every large weight matrix, on a mesh axis called
 # `model`, and the whole batch: the opposite of data parallelism (notebook 07). That divides parameter
 # memory by the number of devices, but the devices now have to talk in the middle of the forward and
@@ -50,8 +58,8 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, draw_sharding, draw_shardings, memory_per_device, quiet, shard_table,
-                   type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, memory_per_device, quiet,
+                   shard_table, type_string)
 
 # %% [markdown]
 # ## 1. A `model` axis: every device holds a slice of every kernel
@@ -71,6 +79,7 @@ print(type_string(q_kernel))
 print(table)
 assert table.shard_shapes == {(512, 64)}  # all 512 input rows, 64 of the 512 output columns
 assert table.total_bytes == q_kernel.nbytes == 1024 * 1024  # nothing replicated: 1 MiB in total
+assert set(table.bytes_per_device.values()) == {128 * 1024}  # an eighth on each device
 draw_sharding(q_kernel)
 
 # %% [markdown]
@@ -101,7 +110,12 @@ reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded ru
 # Device *k* computes hidden units `32k ... 32k+31` for the whole batch (layer 1 needs nothing from the
 # others), applies ReLU to them, and multiplies them by the 32 rows of `linear2/kernel` that belong to
 # the same hidden units. That gives a `(64, 10)` *partial* result: the sum over its 32 hidden units
-# only. One **all-reduce** adds up the 8 partial results.
+# only. One **all-reduce** adds up the 8 partial results. In the course's types, with `{U:model}` for a
+# sum still pending over `model`:
+#
+# ```
+# x: f32[64,64] · w1: f32[64,256@model] → h: f32[64,256@model] · w2: f32[256@model,10] → f32[64,10]{U:model} → all-reduce(model) → f32[64,10]
+# ```
 #
 # `create` builds a model already in its layout: the constructor runs inside `nnx.jit`, and
 # `with_sharding_constraint` pins each new parameter where the layout says, so each device computes only
@@ -150,11 +164,22 @@ forward = jax.jit(lambda model, x: model(x))
 ops = collectives(forward.lower(model_tp, x_repl).compile())
 print(ops)
 assert [(op.kind, op.shapes, op.group_size) for op in ops.ops] == [("all-reduce", ((64, 10),), 8)]
-np.testing.assert_allclose(forward(model_tp, x_repl), reference(x), rtol=RTOL, atol=1e-5)
+logits = forward(model_tp, x_repl)
+assert_close(logits, reference(x))
 
 hidden = jax.jit(lambda model, x: jax.nn.relu(model.linear1(x)))(model_tp, x_repl)
-print("hidden activation:", type_string(hidden))
 assert shard_table(hidden).shard_shapes == {(64, 32)}  # never gathered: each device keeps its 32 units
+
+explicit = jax.make_mesh((8,), ("model",), axis_types=(AxisType.Explicit,))  # the same devices, Explicit
+with jax.set_mesh(explicit):  # the type of layer 2's product, before the all-reduce adds it up
+    h_e, w2_e = (jax.device_put(a, NamedSharding(explicit, a.sharding.spec)) for a in (hidden, model_tp.linear2.kernel[...]))
+    pending = jnp.matmul(h_e, w2_e, out_sharding=P(None, None, unreduced={"model"}))
+chain = (f"x: {type_string(x_repl)} · w1: {type_string(model_tp.linear1.kernel[...])} → h: {type_string(hidden)} · "
+         f"w2: {type_string(model_tp.linear2.kernel[...])} → {jax.typeof(pending).str_short(short_dtypes=True)}"
+         f" → all-reduce(model) → {type_string(logits)}")
+print(chain)
+assert chain == ("x: f32[64,64] · w1: f32[64,256@model] → h: f32[64,256@model] · w2: f32[256@model,10] → "
+                 "f32[64,10]{U:model} → all-reduce(model) → f32[64,10]")
 
 # %% [markdown]
 # One all-reduce of the `(64, 10)` logits over all 8 devices, and the logits equal the single-device
@@ -223,10 +248,7 @@ assert "all-reduce" not in ff_ops_online.kinds and "all-gather" in ff_ops_online
 gathered = {s for op in ff_ops_online.ops if op.kind == "all-gather" for s in op.shapes}
 assert {(64, 256), (64, 64)} <= gathered  # the hidden activation, then the output columns out_shardings=P() asks for
 assert [(op.kind, op.shapes) for op in ff_ops_tp.ops] == [("all-reduce", ((64, 64),))]
-if CPU:  # what the CPU compiler gathers
-    assert [op.shapes for op in ff_ops_online.ops] == [((64, 256),), ((64, 64),)]
-    assert (ff_ops_online.estimated_bytes, ff_ops_tp.estimated_bytes) == (70 * 1024, 28 * 1024)  # ring estimates
-np.testing.assert_allclose(forward_repl(ff_online, x_repl), forward_repl(ff_tp, x_repl), rtol=RTOL, atol=1e-5)
+assert_close(forward_repl(ff_online, x_repl), forward_repl(ff_tp, x_repl))
 
 # %% [markdown]
 # The same numbers, two ways. With both kernels column-parallel, layer 2 gets a hidden activation
@@ -234,9 +256,19 @@ np.testing.assert_allclose(forward_repl(ff_online, x_repl), forward_repl(ff_tp, 
 # **all-gathers the whole `(64, 256)` hidden activation** on every device, and then the output columns
 # too, which `out_shardings=P()` asks for. The pairing all-reduces only the `(64, 64)` output. The ring
 # estimates in the last column (each device sends (N-1)/N of an all-gather's result and 2(N-1)/N of an
-# all-reduce's) are, on the CPU backend, 70 KiB against 28 KiB, and the gap grows with the width of the hidden layer. The
-# fix is the layout of section 2: column-parallel, then row-parallel.
-#
+# all-reduce's) are, on the CPU backend, 70 KiB against 28 KiB, and the gap grows with the width of the
+# hidden layer. The fix is the layout of section 2: column-parallel, then row-parallel.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: what the CPU compiler gathers, and the ring estimates
+print(f"{'CPU' if CPU else 'this'} compiler: every kernel P(None, 'model') gathers "
+      f"{[op.shapes for op in ff_ops_online.ops]}; ring estimates {ff_ops_online.estimated_bytes / 1024:.0f} KiB "
+      f"against {ff_ops_tp.estimated_bytes / 1024:.0f} KiB for column then row")
+if CPU:
+    assert [op.shapes for op in ff_ops_online.ops] == [((64, 256),), ((64, 64),)]
+    assert (ff_ops_online.estimated_bytes, ff_ops_tp.estimated_bytes) == (70 * 1024, 28 * 1024)  # ring estimates
+
+# %% [markdown]
 # ## 4. Attention heads on the `model` axis
 #
 # Multi-head attention is tensor-parallel by construction: the heads are independent until the output
@@ -281,7 +313,7 @@ forward_attn = jax.jit(lambda attn, x: attn(x), out_shardings=NamedSharding(mesh
 attn_ops = collectives(forward_attn.lower(attn_tp, tokens_repl).compile())
 print(attn_ops)
 assert [(op.kind, op.shapes, op.group_size) for op in attn_ops.ops] == [("all-reduce", ((4, 16, 64),), 8)]
-np.testing.assert_allclose(forward_attn(attn_tp, tokens_repl), jax.jit(attn_ref)(tokens), rtol=RTOL, atol=1e-5)
+assert_close(forward_attn(attn_tp, tokens_repl), jax.jit(attn_ref)(tokens))
 
 # %% [markdown]
 # The attention weights come out as `f32[4,8@model,16,16]`: each device computed its own head with no
@@ -409,11 +441,11 @@ losses_ref = [float(train_step(reference, opt_ref, x, y)) for _ in range(5)]
 losses_tp = [float(train_step(model_tp, opt_tp, x_repl, y_repl)) for _ in range(5)]
 print("single device:  ", np.round(losses_ref, 4))
 print("tensor parallel:", np.round(losses_tp, 4))
-np.testing.assert_allclose(losses_tp, losses_ref, rtol=RTOL)
+assert_close(losses_tp, losses_ref)
 assert losses_tp[-1] < losses_tp[0] / 5  # it learns
 for trained, ref in zip(jax.tree.leaves(nnx.state(model_tp, nnx.Param)),
                         jax.tree.leaves(nnx.state(reference, nnx.Param)), strict=True):
-    np.testing.assert_allclose(np.asarray(trained), np.asarray(ref), rtol=RTOL, atol=RTOL)  # gathered to the host
+    assert_close(trained, ref)  # gathered to the host
 
 # %% [markdown]
 # The same losses and the same trained parameters, with one all-reduce of the `(64, 10)` logits per
@@ -433,15 +465,21 @@ memory = memory_per_device(compiled_tp)
 print(f"parameters per device: {params_per_device} B of {(64 * 256 + 256 + 256 * 10 + 10) * 4} B")
 print(memory)
 assert params_per_device == (64 * 32 + 32 + 32 * 10 + 10) * 4
+
+# %% [markdown]
+# The step's arguments are three copies of the per-device parameters (weights and the two Adam
+# moments), two counters and the whole replicated batch; the donated state is aliased, updated in place.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §6: the step's arguments and aliased bytes on the CPU compiler
+print(f"{'CPU' if CPU else 'this'} compiler: arguments {memory.argument:,} B, aliased {memory.alias:,} B; "
+      f"3 x {params_per_device:,} B of parameters and moments + 8 B of counters + {x.nbytes + y.nbytes:,} B of batch")
 if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
     # parameters and Adam's two moments, two 4-byte counters, the whole replicated batch; all but x, y donated
     assert memory.argument == 3 * params_per_device + 8 + x.nbytes + y.nbytes
     assert memory.alias == 3 * params_per_device + 8
 
 # %% [markdown]
-# The step's arguments are three copies of the per-device parameters (weights and the two Adam
-# moments), two counters and the whole replicated batch; the donated state is aliased, updated in place.
-#
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
