@@ -24,9 +24,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from utils.drawing import _draw_tiles, _finish, _tile_lines  # shared with utils.drawing's own pictures
-from utils.layout import Tile, _Box, as_layout, check_spec, spec_entries, tiles, type_string
+from utils.layout import Tile, _Box, as_layout, check_spec, pending_marker, spec_entries, tiles, type_string
 
-__all__ = ["MatmulTraffic", "OperandTraffic", "Piece", "draw_matmul", "matmul_traffic", "pending_marker"]
+__all__ = ["MatmulTraffic", "OperandTraffic", "Piece", "draw_matmul", "matmul_traffic"]
 
 
 # --- the plan: which blocks of C = A @ B one device holds, needs, and must fetch -------------------------------------
@@ -147,17 +147,6 @@ class MatmulTraffic:
 
 def _axes_text(axes: tuple[str, ...]) -> str:
     return " and ".join(repr(a) for a in axes)
-
-
-def pending_marker(axes: Sequence[str]) -> str:
-    """The pending-sum marker as ``jax.typeof`` prints it: ``{U:model}``, ``{U:(data,model)}``; ``''`` for none.
-
-    A value carrying it holds partial sums still to be added over those mesh axes.
-    """
-    axes = tuple(axes)
-    if not axes:
-        return ""
-    return "{U:" + (axes[0] if len(axes) == 1 else f"({','.join(axes)})") + "}"
 
 
 def _without(spec: PartitionSpec, axes: Sequence[str]) -> PartitionSpec:

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils.layout import as_layout, check_spec, short_dtype, spec_entries, tiles, type_string
+from utils.layout import as_layout, check_spec, pending_marker, short_dtype, spec_entries, tiles, type_string
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 MESH3 = jax.make_mesh((2, 2, 2), ("data", "model", "pipeline"), axis_types=(AxisType.Auto,) * 3)
@@ -122,6 +122,29 @@ def test_type_string_agrees_with_typeof_on_explicit_meshes():
     for spec in [P("data"), P(None, "model"), P(("model", "data"))]:
         x = jax.device_put(jnp.ones((16, 8)), NamedSharding(emesh, spec))
         assert type_string(x) == str(jax.typeof(x)).replace("float32", "f32")
+
+
+def test_pending_sums_are_written_as_jax_typeof_prints_them():
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    cases = [(P("data", "model"), P("model", None), P("data", None, unreduced={"model"})),
+             (P(None, ("data", "model")), P(("data", "model"), None), P(None, None, unreduced={"model", "data"}))]
+    seen = []
+
+    def f(a, b, out):
+        c = jnp.matmul(a, b, out_sharding=out)
+        seen.append((str(jax.typeof(c)), type_string(c.shape, NamedSharding(mesh, jax.typeof(c).sharding.spec))))
+        return a
+
+    with jax.set_mesh(mesh):
+        for sa, sb, out in cases:
+            a = jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=NamedSharding(mesh, sa))
+            b = jax.ShapeDtypeStruct((32, 8), jnp.float32, sharding=NamedSharding(mesh, sb))
+            jax.jit(f, static_argnums=2).lower(a, b, out)
+    assert [typeof for typeof, _ in seen] == ["float32[16@data,8]{U:model}", "float32[16,8]{U:(data,model)}"]
+    assert [ours for _, ours in seen] == ["f32[16@data,8]{U:model}", "f32[16,8]{U:(data,model)}"]
+    assert pending_marker(("model",)) == "{U:model}" and pending_marker(()) == ""
+    with pytest.raises(ValueError, match="mesh axis names"):
+        pending_marker([0])
 
 
 def test_short_dtype():

@@ -9,7 +9,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_drawing import _extents, _label_boxes, _patches  # the same ways of measuring a picture
 
-from notebooks.matmul_pictures import draw_matmul, matmul_traffic, pending_marker
+from notebooks.matmul_pictures import draw_matmul, matmul_traffic
 from utils.drawing import tile_labels
 from utils.inspecting import collectives
 
@@ -239,19 +239,3 @@ def test_draw_matmul_draws_a_b_and_c_on_one_scale(case, sizes):
     assert min(sizes_pt) >= 6.5
     boxes = _label_boxes(fig)
     assert not [(p, q) for n, (p, a) in enumerate(boxes) for q, b in boxes[n + 1:] if a.overlaps(b)]
-
-
-def test_pending_marker_is_the_one_jax_typeof_prints():
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-    a = jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
-    b = jax.ShapeDtypeStruct((32, 8), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
-    seen = []
-
-    def f(a, b):
-        seen.append(str(jax.typeof(jnp.matmul(a, b, out_sharding=P("data", None, unreduced={"model"})))))
-        return a
-
-    with jax.set_mesh(mesh):
-        jax.jit(f).lower(a, b)
-    assert seen == ["float32[16@data,8]" + pending_marker(("model",))] == ["float32[16@data,8]{U:model}"]
-    assert pending_marker(("data", "model")) == "{U:(data,model)}" and pending_marker(()) == ""

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-__all__ = ["Tile", "as_layout", "check_spec", "short_dtype", "spec_entries", "tiles", "type_string"]
+__all__ = ["Tile", "as_layout", "check_spec", "pending_marker", "short_dtype", "spec_entries", "tiles",
+           "type_string"]
 
 
 def short_dtype(dtype: Any) -> str:
@@ -71,7 +72,8 @@ def spec_entries(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
     is ``[('data',), ()]``.
     """
     out: list[tuple[str, ...]] = []
-    for entry in tuple(spec) + (None,) * (ndim - len(spec)):
+    entries = tuple(spec.partitions)  # not tuple(spec): JAX refuses that for a spec with unreduced axes
+    for entry in entries + (None,) * (ndim - len(entries)):
         if entry is None:
             out.append(())
         elif isinstance(entry, str):
@@ -90,9 +92,9 @@ def check_spec(spec: PartitionSpec, mesh_axes: dict[str, int], ndim: int) -> Non
     """Raise a ValueError that names the fix if ``spec`` cannot describe an ``ndim`` array."""
     if not isinstance(spec, PartitionSpec):
         raise TypeError(f"expected a PartitionSpec such as P('data', None); got {type(spec).__name__}")
-    if len(spec) > ndim:
+    if len(spec.partitions) > ndim:
         raise ValueError(
-            f"{spec} has {len(spec)} entries but the array has {ndim} dimension(s): "
+            f"{spec} has {len(spec.partitions)} entries but the array has {ndim} dimension(s): "
             f"give at most one entry per dimension, e.g. P({', '.join(['None'] * ndim)})"
         )
     seen: dict[str, int] = {}
@@ -218,11 +220,23 @@ def _in_order(items: Any) -> list[Tile]:
     return sorted(items, key=lambda t: (t.start, t.devices))
 
 
+def pending_marker(axes: Any) -> str:
+    """The pending-sum marker as ``jax.typeof`` prints it: ``{U:model}``, ``{U:(data,model)}``; ``''`` for none.
+
+    A value carrying it holds partial sums still to be added over those mesh axes ("unreduced").
+    """
+    axes = tuple(axes)
+    if not all(isinstance(a, str) for a in axes):
+        raise ValueError(f"pending_marker takes mesh axis names such as ('model',); got {axes!r}")
+    return "{U:" + (axes[0] if len(axes) == 1 else f"({','.join(axes)})") + "}" if axes else ""
+
+
 def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = None) -> str:
     """The course's type notation: ``f32[128@data,512@model]``.
 
     A dimension sharded over several axes reads ``16@(data,model)``, as
     ``jax.typeof`` prints it on Explicit meshes; this works on any mesh.
+    A spec with unreduced axes (a pending sum) adds JAX's marker: ``f32[64,10]{U:model}``.
     ``dtype`` names the element type of a bare shape (default float32).
     """
     shape, x_dtype, sharding = as_layout(x, sharding, mesh)
@@ -230,4 +244,7 @@ def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = 
     entries = spec_entries(sharding.spec, len(shape)) if isinstance(sharding, NamedSharding) else [()] * len(shape)
     dims = [f"{n}@{axes[0]}" if len(axes) == 1 else f"{n}@({','.join(axes)})" if axes else str(n)
             for n, axes in zip(shape, entries, strict=True)]
-    return f"{short_dtype(dtype)}[{','.join(dims)}]"
+    pending = ""
+    if isinstance(sharding, NamedSharding) and getattr(sharding.spec, "unreduced", None):
+        pending = pending_marker(a for a in sharding.mesh.axis_names if a in sharding.spec.unreduced)
+    return f"{short_dtype(dtype)}[{','.join(dims)}]{pending}"
