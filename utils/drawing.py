@@ -702,26 +702,24 @@ def mesh_labels(fig: Figure) -> list[list[list[int]]]:
     return grids
 
 
-_SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
-          "collective-permute": "CP"}
 # Saturated colours, far from every device colour (muted tab10/tab20): a collective never reads as a device.
 _AXES_COLORS = {("data",): "#0000cd", ("model",): "#ff00ff", ("data", "model"): "#9400d3", ("fsdp",): "#7fff00"}
-_MORE_AXES_COLORS = ("#00ffff", "#ffff00", "#ff1493", "#000000")
-_SLOTS = 12  # slots per row, at most: a longer schedule wraps onto rows of about equal length
+_SLOTS = 12  # steps per row, at most: a longer schedule wraps onto rows of about equal length
 
 
 def _axes_color(axes: Sequence[str]) -> str:
     """The colour of a collective over ``axes``: one per set of axis names, the same in every figure."""
-    return _AXES_COLORS.get(tuple(axes)) or _MORE_AXES_COLORS[zlib.crc32(",".join(axes).encode()) % 4]
+    more = ("#00ffff", "#ffff00", "#ff1493", "#000000")  # other sets of axes: by a hash of their names
+    return _AXES_COLORS.get(tuple(axes)) or more[zlib.crc32(",".join(axes).encode()) % len(more)]
 
 
 def draw_schedule(steps: Sequence[Any], *, title: str | None = None) -> Figure:
     """Draw a compiled step as :func:`utils.inspecting.schedule` lists it: one box per step, time going right.
 
-    Matmuls are grey; a collective is coloured by the mesh axes it spans (legend) and labelled with its
-    kind (AR, AG, RS, A2A, CP) and result type, the type dropped where the box is too small for it. An
-    asynchronous collective is a bar above the row over the matmuls it overlaps. Loop-body steps have
-    dashed edges. Boxes are slots in order, not durations; more than 12 wrap onto further rows.
+    Matmuls are grey; a collective is coloured by the mesh axes it spans and labelled with its kind (AR, AG,
+    RS, A2A, CP) and result type (kind only where the box is too small). An asynchronous collective is a bar
+    above the row over the matmuls it overlaps; loop-body steps are dashed. Boxes are steps in order, not
+    durations; more than 12 wrap onto rows.
     """
     steps = list(steps) if isinstance(steps, list | tuple) else []
     if not steps or not all(hasattr(s, "kind") and hasattr(s, "overlaps") for s in steps):
@@ -730,51 +728,37 @@ def draw_schedule(steps: Sequence[Any], *, title: str | None = None) -> Figure:
     ends: list[float] = []  # the end of the last bar in each lane above the row
     boxes = []  # (step, x0, x1, lane): lane 0 is the row, 1, 2, ... the bars above it
     for k, s in enumerate(steps):
-        if not s.asynchronous:
-            boxes.append((s, pos[k], pos[k] + 1.0, 0))
-            continue
-        under = [pos[j] for j in range(k + 1, len(steps)) if steps[j].kind == "matmul"][: s.overlaps]
-        x1 = under[-1] + 1.0 if under else pos[k] + 0.5
-        lane = next((i for i, end in enumerate(ends) if end <= pos[k]), len(ends))
-        ends[lane:lane + 1] = [x1]
-        boxes.append((s, pos[k], x1, lane + 1))
-    slots, lanes = max(x1 for _, _, x1, _ in boxes), len(ends)
-    rows = math.ceil(slots / _SLOTS - 1e-9)
-    per_row = math.ceil(slots / rows - 1e-9)  # rows of about equal length
-    row_h = 1.2 + 0.7 * lanes
+        under = [pos[j] + 1.0 for j in range(k + 1, len(steps)) if steps[j].kind == "matmul"][: s.overlaps]
+        lane = next((i for i, end in enumerate(ends) if end <= pos[k]), len(ends)) + 1 if s.asynchronous else 0
+        x1 = max(under, default=pos[k] + 0.5) if lane else pos[k] + 1.0
+        ends[lane - 1:lane] = [x1] if lane else []
+        boxes.append((s, pos[k], x1, lane))
+    rows = math.ceil(max(x1 for _, _, x1, _ in boxes) / _SLOTS - 1e-9)
+    per_row, row_h = math.ceil(max(x1 for _, _, x1, _ in boxes) / rows - 1e-9), 1.2 + 0.7 * len(ends)
     fig, ax = plt.subplots(figsize=(max(min(1.0, 9.6 / per_row) * per_row, 4.5) + 0.3, 0.5 * row_h * rows + 1.4))
-    labels = ax.__dict__.setdefault("_course_labels", [])
     for s, x0, x1, lane in boxes:
-        colour, first = "0.75" if s.kind == "matmul" else _axes_color(s.axes), int(x0 // per_row)
+        first = int(x0 // per_row)
         for r in range(first, max(math.ceil(x1 / per_row - 1e-9), first + 1)):  # a bar that wraps: a piece a row
             a, b = max(x0, r * per_row) - r * per_row, min(x1, (r + 1) * per_row) - r * per_row
-            y, h = r * row_h + 0.7 * (lanes - lane if lane else lanes), 0.6 if lane else 0.8
-            ax.add_patch(Rectangle((a + 0.04, y), b - a - 0.08, h, facecolor=colour, edgecolor="black", linewidth=0.8,
+            y, h = r * row_h + 0.7 * (len(ends) - lane if lane else len(ends)), 0.6 if lane else 0.8
+            ax.add_patch(Rectangle((a + 0.04, y), b - a - 0.08, h, facecolor="0.75" if s.kind == "matmul" else
+                                   _axes_color(s.axes), edgecolor="black", linewidth=0.8,
                                    linestyle="--" if s.in_loop else "-", gid="step" if r == first else "step-more"))
             if s.kind != "matmul":
-                lines = [_SHORT[s.kind], s.result_type]
-                text = ax.text((a + b) / 2, y + h / 2, "\n".join(lines), ha="center", va="center", fontsize=_MAX_FONT,
-                               gid="tile-label", bbox=dict(_LABEL_BOX), zorder=3)
-                text.set_label("\n".join(lines))
-                labels.append((text, lines, b - a - 0.08, h))
-    ax.set_xlim(-0.05, per_row + 0.05)
-    ax.set_ylim(rows * row_h - 0.35, -0.05)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    _bare(ax)
+                lines = ["".join(w[0] for w in s.kind.split("-")).upper().replace("ATA", "A2A"), s.result_type]
+                text = ax.text((a + b) / 2, y + h / 2, "\n".join(lines), ha="center", va="center", gid="tile-label",
+                               bbox=dict(_LABEL_BOX), zorder=3, label="\n".join(lines))
+                ax.__dict__.setdefault("_course_labels", []).append((text, lines, b - a - 0.08, h))  # sized by _finish
+    ax.set(xlim=(-0.05, per_row + 0.05), ylim=(rows * row_h - 0.35, -0.05), xticks=[], yticks=[])
     ax.set_xlabel("time \u2192 (steps in order, not to scale)", fontsize=8)
-    names = dict.fromkeys(tuple(s.axes) for s in steps if s.kind != "matmul")
-    handles = [Patch(facecolor="0.75", edgecolor="black", label="matmul")] + [
-        Patch(facecolor=_axes_color(a), edgecolor="black", label="over " + " \u00d7 ".join(a) if a else "one device")
-        for a in names]
-    if any(s.asynchronous for s in steps):
-        handles.append(Patch(facecolor="white", edgecolor="black", label="bar above: asynchronous, over"
-                             " the matmuls below"))
-    if any(s.in_loop for s in steps):
-        handles.append(Patch(facecolor="white", edgecolor="black", linestyle="--", label="in a loop body"))
-    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(handles), 3), fontsize=8,
-              frameon=False)
-    count = sum(s.kind != "matmul" for s in steps)
-    fig.suptitle(title or f"{len(steps) - count} matmuls, {count} collectives "
+    _bare(ax)
+    keys = [("matmul", "0.75", "-")] + [("over " + (" \u00d7 ".join(a) or "no axis"), _axes_color(a), "-") for a in
+                                        dict.fromkeys(tuple(s.axes) for s in steps if s.kind != "matmul")]
+    keys += [("bar above: asynchronous, over the matmuls below", "white", "-")] * any(s.asynchronous for s in steps)
+    keys += [("in a loop body", "white", "--")] * any(s.in_loop for s in steps)
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="black", linestyle=ls, label=t) for t, c, ls in keys],
+              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(keys), 3), fontsize=8, frameon=False)
+    mm = sum(s.kind == "matmul" for s in steps)
+    fig.suptitle(title or f"{mm} matmuls, {len(steps) - mm} collectives "
                  f"({sum(s.asynchronous for s in steps)} asynchronous)", fontsize=10)
     return _finish(fig)

@@ -21,7 +21,6 @@ import contextlib
 import math
 import re
 import tempfile
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -236,12 +235,9 @@ def _type_bytes(type_text: str) -> int:
 
 
 def _groups(line: str, n: int) -> list[list[int]]:
-    """A collective's groups of partition ids, from any spelling XLA prints (a collective-permute: its pairs).
-
-    Shardy's mesh form (``mesh['axis_0'=4,'axis_1'=2] {'axis_1'}``, perhaps with ``device_ids=([4,2]T(1,0))``)
-    names the compiler's own mesh, not the user's; iota (``[2,4]<=[4,2]T(1,0)``) is an arange reshaped,
-    transposed and cut into [groups, group size]; explicit (``{{0,1},{2,3}}``); ``{}`` is all ``n`` devices.
-    """
+    """A collective's groups of partition ids (a collective-permute: its pairs) from any spelling XLA prints:
+    Shardy's ``mesh['axis_0'=4,'axis_1'=2] {'axis_1'}`` (the compiler's mesh, not the user's; perhaps with
+    ``device_ids=([4,2]T(1,0))``), iota ``[2,4]<=[4,2]T(1,0)``, explicit ``{{0,1},{2,3}}``, ``{}`` (all ``n``)."""
     def ints(text: str | None) -> list[int]:
         return [int(v) for v in re.findall(r"\d+", text or "")]
 
@@ -268,16 +264,10 @@ def _group_size(line: str, total_devices: int | None) -> int:
     groups = _groups(line, total_devices or 1)
     if "source_target_pairs=" not in line:
         return len(groups[0])
-    ring: dict[int, int] = {}  # union-find: the rings are the connected groups of the pair graph
-
-    def root(v: int) -> int:
-        while ring.setdefault(v, v) != v:
-            v = ring[v]
-        return v
-
-    for a, b in groups:
-        ring[root(a)] = root(b)
-    return max(2, *Counter(root(v) for v in list(ring)).values())
+    rings: list[set[int]] = []  # the connected groups of the pair graph
+    for pair in map(set, groups):
+        rings = [r for r in rings if not r & pair] + [pair.union(*(r for r in rings if r & pair))]
+    return max(2, *map(len, rings))
 
 
 @dataclass(frozen=True)
@@ -702,48 +692,28 @@ def shard_table(x: Any, sharding: Any = None, *, mesh: Any = None) -> ShardTable
 
 @dataclass(frozen=True)
 class ScheduleStep:
-    """One matmul or collective of a compiled program, in the order the compiler scheduled it (:func:`schedule`).
-
-    ``kind``: ``'matmul'`` or one of :data:`COLLECTIVES`; ``name``: the HLO instruction (an asynchronous
-    collective's start); ``result_type``: the per-device result, as :class:`CollectiveOp` writes it; ``axes``:
-    the mesh axes a collective's groups span, in mesh order; ``overlaps``: for an asynchronous collective,
-    how many matmuls run between its start and its done (while it transfers), else None; ``in_loop``: from
-    a loop body, listed once however many times the loop runs.
-    """
+    """One matmul or collective in scheduled order (:func:`schedule`). ``kind``: ``'matmul'`` or one of
+    :data:`COLLECTIVES`; ``name``: its instruction (an asynchronous one's start); ``result_type`` as in
+    :class:`CollectiveOp`; ``axes``: the mesh axes a collective's groups span; ``overlaps``: the matmuls run
+    between an asynchronous collective's start and done; ``in_loop``: from a loop body, listed once."""
 
     kind: str
     name: str
     result_type: str
     axes: tuple[str, ...] = ()
-    overlaps: int | None = None
+    asynchronous: bool = False
+    overlaps: int = 0
     in_loop: bool = False
-
-    @property
-    def asynchronous(self) -> bool:
-        return self.overlaps is not None
-
-
-def _mesh_axes(groups: list[list[int]], sizes: dict[str, int]) -> tuple[str, ...]:
-    """The mesh axes along which members of a group differ: partition ids are positions in the flattened mesh."""
-    shape = [v for v in sizes.values() if v > 1]
-    names = [k for k, v in sizes.items() if v > 1]
-    spread: set[str] = set()
-    for g in groups:
-        at = np.unravel_index(g, shape) if shape else ()
-        spread |= {k for k, c in zip(names, at, strict=True) if len(set(c)) > 1}
-    return tuple(k for k in names if k in spread)
 
 
 def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
-    """The matmuls and collectives of the entry computation, in the order the compiler scheduled them.
+    """The entry computation's matmuls and collectives, in the order the compiler scheduled them (the order
+    a CPU, GPU or TPU program compiled ahead of time runs them), to see what waits for what.
 
-    A scheduled program (CPU, GPU, a TPU compiled ahead of time) lists its entry computation in the order
-    the device runs it. Matmuls: ``dot``, ``convolution``, or a fusion of one. Collectives as
-    :func:`collectives` reads them; an asynchronous one (a ``-start``/``-done`` pair, ``async-start``, the
-    TPU's ``AsyncCollectiveStart`` fusion) once, at its start, ``overlaps`` counting the matmuls scheduled
-    before its done. A loop's body is listed where the loop runs, each step once, marked ``in_loop``.
-    ``mesh`` (a ``Mesh``, or a dict of axis name -> size) names each collective's axes; partition ids are
-    positions in the mesh's flattened device order, so the axes do not depend on which devices it holds.
+    Matmuls: ``dot``, ``convolution`` or a fusion of one. Collectives as :func:`collectives` reads them; an
+    asynchronous one (``-start``/``-done``, ``async-start``, a TPU ``AsyncCollectiveStart`` fusion) once, at
+    its start. A loop body's steps stand where the loop runs, once each. ``mesh`` (a ``Mesh`` or a dict of
+    axis sizes) names each collective's axes: partition ids are positions in its flattened device order.
     """
     text = _hlo_text(compiled)
     try:
@@ -751,8 +721,7 @@ def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
     except (TypeError, ValueError):
         raise TypeError(f"schedule needs the mesh the program was compiled for (a jax.sharding.Mesh, or a dict "
                         f"such as {{'data': 4, 'model': 2}}); got {type(mesh).__name__}") from None
-    m = re.search(r"num_partitions=(\d+)", text)
-    n = int(m.group(1)) if m else 1
+    n = int(m.group(1)) if (m := re.search(r"num_partitions=(\d+)", text)) else 1
     if math.prod(sizes.values()) != n:
         raise ValueError(f"the program runs on {n} devices (num_partitions), the mesh {sizes} on "
                          f"{math.prod(sizes.values())}: pass the mesh the program was compiled with")
@@ -775,8 +744,8 @@ def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
             mm = next((x for x in [i, *calls(i)] if x.opcode in ("dot", "convolution")), None)
             if i.name in pending:  # its done: the matmuls since its start ran while it transferred
                 k = pending.pop(i.name)
-                steps[k] = replace(steps[k], result_type=_short_type(i.type),
-                                   overlaps=sum(s.kind == "matmul" for s in steps[k + 1:]))
+                steps[k] = replace(steps[k], result_type=_short_type(i.type), overlaps=sum(s.kind == "matmul"
+                                                                                            for s in steps[k + 1:]))
             elif i.opcode == "while":
                 walk(comps.get(dict(i.called).get("body", ""), []), True)
             elif mm is not None and not start:
@@ -793,10 +762,10 @@ def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
                             pending[later.name] = len(steps)
                             break
                         chain.add(later.name)
+                spread = {k for g in _groups(op.line, n) for k, c in zip(sizes, np.unravel_index(g, [*sizes.values()]),
+                                                                            strict=True) if len(set(c)) > 1}
                 steps.append(ScheduleStep("reduce-scatter" if fused else _KIND[op.opcode], i.name, _short_type(result),
-                                          _mesh_axes(_groups(op.line, n), sizes), 0 if start else None, in_loop))
-        for k in pending.values():  # a done in another computation: the matmuls to the end of this one
-            steps[k] = replace(steps[k], overlaps=sum(s.kind == "matmul" for s in steps[k + 1:]))
+                                          tuple(k for k in sizes if k in spread), start, 0, in_loop))
 
     walk(comps.get(roots[0], []) if roots else [], False)
     return steps
