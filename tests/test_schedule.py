@@ -29,7 +29,7 @@ def _step(w1, w2, x):
 
 def _compiled(shape, names, w1, w2, x, devices=None):
     mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=devices)
-    ns = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+    ns = lambda spec: NamedSharding(mesh, spec)
     args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=ns(spec))
             for s, spec in (((64, 256), w1), ((256, 64), w2), ((32, 64), x))]
     return jax.jit(_step, out_shardings=(ns(w1), ns(w2))).lower(*args).compile(), mesh
@@ -96,7 +96,8 @@ def test_every_replica_group_spelling_and_an_async_pair_from_text():
         "  %d-start = (f32[1]{0}, f32[8]{0}) all-gather-start(%w), replica_groups={}",
         "  %m = f32[8,8]{1,0} dot(%p, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
         "  %d-done = f32[8]{0} all-gather-done(%d-start)",
-        "  %g = s32[2]{0} collective-permute(%v), source_target_pairs={{0,2},{2,4},{4,6},{6,0},{1,3},{3,5},{5,7},{7,1}}",
+        "  %g = s32[2]{0} collective-permute(%v), "
+        "source_target_pairs={{0,2},{2,4},{4,6},{6,0},{1,3},{3,5},{5,7},{7,1}}",
         "  %i = f32[4,2]{1,0} all-reduce(%x), replica_groups=[2,4]<=[4,2]T(1,0), to_apply=%add",
         "  %j = f32[4]{0} all-reduce(%x), replica_groups=mesh['axis_0'=1,'axis_1'=2,'axis_2'=4], "
         "device_ids=([4,2]T(1,0)) {'axis_1'}, to_apply=%add",
@@ -118,9 +119,9 @@ def test_bad_input_says_what_to_pass():
         schedule(jax.jit(_step), mesh)
     with pytest.raises(TypeError, match="the mesh the program was compiled for"):
         schedule(compiled, 8)
-    with pytest.raises(ValueError, match="runs on 8 devices .* pass the mesh the program was compiled with"):
+    with pytest.raises(ValueError, match=r"runs on 8 devices .* pass the mesh the program was compiled with"):
         schedule(compiled, {"data": 4})
-    with pytest.raises(TypeError, match="utils.schedule"):
+    with pytest.raises(TypeError, match=r"utils\.schedule"):
         draw_schedule(compiled)
     with pytest.raises(TypeError, match="non-empty"):
         draw_schedule([])
@@ -168,7 +169,7 @@ def test_picture_boxes_in_order_coloured_by_axes():
 
 def _all_text(fig):
     legend = fig.axes[0].get_legend()
-    return [t for ax in fig.axes for t in ax.texts] + list(legend.get_texts()) + [fig._suptitle, fig.axes[0].xaxis.label]
+    return [*(t for ax in fig.axes for t in ax.texts), *legend.get_texts(), fig._suptitle, fig.axes[0].xaxis.label]
 
 
 def test_picture_of_a_long_asynchronous_schedule_wraps_and_stays_legible():
