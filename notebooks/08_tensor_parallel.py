@@ -408,19 +408,31 @@ for d in (4096, 8192):  # the width of a 7-billion- and of a 70-billion-paramete
 # At every real batch, tensor parallelism sends more bytes than data parallelism, 4 to 80 times the
 # crossover. It is chosen for other reasons: it divides the weights, so a model too large for one
 # device fits, and it lets more devices share a batch than there are sequences to split it into
-# (the per-device batch floor, notebook 14). Two caveats make the crossover a rough estimate, not a rule:
+# (notebook 14). Two caveats make the crossover a rough estimate:
 #
 # - These are byte **estimates** from the ring formula, applied to the compiled programs' result sizes;
 #   real links, topologies and algorithms differ.
 # - Data parallelism's gradient all-reduce of one layer can run while the backward pass of the layers
 #   below is still computing, so much of it hides behind compute. Tensor parallelism's all-reduces sit
-#   between two matmuls that need their result: they are hidden only by splitting the matmul into
-#   pieces that overlap the transfer (collective matmul, which the TPU and GPU compilers can do), so
-#   tensor parallelism is kept on the fastest links, inside one machine.
+#   between matmuls that need their result: only splitting the matmul into pieces that overlap the
+#   transfer (collective matmul) hides them, so tensor parallelism stays on the fastest links.
 #
 # The course MLP's first layer reads `x`, which is data: no gradient flows into it, so its train step
 # below has only the forward all-reduce.
 #
+# The block's step in scheduled order: both all-reduces run over `model`, each right after the matmul
+# whose partial sums it adds, and the backward matmuls wait for the first.
+
+# %%
+from utils import draw_schedule, schedule
+
+tp_tokens = jax.device_put(np.zeros((64, 64), np.float32), NamedSharding(mesh, P()))
+tp_steps = schedule(block_grads.lower(ff_tp, tp_tokens, tp_tokens).compile(), mesh)
+assert all(s.axes == ("model",) and tp_steps[k - 1].kind == "matmul" for k, s in enumerate(tp_steps)
+           if s.kind != "matmul")  # every sum over model follows the matmul that made its partial sums
+draw_schedule(tp_steps, title="feed-forward block, forward and backward, tensor parallel over 8 devices")
+
+# %% [markdown]
 # ## 6. Training the tensor-parallel MLP
 #
 # Five steps on the single-device reference and on the tensor-parallel model, from the same parameters

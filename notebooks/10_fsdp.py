@@ -327,8 +327,8 @@ print("dynamic-slice results in the FSDP step:", slices)
 
 # %% [markdown]
 # **The TPU program.** You need no TPU to see what the TPU compiler does with the same step: JAX
-# compiles ahead of time for a TPU topology, here a v5e with 8 chips (`v5e:2x4`; notebook 15 covers this
-# in depth). The state becomes `jax.ShapeDtypeStruct`s placed by the same rule on a mesh of TPU chips,
+# compiles ahead of time for a TPU topology, here a v5e with 8 chips (`v5e:2x4`, notebook 15). The state
+# becomes `jax.ShapeDtypeStruct`s placed by the same rule on a mesh of TPU chips,
 # and a function that `nnx.merge`s them calls the same `train_step`. Nothing is allocated, nothing runs:
 
 # %%
@@ -432,7 +432,7 @@ if ok:
 # FSDP stores about 1/8 of data parallelism's state (the donated parameters and Adam moments). Its
 # temporaries are not divided: larger than the whole float32 model and than data parallelism's, since
 # each chip rebuilds every weight whole. In all FSDP still needs less HBM per chip here, because data
-# parallelism's copies of the state dominate. Read the TPU program at your sizes.
+# parallelism's copies of the state dominate.
 
 # %% [markdown]
 # A reduce-scatter delivers only each device's block of the sum. `jax.lax.psum_scatter` inside
@@ -503,6 +503,18 @@ assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 8) == (256 +
 # where data parallelism sends all of them. (The small replicated biases and the loss are summed over
 # all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh; notebook 18
 # builds multi-slice meshes.
+#
+# In order (the TPU program where libtpu is here): both kernels gathered before the first matmul,
+# gradients reduced (scattered on TPU) after the last.
+
+# %%
+from utils import draw_schedule, schedule
+
+fsdp_steps = schedule(*((compile_for_tpu(tpu_plan), tpu_mesh) if ok else (compiled_fsdp, mesh)))
+fsdp_kinds = [s.kind for s in fsdp_steps]
+assert fsdp_kinds[:2] == ["all-gather"] * 2 and "matmul" not in fsdp_kinds[fsdp_kinds.index(
+    "reduce-scatter" if ok else "all-reduce"):]  # gathered before the matmuls, gradients reduced after them
+draw_schedule(fsdp_steps, title=f"FSDP train step on 8 {'TPU v5e chips' if ok else 'devices'}")
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Exact figures, §5: the CPU compiler's collectives

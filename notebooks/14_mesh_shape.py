@@ -264,9 +264,8 @@ fig
 # The bytes are ring-formula estimates from each collective's result size and group, not
 # measurements, and they leave out time. A gradient all-reduce needs only gradients already computed,
 # so a program that sums each layer's gradients separately can overlap that with the rest of the
-# backward pass. A tensor-parallel all-reduce sits between two matmuls, and the second waits for it,
-# unless the compiler splits the matmul into pieces and sends one piece while it computes the next
-# (collective matmul, which XLA can do on TPU): harder to hide, not impossible.
+# backward pass. A tensor-parallel all-reduce sits between two matmuls, and the second waits for it
+# unless the compiler splits the matmul to overlap them (collective matmul, on TPU).
 # This program sums all gradients in **one** combined all-reduce, and in the CPU compiler's schedule it
 # comes after the step's last matmul:
 
@@ -287,10 +286,22 @@ if CPU:
 
 # %% [markdown]
 # So this data-parallel step cannot overlap its gradient sum with the backward pass: the gradients
-# computed last (the embeddings') are in the same all-reduce as all the others. For a program that can,
-# see notebook 12, section 3: with the layers in a `scan`, each layer's gradient is summed inside the
-# backward loop, as soon as that layer is done.
+# computed last (the embeddings') are in the same all-reduce as all the others. For one that can, see
+# notebook 12, section 3: a `scan` over layers sums each layer's gradient inside the backward loop.
 #
+# The 2-D layout's step in scheduled order: activations summed over `model` between the matmuls, the
+# gradients once over `data`, after the last.
+
+# %%
+import utils
+
+steps_2d = utils.schedule(compiled["2-D"], dict(zip(("data", "model"), LAYOUTS["2-D"][0], strict=True)))
+if CPU:  # the CPU compiler's schedule
+    sums = [(s.kind, s.axes) for s in steps_2d if s.kind != "matmul"]
+    assert set(sums[:-1]) == {("all-reduce", ("model",))} and sums[-1] == ("all-reduce", ("data",)) == (
+        steps_2d[-1].kind, steps_2d[-1].axes)  # activations over model throughout; gradients over data, last
+utils.draw_schedule(steps_2d, title="2-D layout, (8, 8) mesh: one train step")
+
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
 #

@@ -49,7 +49,6 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 # %%
 import gzip
 import json
-import re
 import shutil
 import tempfile
 from functools import partial
@@ -286,8 +285,7 @@ else:
 # sits at the edge and 32-way would not hide. So TP axes stay small, and TP is chosen for memory, not
 # bytes.
 #
-# Check both on the compiled programs: FSDP's bytes are fixed and its compute grows with the batch, so
-# they meet at the crossover.
+# Check both on the compiled programs; FSDP's fixed bytes meet its growing compute at the crossover.
 
 # %%
 if ok:
@@ -305,57 +303,25 @@ else:
 
 # %% [markdown]
 # Close to the formulas, not equal: the compiler fuses and picks each collective's dtype. Hiding also
-# needs the schedule to allow it. The compiled TPU program is scheduled: its
-# entry computation lists instructions in the order the chip runs them, and asynchronous collectives
-# appear as a `...-start` and a `...-done`. Whatever the chip runs between the two overlaps the transfer.
-# List, for DP and FSDP at the default effort, the asynchronous collectives and the matmuls
-# (`convolution` fusions, and loops that contain them) scheduled inside their windows:
+# needs the schedule to allow it: a compiled program lists its instructions in the order the chip runs
+# them, and whatever runs between an asynchronous collective's `...-start` and `...-done` overlaps the
+# transfer. `utils.schedule` lists DP's and FSDP's steps at the default effort in that order, with the
+# matmuls inside each asynchronous collective's window:
 
 # %%
-INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = .*? ([a-z][\w-]*)\((.*)$", re.M)
-COLLECTIVE = re.compile(r" (all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)[\w-]*\(")
-
-
-def windows(compiled):
-    """For each asynchronous collective of the entry computation: (its kind, matmuls scheduled inside it).
-
-    The TPU compiler writes one either as an `...-start` / `...-done` pair, or as a pair of fusions named
-    `async-collective-start` / `async-collective-done` that wrap the collective."""
-    text = compiled.as_text()
-    comps = dict(re.findall(r"^(?:ENTRY )?%(\S+) .*?\{\n(.*?)\n\}", text, re.M | re.S))
-    entry = text[text.index("\nENTRY"):]
-    order = INSTR.findall(entry[: entry.index("\n}")])
-
-    def inside(rest):  # the text of the computations an instruction calls (fusions, loops)
-        return "".join(comps.get(c, "") for c in re.findall(r"(?:calls|body)=%([\w.-]+)", rest))
-
-    found = []
-    for i, (name, op, rest) in enumerate(order):
-        if not (op.endswith("-start") or name.startswith("async-collective-start")):
-            continue
-        kind = COLLECTIVE.search(f" {op}(") or COLLECTIVE.search(inside(rest))
-        if kind is None:  # an asynchronous copy or slice, not a collective
-            continue
-        uses = re.compile(rf"%{re.escape(name)}(?![\w.-])")
-        j = next((j for j in range(i + 1, len(order)) if "done" in order[j][0] + order[j][1] and uses.search(order[j][2])),
-                 None)
-        if j is None:  # finished inside a loop that takes it as an operand: not a window of the entry
-            continue
-        matmuls = sum(op2 in ("convolution", "dot") or "convolution" in inside(rest2) for _, op2, rest2 in order[i + 1 : j])
-        found.append((kind.group(1), matmuls))
-    return found
-
+from utils import draw_schedule, schedule
 
 if ok:
     scheduled = {name: compile_block(v5e_8, *STRATEGIES[name], effort=None) for name in ("DP", "FSDP")}
+    steps = {name: schedule(compiled, mesh) for name, (compiled, mesh) in scheduled.items()}
     for name, (compiled, mesh) in scheduled.items():
-        w = windows(compiled)
+        w = [(s.kind, s.overlaps) for s in steps[name] if s.asynchronous]
         print(f"{name:<10} {len(w):>2} asynchronous collectives, {sum(n > 0 for _, n in w):>2} with matmuls inside"
               + (": " + ", ".join(sorted({k for k, _ in w})) if w else ""))
         full, fast = estimate(compiled, mesh), est[name]
         assert full["flops"] == fast["flops"] and full["comm"] == fast["comm"], name  # O0 changed neither
-    assert any(n > 0 for _, n in windows(scheduled["FSDP"][0]))  # FSDP's transfers overlap its matmuls
-    assert windows(scheduled["DP"][0]) == []  # DP's gradient all-reduces run synchronously, after the matmuls
+    assert any(s.overlaps > 0 for s in steps["FSDP"])  # FSDP's transfers overlap its matmuls
+    assert not any(s.asynchronous for s in steps["DP"])  # DP's gradient sums run synchronously, after the matmuls
 else:
     print(why)
 
@@ -368,6 +334,17 @@ else:
 # (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
 # in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
 #
+# Drawn, FSDP's step: each ring step of a collective matmul (`CP`) is a bar over the matmuls it overlaps.
+
+# %%
+if ok:
+    assert all(s.overlaps > 0 for s in steps["FSDP"] if s.kind == "collective-permute")  # every ring step hides
+else:
+    print(why)
+fsdp_fig = draw_schedule(steps["FSDP"], title="one FSDP block's step on a TPU v5e-8, as scheduled") if ok else None
+fsdp_fig
+
+# %% [markdown]
 # ## 4. Held against a measurement
 #
 # MaxText, Google's reference JAX trainer, publishes measurements with configurations. Its TPU

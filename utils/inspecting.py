@@ -21,8 +21,7 @@ import contextlib
 import math
 import re
 import tempfile
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ __all__ = [
     "CollectiveOp",
     "Collectives",
     "Memory",
+    "ScheduleStep",
     "ShardRow",
     "ShardTable",
     "collectives",
@@ -43,6 +43,7 @@ __all__ = [
     "format_bytes",
     "memory_per_device",
     "memory_spaces",
+    "schedule",
     "shard_table",
 ]
 
@@ -233,41 +234,40 @@ def _type_bytes(type_text: str) -> int:
     return sum(math.prod(shape) * _BITS[dtype] // 8 for dtype, shape in _arrays(type_text))
 
 
+def _groups(line: str, n: int) -> list[list[int]]:
+    """A collective's groups of partition ids (a collective-permute: its pairs) from any spelling XLA prints:
+    Shardy's ``mesh['axis_0'=4,'axis_1'=2] {'axis_1'}`` (the compiler's mesh, not the user's; perhaps with
+    ``device_ids=([4,2]T(1,0))``), iota ``[2,4]<=[4,2]T(1,0)``, explicit ``{{0,1},{2,3}}``, ``{}`` (all ``n``)."""
+    def ints(text: str | None) -> list[int]:
+        return [int(v) for v in re.findall(r"\d+", text or "")]
+
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=(\S+))?\s*\{([^}]*)\}", line)
+    if m:
+        sizes = [(k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+        iota = re.fullmatch(r"\(\[([\d,]+)\](?:T\(([\d,]+)\))?\)", m.group(2) or "")
+        ids = (np.arange(math.prod(v for _, v in sizes)).reshape(ints(iota.group(1))).transpose(ints(iota.group(2))
+               or None) if iota else np.array(ints(m.group(2)) or range(math.prod(v for _, v in sizes))))
+        keep = [i for i, (k, _) in enumerate(sizes) if f"'{k}'" in m.group(3)]
+        ids = ids.reshape([v for _, v in sizes]).transpose([i for i in range(len(sizes)) if i not in keep] + keep)
+        return ids.reshape(-1, math.prod(sizes[i][1] for i in keep)).tolist()
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+    if m:
+        dims = ints(m.group(3))
+        return np.arange(math.prod(dims)).reshape(dims).transpose(ints(m.group(4)) or None).reshape(int(m.group(1)),
+                                                                                                 -1).tolist()
+    m = re.search(r"(?:replica_groups|source_target_pairs)=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", line)
+    return [ints(g) for g in re.findall(r"\{([\d,]*)\}", m.group(1))] if m else [list(range(n))]
+
+
 def _group_size(line: str, total_devices: int | None) -> int:
-    """Devices per group, from any of the replica_groups spellings XLA prints."""
-    # Shardy mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, possibly with
-    # ", device_ids=([4,2]T(1,0))" between the mesh and the axes that talk.
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
-    if m:
-        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
-        names = re.findall(r"'([^']+)'", m.group(2))
-        if all(n in sizes for n in names):
-            return math.prod(sizes[n] for n in names) if names else 1
-        return total_devices or 1
-    # iota form: replica_groups=[4,2]<=[8], or transposed [2,4]<=[4,2]T(1,0): [groups, group size]
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
-    if m:
-        return int(m.group(2))
-    # explicit form: replica_groups={{0,1},{2,3}}
-    m = re.search(r"replica_groups=\{\{([^}]*)\}", line)
-    if m:
-        return len([v for v in m.group(1).split(",") if v.strip()])
-    # collective-permute: source_target_pairs={{0,2},{2,4},...} -> the devices of one ring (a connected
-    # group of the pair graph); several independent rings run side by side.
-    m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", line)
-    if m:
-        pairs = [(int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
-        group: dict[int, int] = {}
-
-        def root(v: int) -> int:
-            while group.setdefault(v, v) != v:
-                v = group[v]
-            return v
-
-        for a, b in pairs:
-            group[root(a)] = root(b)
-        return max(2, *Counter(root(v) for v in list(group)).values())
-    return total_devices or 1  # replica_groups={} : every device
+    """Devices per group; for a collective-permute, its largest ring (several may run side by side)."""
+    groups = _groups(line, total_devices or 1)
+    if "source_target_pairs=" not in line:
+        return len(groups[0])
+    rings: list[set[int]] = []  # the connected groups of the pair graph
+    for pair in map(set, groups):
+        rings = [r for r in rings if not r & pair] + [pair.union(*(r for r in rings if r & pair))]
+    return max(2, *map(len, rings))
 
 
 @dataclass(frozen=True)
@@ -688,3 +688,84 @@ def shard_table(x: Any, sharding: Any = None, *, mesh: Any = None) -> ShardTable
                 rows.append(ShardRow(dev, t.index_string(), replica, t.shape, math.prod(t.shape) * itemsize))
         rows.sort(key=lambda r: r.device)
     return ShardTable(tuple(rows), shape, itemsize)
+
+
+@dataclass(frozen=True)
+class ScheduleStep:
+    """One matmul or collective in scheduled order (:func:`schedule`). ``kind``: ``'matmul'`` or one of
+    :data:`COLLECTIVES`; ``name``: its instruction (an asynchronous one's start); ``result_type`` as in
+    :class:`CollectiveOp`; ``axes``: the mesh axes a collective's groups span; ``overlaps``: the matmuls run
+    between an asynchronous collective's start and done; ``in_loop``: from a loop body, listed once."""
+
+    kind: str
+    name: str
+    result_type: str
+    axes: tuple[str, ...] = ()
+    asynchronous: bool = False
+    overlaps: int = 0
+    in_loop: bool = False
+
+
+def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
+    """The entry computation's matmuls and collectives, in the order the compiler scheduled them (the order
+    a CPU, GPU or TPU program compiled ahead of time runs them), to see what waits for what.
+
+    Matmuls: ``dot``, ``convolution`` or a fusion of one. Collectives as :func:`collectives` reads them; an
+    asynchronous one (``-start``/``-done``, ``async-start``, a TPU ``AsyncCollectiveStart`` fusion) once, at
+    its start. A loop body's steps stand where the loop runs, once each. ``mesh`` (a ``Mesh`` or a dict of
+    axis sizes) names each collective's axes: partition ids are positions in its flattened device order.
+    """
+    text = _hlo_text(compiled)
+    try:
+        sizes = {str(k): int(v) for k, v in dict(getattr(mesh, "shape", mesh)).items()}
+    except (TypeError, ValueError):
+        raise TypeError(f"schedule needs the mesh the program was compiled for (a jax.sharding.Mesh, or a dict "
+                        f"such as {{'data': 4, 'model': 2}}); got {type(mesh).__name__}") from None
+    n = int(m.group(1)) if (m := re.search(r"num_partitions=(\d+)", text)) else 1
+    if math.prod(sizes.values()) != n:
+        raise ValueError(f"the program runs on {n} devices (num_partitions), the mesh {sizes} on "
+                         f"{math.prod(sizes.values())}: pass the mesh the program was compiled with")
+    comps, roots = _parse_module(text)
+    steps: list[ScheduleStep] = []
+
+    def calls(i: _Instr) -> list[_Instr]:  # what a fusion or an async wrapper runs
+        return [x for _, c in i.called for x in comps.get(c, [])] if i.opcode in ("fusion", "async-start") else []
+
+    def is_done(i: _Instr) -> bool:
+        return (i.opcode.endswith("-done") and i.opcode[:-5] in (*COLLECTIVES, "async")) or any(
+            "AsyncCollectiveDone" in x.attrs for x in calls(i))
+
+    def walk(body: list[_Instr], in_loop: bool) -> None:
+        pending: dict[str, int] = {}  # the done that ends an asynchronous collective -> its step
+        for at, i in enumerate(body):
+            found = [x for x in calls(i) if x.opcode in _KIND]
+            start = (i.opcode in _KIND and i.opcode.endswith("-start")) or (bool(found) and (
+                i.opcode == "async-start" or any("AsyncCollectiveStart" in x.attrs for x in calls(i))))
+            mm = next((x for x in [i, *calls(i)] if x.opcode in ("dot", "convolution")), None)
+            if i.name in pending:  # its done: the matmuls since its start ran while it transferred
+                k = pending.pop(i.name)
+                steps[k] = replace(steps[k], result_type=_short_type(i.type), overlaps=sum(s.kind == "matmul"
+                                                                                            for s in steps[k + 1:]))
+            elif i.opcode == "while":
+                walk(comps.get(dict(i.called).get("body", ""), []), True)
+            elif mm is not None and not start:
+                steps.append(ScheduleStep("matmul", i.name, _short_type(mm.type), in_loop=in_loop))
+            elif (start or found or i.opcode in _KIND) and not is_done(i):
+                fused = _fused_reduce_scatter(calls(i)) if found and not start else None
+                op = fused[0] if fused else found[0] if found else i
+                parts = _tuple_elements(_strip_type(i.type))
+                result = fused[1] if fused else parts[1] if i.opcode.endswith("-start") and len(parts) > 1 else op.type
+                chain = {i.name}  # its done: the first later instruction that consumes it and is a done
+                for later in body[at + 1:] if start else []:
+                    if chain & set(later.operands):
+                        if is_done(later):
+                            pending[later.name] = len(steps)
+                            break
+                        chain.add(later.name)
+                spread = {k for g in _groups(op.line, n) for k, c in zip(sizes, np.unravel_index(g, [*sizes.values()]),
+                                                                            strict=True) if len(set(c)) > 1}
+                steps.append(ScheduleStep("reduce-scatter" if fused else _KIND[op.opcode], i.name, _short_type(result),
+                                          tuple(k for k in sizes if k in spread), start, 0, in_loop))
+
+    walk(comps.get(roots[0], []) if roots else [], False)
+    return steps
