@@ -563,9 +563,10 @@ for t in targets:  # memory falls from stage to stage
 # %% [markdown]
 # ZeRO-1 and 2 store the whole parameters (128 MiB) and 1/8 of Adam's moments; ZeRO-3 stores 1/8 of
 # everything. Memory falls at each stage on both targets. ZeRO-2 needs 112 MiB less than ZeRO-1 on the CPU
-# backend: ZeRO-1 holds the whole gradient until Adam has read its slice. ZeRO-1 and 2 all-gather the updated parameters once per step, after the loop; ZeRO-3 gathers
-# each layer's weights inside it. On the CPU backend every gradient sum is an all-reduce (then a
-# `dynamic-slice`); the TPU compiler fuses the pair into a **reduce-scatter** wherever the gradient is split.
+# backend: ZeRO-1 holds the whole gradient until Adam has read its slice. ZeRO-1 and 2 all-gather the
+# updated parameters once per step, after the loop; ZeRO-3 gathers each layer's weights inside it. On the
+# CPU backend every gradient sum is an all-reduce (then a `dynamic-slice`); the TPU compiler fuses the
+# pair into a **reduce-scatter** wherever the gradient is split.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Exact figures, §4: ZeRO-1 against ZeRO-2, per compiler

@@ -57,8 +57,8 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_permute, draw_shardings, format_bytes, memory_per_device, quiet,
-                   shard_table, tpu_compiler_available, type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_permute, draw_shardings, format_bytes,
+                   memory_per_device, quiet, shard_table, tpu_compiler_available, type_string)
 
 ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance means nothing
 
@@ -396,7 +396,8 @@ if TPU_OK:
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Exact figures, §2: the CPU compiler's accumulation step at this toy size
-print(f"{jax.default_backend().upper()} compiler: footprint " + ", ".join(f"{n} {format_bytes(b)}" for n, b in footprint.items())
+print(f"{jax.default_backend().upper()} compiler: footprint "
+      + ", ".join(f"{n} {format_bytes(b)}" for n, b in footprint.items())
       + f"; gradient sum {'inside' if any(op.in_loop for op in acc_ops.ops) else 'after'} the loop"
       + f"; FSDP weights gathered {'inside' if any(op.in_loop for op in weight_gathers) else 'before'} it")
 if CPU:  # the CPU compiler's program at this toy size (the TPU's, at a real size, in the section)
@@ -415,7 +416,8 @@ if CPU:  # the CPU compiler's program at this toy size (the TPU's, at a real siz
 #
 # `jax.make_mesh` without `axis_types` gives **Explicit** axes: each array's sharding is part of its
 # type, JAX propagates it while tracing, and an operation whose result layout the types leave open is
-# an error. Every strategy notebook so far asked for Auto axes. Here is the data x tensor parallel MLP of notebook 09 on the default mesh:
+# an error. Every strategy notebook so far asked for Auto axes. Here is the data x tensor parallel MLP
+# of notebook 09 on the default mesh:
 
 # %%
 emesh = jax.make_mesh((4, 2), ("data", "model"))  # no axis_types: the default

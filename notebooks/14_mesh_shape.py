@@ -297,8 +297,9 @@ print(f"{len(lines)} instructions: {len(matmuls)} matmuls, the last at {max(matm
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Exact figures, §4: the CPU compiler's collectives
-print(f"{jax.default_backend().upper()} compiler: largest ring estimate {max(comm, key=lambda n: comm[n].estimated_bytes)}"
-      f"; data parallel: {comm['data'].count()} collective, after the last matmul: {bool(at) and max(matmuls) < at[0]}")
+last = "after" if len(at) == 1 and max(matmuls) < at[0] else "not after"
+print(f"{jax.default_backend().upper()} compiler: data parallel has {comm['data'].count()} collective(s), its "
+      f"all-reduce {last} the last matmul; the largest ring estimate: {max(comm, key=lambda n: comm[n].estimated_bytes)}")
 if CPU:
     assert comm["data"].counts["all-reduce"] == comm["data"].count() == 1  # every gradient in one sum
     assert not activations["data"]  # pure data parallelism moves no activations
