@@ -58,8 +58,8 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, memory_per_device, quiet,
-                   shard_table, type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_schedule, draw_sharding, draw_shardings,
+                   memory_per_device, quiet, schedule, shard_table, type_string)
 
 # %% [markdown]
 # ## 1. A `model` axis: every device holds a slice of every kernel
@@ -424,8 +424,6 @@ for d in (4096, 8192):  # the width of a 7-billion- and of a 70-billion-paramete
 # whose partial sums it adds, and the backward matmuls wait for the first.
 
 # %%
-from utils import draw_schedule, schedule
-
 tp_tokens = jax.device_put(np.zeros((64, 64), np.float32), NamedSharding(mesh, P()))
 tp_steps = schedule(block_grads.lower(ff_tp, tp_tokens, tp_tokens).compile(), mesh)
 assert all(s.axes == ("model",) and tp_steps[k - 1].kind == "matmul" for k, s in enumerate(tp_steps)

@@ -64,8 +64,8 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_shardings, format_bytes, memory_per_device, quiet, shard_table,
-                   tpu_compiler_available, type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_schedule, draw_shardings, format_bytes,
+                   memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
@@ -508,8 +508,6 @@ assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 8) == (256 +
 # gradients reduced (scattered on TPU) after the last.
 
 # %%
-from utils import draw_schedule, schedule
-
 fsdp_steps = schedule(*((compile_for_tpu(tpu_plan), tpu_mesh) if ok else (compiled_fsdp, mesh)))
 fsdp_kinds = [s.kind for s in fsdp_steps]
 assert fsdp_kinds[:2] == ["all-gather"] * 2 and "matmul" not in fsdp_kinds[fsdp_kinds.index(

@@ -3,15 +3,22 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/13_sequence_batch.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/13_sequence_batch.ipynb)
 #
-# This notebook teaches three techniques that practitioners add to the strategies of notebooks 07 to 11:
-# sequence parallelism, gradient accumulation, and training on an Explicit mesh. It ends with a map of
-# pipeline, expert and context parallelism: what each splits, and the axis and collective it adds.
+# Under tensor parallelism each of the 8 devices of the `model` axis holds the whole activation between
+# the parallel regions, 128 KiB here where 16 KiB would do. A batch too large for memory needs the same
+# care: split into micro-batches the wrong way, it stops being data parallel.
+#
+# **You need:** notebooks 05 (Explicit axes), 08 (column- and row-parallel layers), 09 (a `data` x `model`
+# mesh) and 10 (FSDP); `jax.lax.with_sharding_constraint`, `jax.lax.scan`, `jax.typeof`.
+#
+# You add three techniques to the strategies of notebooks 07 to 11: sequence parallelism, gradient
+# accumulation, and training on an Explicit mesh. A map of pipeline, expert and context parallelism
+# closes it: what each splits, and the axis and collective it adds.
 #
 # **You will learn**
 # - how `P(None, 'model', None)` on the activations between tensor-parallel regions divides their
 #   memory by the `model` axis, and turns the all-reduce into a reduce-scatter and an all-gather;
-# - how to accumulate gradients over micro-batches with `jax.lax.scan` inside one jitted step, and how
-#   to split the batch into micro-batches without undoing data parallelism;
+# - how to accumulate gradients with `jax.lax.scan` inside one jitted step, and split the batch into
+#   micro-batches without undoing data parallelism;
 # - how a data x tensor parallel model trains on an Explicit mesh: `jax.typeof` through the model, the
 #   row-parallel layer's `ShardingTypeError`, and `out_sharding=`;
 # - what pipeline, expert and context parallelism add: a `stage`, `expert` or `context` axis, and a
@@ -50,8 +57,8 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, draw_permute, draw_shardings, format_bytes, memory_per_device, quiet,
-                   shard_table, tpu_compiler_available, type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_permute, draw_shardings, format_bytes,
+                   memory_per_device, quiet, shard_table, tpu_compiler_available, type_string)
 
 ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance means nothing
 
@@ -61,10 +68,10 @@ ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance
 # Tensor parallelism splits the work *inside* its regions (the column-parallel then row-parallel pair of
 # notebook 08), but between them, where the layer norm, the residual add and dropout run, every device
 # of the `model` axis holds the same full activation. Sequence parallelism splits those along the
-# sequence dimension instead: Megatron-style sequence parallelism (Korthikanti et al., 2022). Inside
-# attention, queries, keys and values stay split by heads over every token; context parallelism
-# (section 4) splits those too. DeepSpeed-Ulysses, also called sequence parallelism, keeps the
-# sequence split everywhere and switches attention to a split by heads with all-to-alls.
+# sequence dimension instead: Megatron-style sequence parallelism (Korthikanti et al., 2022); attention
+# itself stays split by heads (context parallelism, section 4, splits it too). DeepSpeed-Ulysses, also
+# called sequence parallelism, keeps the sequence split everywhere and switches attention to a split by
+# heads with all-to-alls.
 #
 # The block: a pre-norm feed-forward layer, `x + down(gelu(up(norm(x))))`, on an 8-device `model` axis,
 # for 4 sequences of 128 tokens of width 64. `between` is the layout of the activations outside the
@@ -101,8 +108,8 @@ for name, between in (("tensor parallel", TP), ("sequence parallel", SP)):
     compiled = step.lower(placed, x_in).compile()
     out, normed = step(placed, x_in)
     runs[name] = (compiled, normed)
-    np.testing.assert_allclose(out, ref_out, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(normed, ref_normed, rtol=RTOL, atol=ATOL)
+    assert_close(out, ref_out, atol=ATOL)
+    assert_close(normed, ref_normed, atol=ATOL)
     assert shard_table(out).bytes_per_device == shard_table(normed).bytes_per_device  # the residual stream too
     print(f"{name}: normed is {type_string(normed)}, "
           f"{format_bytes(shard_table(normed).bytes_per_device[0])} per device")
@@ -131,13 +138,10 @@ draw_shardings({"tensor parallel: normed": tp_normed, "sequence parallel: normed
 # %%
 slices = sorted(set(re.findall(r"= (f32\[[0-9,]+\])\{[0-9,]+\} dynamic-slice\(", sp_program.as_text())))
 print("dynamic-slice results:", slices)
-if CPU:  # the CPU compiler's spelling of the reduce-scatter
-    assert [op.kind for op in sp_ops.ops] == ["all-gather", "all-reduce"]
-    assert f"f32[{B},{S // 8},{D}]" in slices
 
 # %% [markdown]
 # The TPU compiler writes it as one. Compile both blocks ahead of time for a TPU v5e with 8 chips
-# (notebook 15 explains how; no TPU is needed, only its compiler, libtpu):
+# (notebook 15 explains how; only the TPU compiler, libtpu, is needed):
 
 # %%
 TPU_OK, why = tpu_compiler_available()
@@ -174,22 +178,28 @@ if TPU_OK:
 # %% [markdown]
 # On the TPU the sequence-parallel block has an all-gather and a reduce-scatter whose result is each
 # chip's `f32[4,16,64]`, and no all-reduce. By the ring estimates it sends less than the
-# tensor-parallel all-reduce: in float32 its two halves would add up to exactly the all-reduce, and
-# the TPU gathers in bf16, its default matmul precision. The same traffic or less, for one eighth of
-# the activation memory between the regions: there is little reason to run tensor parallelism
-# without sequence parallelism.
+# tensor-parallel all-reduce (in float32 its halves add up to the all-reduce; the TPU gathers in bf16).
+# The same traffic or less, for one eighth of the memory between the regions: there is little reason
+# to run tensor parallelism without sequence parallelism.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §1: the CPU compiler's reduce-scatter
+print(f"{jax.default_backend().upper()} compiler, sequence parallel:", ", ".join(op.kind for op in sp_ops.ops),
+      "and a dynamic-slice to", slices)
+if CPU:  # the CPU compiler's spelling of the reduce-scatter
+    assert [op.kind for op in sp_ops.ops] == ["all-gather", "all-reduce"]
+    assert f"f32[{B},{S // 8},{D}]" in slices
 
 # %% [markdown]
 # ## 2. Gradient accumulation: a global batch that does not fit
 #
 # When the activations of the global batch do not fit, split it into micro-batches, sum their
-# gradients, and apply one update: the same update as the whole batch at once. With `jax.lax.scan`
-# the loop runs inside the one jitted, sharded step.
+# gradients, and apply one update, the whole batch's. With `jax.lax.scan` the loop runs inside one
+# jitted, sharded step.
 #
 # The model is the MLP `64 -> 256 -> 10` of notebooks 07 to 10, on an 8-device `data` mesh, with a
-# global batch of 8,192 examples from the same kind of teacher, in 8 micro-batches of 1,024. The step
-# is written functionally (`nnx.split` once, `nnx.merge` inside) so that the scan's loop carries plain
-# arrays, with plain SGD as the optimizer. The loss takes one-hot labels; section 3 says why.
+# global batch of 8,192 examples in 8 micro-batches of 1,024. The step is functional (`nnx.split` once,
+# `nnx.merge` inside) so that the scan carries plain arrays; plain SGD; one-hot labels (section 3 says why).
 
 # %%
 class MLP(nnx.Module):
@@ -272,8 +282,8 @@ assert shard_table(jax.jit(strided)(x_dp)).shard_shapes == {(MICRO, N // MICRO /
 
 # %% [markdown]
 # With consecutive rows, the micro-batch dimension carries `@data`: one micro-batch per device. The scan
-# then needs every micro-batch whole in turn. Compile the three steps (the whole batch at once, and
-# the two splits) and compare what each device holds and sends:
+# then needs every micro-batch whole in turn. Compile the three steps (whole batch, two splits) and
+# compare what each device holds and sends:
 
 # %%
 donated = {"donate_argnums": (0, 1)}  # every step updates its parameters (and optimizer state) in place
@@ -288,17 +298,14 @@ for name, compiled in compiled_steps.items():
           + ", ".join(f"{op.kind}{' (in loop)' if op.in_loop else ''} {op.result_type}" for op in ops.ops))
 
 footprint = {name: memory_per_device(c).footprint for name, c in compiled_steps.items()}
-if CPU:  # the CPU compiler's program at this toy size (the TPU's, at a real size, further down)
-    assert collectives(compiled_steps["consecutive"]).kinds == {"all-gather"}  # no gradient all-reduce
-    assert footprint["consecutive"] > footprint["whole batch"] > footprint["strided"]
 
 # %% [markdown]
-# With consecutive rows the compiler gathers the examples onto every device, every device then
-# computes every micro-batch, and there is no gradient all-reduce left: data parallelism is gone, and
-# on the CPU backend the step needs more memory than the whole batch at once. The fix is the
-# strided split: micro-batch *m* takes rows *m*, *m* + 8, ..., so each device's 1,024 rows give 128 to
-# each micro-batch, the types read `f32[8,1024@data,64]`, and nothing moves. Its CPU footprint is the
-# smallest: only one micro-batch's activations are alive at a time.
+# With consecutive rows the compiler gathers the examples onto every device, and every device computes
+# every micro-batch, with no gradient all-reduce left: data parallelism is gone, and on the CPU backend
+# the step needs more memory than the whole batch. The fix is the strided split: micro-batch *m* takes
+# rows *m*, *m* + 8, ..., so each device gives 128 of its rows to each micro-batch, the types read
+# `f32[8,1024@data,64]`, and nothing moves. Its CPU footprint is the smallest: one micro-batch's
+# activations are alive at a time.
 #
 # Does it give the whole batch's update? Run both from the same state:
 
@@ -306,25 +313,21 @@ if CPU:  # the CPU compiler's program at this toy size (the TPU's, at a real siz
 whole_params, _, whole_loss = programs["whole batch"](*jax.tree.map(jnp.copy, state0), x_dp, y_dp)  # donated:
 acc_params, _, acc_loss = programs["strided"](*jax.tree.map(jnp.copy, state0), x_dp, y_dp)  # each a fresh copy
 print(f"loss: whole batch {float(whole_loss):.6f}, accumulated {float(acc_loss):.6f}")
-np.testing.assert_allclose(acc_loss, whole_loss, rtol=RTOL)
+assert_close(acc_loss, whole_loss)
 for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params), strict=True):
-    np.testing.assert_allclose(acc, whole, rtol=RTOL, atol=ATOL)
+    assert_close(acc, whole, atol=ATOL)
 
 # %% [markdown]
 # The same loss and the same parameters after the update.
 #
 # The memory figures above are the CPU compiler's, at a toy size; on a TPU a program this small lives
-# mostly in on-chip VMEM (128 MiB on a v5e). Compile for a TPU v5e at a size that matters: the MLP made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768
-# examples (a 256 MiB hidden activation per chip). Nothing is allocated. `footprint` is HBM:
+# mostly in on-chip VMEM (128 MiB on a v5e). Compile for a TPU v5e at a size that matters: the MLP
+# made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768 examples (a 256 MiB hidden activation per
+# chip), nothing allocated. `footprint` is HBM:
 
 # %%
 acc_ops = collectives(compiled_steps["strided"])
-print("CPU:", acc_ops, sep="\n")
-if CPU:  # the CPU compiler sums the gradients across devices inside the loop: once per micro-batch
-    gradient_bytes = sum(p.nbytes for p in jax.tree.leaves(params0)) + 4  # and the loss
-    assert [(op.kind, op.in_loop, op.result_bytes) for op in acc_ops.ops] == [("all-reduce", True, gradient_bytes)]
-    assert [(op.kind, op.in_loop, op.result_bytes) for op in collectives(compiled_steps["whole batch"]).ops] == [
-        ("all-reduce", False, gradient_bytes)]  # the same sum, once per step
+print(f"{jax.default_backend().upper()}:", acc_ops, sep="\n")
 if TPU_OK:
     WIDE, N_WIDE = (2048, 16384, 2048), 32768
     wide_graphdef, wide_params = nnx.split(nnx.eval_shape(lambda: MLP(nnx.Rngs(0), WIDE)))
@@ -376,9 +379,6 @@ weight_gathers = [op for op in fsdp_ops.ops if op.kind == "all-gather"]
 # each kernel, whole, whether gathered alone or in one combined gather (as a GPU compiler writes it)
 assert {s for op in weight_gathers for s in op.shapes} == {(64, 256), (256, 10)}
 ACCUMULATOR = {"f32[8,256]", "f32[32,10]"}  # the kernels' gradient sums, split like the kernels, float32
-if CPU:  # the CPU compiler's choice
-    assert not any(op.in_loop for op in weight_gathers)  # once, before the loop
-    assert ACCUMULATOR.issubset(loop_state(fsdp_program))
 if TPU_OK:
     tpu_fsdp = on_tpu(lambda m: programs["strided"], "data", (*state0, x_big, y_big),
                       (*fsdp_specs, P("data"), P("data")))
@@ -392,16 +392,32 @@ if TPU_OK:
 # The CPU compiler gathers each kernel once, before the loop, and holds it whole through all 8
 # micro-batches. The TPU compiler saves that memory: it gathers the kernels (in bf16) inside the loop,
 # once per micro-batch, 8 times the traffic. Both carry the accumulator split like the kernels, in
-# float32: keep it so even when the gradients are bf16, since a long sum of small gradients loses its
-# low bits in bf16.
+# float32: keep it so with bf16 gradients too, as a long bf16 sum loses its low bits.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §2: the CPU compiler's accumulation step at this toy size
+print(f"{jax.default_backend().upper()} compiler: footprint "
+      + ", ".join(f"{n} {format_bytes(b)}" for n, b in footprint.items())
+      + f"; gradient sum {'inside' if any(op.in_loop for op in acc_ops.ops) else 'after'} the loop"
+      + f"; FSDP weights gathered {'inside' if any(op.in_loop for op in weight_gathers) else 'before'} it")
+if CPU:  # the CPU compiler's program at this toy size (the TPU's, at a real size, in the section)
+    assert collectives(compiled_steps["consecutive"]).kinds == {"all-gather"}  # no gradient all-reduce
+    assert footprint["consecutive"] > footprint["whole batch"] > footprint["strided"]
+    # the CPU compiler sums the gradients across devices inside the loop: once per micro-batch
+    gradient_bytes = sum(p.nbytes for p in jax.tree.leaves(params0)) + 4  # and the loss
+    assert [(op.kind, op.in_loop, op.result_bytes) for op in acc_ops.ops] == [("all-reduce", True, gradient_bytes)]
+    assert [(op.kind, op.in_loop, op.result_bytes) for op in collectives(compiled_steps["whole batch"]).ops] == [
+        ("all-reduce", False, gradient_bytes)]  # the same sum, once per step
+    assert not any(op.in_loop for op in weight_gathers)  # FSDP: each kernel gathered once, before the loop
+    assert ACCUMULATOR.issubset(loop_state(fsdp_program))
 
 # %% [markdown]
 # ## 3. One strategy on an Explicit mesh
 #
 # `jax.make_mesh` without `axis_types` gives **Explicit** axes: each array's sharding is part of its
 # type, JAX propagates it while tracing, and an operation whose result layout the types leave open is
-# an error (notebook 05 compares Auto and Explicit). Every strategy notebook so far asked for Auto
-# axes. Here is the data x tensor parallel MLP of notebook 09 on the default mesh:
+# an error. Every strategy notebook so far asked for Auto axes. Here is the data x tensor parallel MLP
+# of notebook 09 on the default mesh:
 
 # %%
 emesh = jax.make_mesh((4, 2), ("data", "model"))  # no axis_types: the default
@@ -449,8 +465,8 @@ for name, t in types.items():
 assert raised == ["ShardingTypeError"] and str(types["h"]) == "float32[64@data,256@model]"
 
 # %% [markdown]
-# The types follow the layers: `x` is `float32[64@data,64]` (the course writes it `f32[64@data,64]`),
-# the column-parallel layer gives `h: float32[64@data,256@model]` with no communication, and then the
+# The types follow the layers: `x` is `float32[64@data,64]` (`f32[64@data,64]` in the course's
+# notation), the column-parallel layer gives `h: float32[64@data,256@model]` with no communication, and then the
 # row-parallel layer stops the trace. `h @ kernel2` contracts the 256 hidden units, split over `model`
 # on *both* operands: each device can compute only a partial sum, and the result could be all-reduced
 # to `P('data', None)` or reduce-scattered to `P('data', 'model')`. Auto axes let the compiler choose;
@@ -460,7 +476,7 @@ assert raised == ["ShardingTypeError"] and str(types["h"]) == "float32[64@data,2
 logits = forward(model, x_e, out_sharding=NamedSharding(emesh, P("data", None)))
 print("logits:", types["logits"])
 assert str(types["logits"]) == "float32[64@data,10]"
-np.testing.assert_allclose(logits, fresh_model()(x), rtol=RTOL, atol=ATOL)
+assert_close(logits, fresh_model()(x), atol=ATOL)
 
 # %% [markdown]
 # > **You will see this online:** the loss with integer labels,
@@ -484,8 +500,8 @@ assert outcomes["one-hot labels"] == P("data", None)
 assert str(outcomes["integer labels"]).startswith("ShardingTypeError") == (jax.__version_info__ >= (0, 12))
 
 # %% [markdown]
-# Now train five steps with Adam and compare with one device. The optimizer is created under
-# `jax.set_mesh`, so that its step counter lives on the Explicit mesh too:
+# Train five steps with Adam against one device. The optimizer is created under `jax.set_mesh`, so its
+# step counter lives on the Explicit mesh too:
 
 # %%
 @nnx.jit(donate_argnums=(0, 1), static_argnames="out_sharding")
@@ -510,7 +526,7 @@ explicit_losses = [float(train_step(model, optimizer, x_e, y_e, out_sharding=row
 print("one device:", np.round(ref_losses, 4))
 print("Explicit:  ", np.round(explicit_losses, 4))
 print(explicit_ops)
-np.testing.assert_allclose(explicit_losses, ref_losses, rtol=RTOL)
+assert_close(explicit_losses, ref_losses)
 assert [(op.kind, op.shapes) for op in explicit_ops.ops if op.group_size == 2] == [("all-reduce", ((16, 10),))]
 assert {op.kind for op in explicit_ops.ops if op.group_size == 4} == {"all-reduce"}  # the gradients, over data
 kernel2, mu1 = model.linear2.kernel[...], optimizer.opt_state[0].mu["linear1"]["kernel"][...]  # Adam's first moment
@@ -521,13 +537,13 @@ assert (str(jax.typeof(kernel2)), str(jax.typeof(mu1))) == ("float32[256@model,1
 # The same losses as one device, and the program of notebook 09's Auto mesh: an all-reduce of each
 # device's `(16, 10)` partial logits over the 2 devices of `model`, and the gradients summed over the
 # 4 devices of `data`. The parameters and Adam's moments keep their types through training. On an
-# Explicit mesh the program is yours: the types show every layout while you write the model, and the
-# one place the layout was ambiguous became a line of code.
+# Explicit mesh the types show every layout as you write the model, and the one ambiguous layout
+# became a line of code.
 
 # %% [markdown]
 # ## 4. What comes next: pipeline, expert and context parallelism
 #
-# Three more strategies complete the picture. Each adds a mesh axis and brings its own collective:
+# Three more strategies, each with a mesh axis and a collective of its own:
 #
 # | strategy | what it splits | the axis it adds | its collective |
 # |---|---|---|---|
@@ -536,8 +552,8 @@ assert (str(jax.typeof(kernel2)), str(jax.typeof(mu1))) == ("float32[256@model,1
 # | **context** | the sequence, *inside* attention too | `context` (or `sequence`) | ring attention: collective-permutes pass key/value blocks around a ring; or an all-gather of keys and values (Llama 3), simpler, holding them whole |
 #
 # Both collectives are cheap to show with `jax.shard_map` (notebook 06). First an expert-style
-# dispatch: each of 8 devices holds 8 blocks of tokens, block *e* routed to expert *e*, which lives on
-# device *e*. One `all_to_all` delivers them:
+# dispatch: each of 8 devices holds 8 blocks of tokens, block *e* for expert *e* on device *e*. One
+# `all_to_all` delivers them:
 
 # %%
 expert_mesh = jax.make_mesh((8,), ("expert",), axis_types=(AxisType.Auto,))
@@ -601,8 +617,7 @@ draw_permute(ring_mesh, "context", ring, title="one step of the ring: every devi
 # wrap-around. Where to go next:
 #
 # - JAX's [distributed arrays and automatic parallelization](https://docs.jax.dev/en/latest/parallel.html)
-#   and [manual parallelism with `shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html),
-#   for the collectives written by hand;
+#   and [manual parallelism with `shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html);
 # - [How to Scale Your Model](https://jax-ml.github.io/scaling-book/), whose
 #   [training chapter](https://jax-ml.github.io/scaling-book/training/) works out the cost of each strategy,
 #   pipelining included;
@@ -654,8 +669,7 @@ ex.row_parallel_out.check(answer_3);
 # ## Takeaways
 # - Sequence parallelism (Megatron-style) pins the activations between tensor-parallel regions to
 #   `P(None, 'model', None)`: 1/8 of the bytes here, and the all-reduce becomes an all-gather and a
-#   reduce-scatter, no more traffic by the ring estimate (the CPU backend spells the reduce-scatter as
-#   an all-reduce and a `dynamic-slice`).
+#   reduce-scatter, no more traffic by the ring estimate.
 # - Gradient accumulation is a `jax.lax.scan` over micro-batches inside the jitted step: the whole
 #   batch's update, one micro-batch's activations at a time. Split strided
 #   (`reshape(-1, n, ...).swapaxes(0, 1)`); consecutive rows gather the batch and undo data

@@ -3,11 +3,17 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/14_mesh_shape.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/14_mesh_shape.ipynb)
 #
-# This notebook shows how to choose a mesh shape and a layout for 64 devices from what the compiler
-# says. It compiles notebook 11's transformer train step for 64 devices under five layouts, from pure
-# data parallel to pure tensor parallel, with and without FSDP, without running anything, and reads
-# what each device would hold and send per step, on the CPU compiler and on the TPU compiler for a
-# 64-chip TPU v5e. A rule of thumb follows from the compiled programs' tables.
+# Sixty-four devices can train one model as a `(64, 1)`, `(8, 8)` or `(1, 64)` mesh, and the choice
+# decides whether each device holds the whole 42 MiB train state or 1/64 of it. It also decides what each
+# device sends per step, and the layout that holds the least is not the one that sends the least.
+#
+# **You need:** notebooks 09 (a `data` x `model` mesh), 10 (FSDP), 11 (logical axis names and rule
+# tables; its transformer is reused here) and 12 (memory per device); `jax.ShapeDtypeStruct`,
+# `jax.jit(...).lower(...).compile()`.
+#
+# You compile notebook 11's transformer train step for 64 devices under five layouts, from pure data
+# parallel to pure tensor parallel, with and without FSDP, and read what each device would hold and
+# send, on the CPU compiler and for a 64-chip TPU v5e. A rule of thumb follows from the tables.
 #
 # **You will learn**
 # - how to compile a train step for 64 devices without allocating anything, and read its memory per
@@ -50,8 +56,8 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, format_bytes,
-                   memory_per_device, quiet, shard_table, tpu_compiler_available, type_string)
+from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_schedule, draw_shardings, format_bytes,
+                   memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
 
 assert jax.device_count() == 64 == SETUP.count
 MiB = 2**20
@@ -71,8 +77,7 @@ from notebooks.models import MyTransformer
 # Now at a realistic width: `d_model = 512` with 8 heads of 64, `d_ff = 2048`, a vocabulary of 512,
 # sequences of 32 and a global batch of 64, with one block (each block adds the same collectives).
 # Every dimension a mesh axis splits is divisible by 64. `nnx.eval_shape` builds the model and its
-# Adam state **abstractly**, as `jax.ShapeDtypeStruct`s: under pure data parallelism each of the 64
-# devices would hold the whole 42 MiB state, and nothing here is allocated.
+# Adam state **abstractly**, as `jax.ShapeDtypeStruct`s: nothing here is allocated.
 
 # %%
 D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF, VOCAB, SEQ, BATCH = 512, 1, 8, 2048, 512, 32, 64
@@ -101,8 +106,8 @@ assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing alloc
 # `model`; `embed` whole) and **FSDP x TP**, the same plus `embed` over `data`, so every parameter is
 # also split over the data axis. On a `(64, 1)` mesh the 2-D table is pure data parallelism and the
 # FSDP x TP table pure FSDP; on `(1, 64)` the 2-D table is pure tensor parallelism. For each layout
-# the cell builds the mesh, turns the abstract state into `ShapeDtypeStruct`s carrying their
-# `NamedSharding`, and compiles the train step, which donates its state (`donate_argnums=0`).
+# the cell gives the abstract state its `NamedSharding`s and compiles the train step, which donates
+# its state.
 
 # %%
 TWO_D = (("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model"))
@@ -196,31 +201,38 @@ print(f"{'layout':<11}{'mesh':<9}{'state':>11}{'temporaries':>13}{'footprint':>1
 for name, (shape, _) in LAYOUTS.items():
     print(f"{name:<11}{shape!s:<9}{format_bytes(held[name]):>11}{format_bytes(memory[name].temp):>13}"
           f"{format_bytes(footprint[name]):>11}")
-    if CPU:  # the CPU compiler's exact buffer sizes
-        batch_bytes = (BATCH // shape[0]) * (SEQ + 1) * 4
-        assert memory[name].argument == held[name] + batch_bytes and memory[name].alias == held[name]
 
 for name in ("data", "2-D", "tensor"):  # the 2-D table: only `model` splits the state
     assert held[name] == 12 * (n_split // LAYOUTS[name][0][1] + n_embed_only) + 8  # + two step counters
 assert held["FSDP"] == 12 * n_params // 64 + 8  # every parameter has 'embed': 64 devices share all of it
 assert held["FSDP x TP"] == 12 * (n_split // 64 + n_embed_only // 8) + 8
-if CPU:
-    assert min(footprint, key=footprint.get) == "FSDP x TP"
-    assert footprint["tensor"] > footprint["2-D"] and footprint["data"] == max(footprint.values())
-    assert memory["FSDP"].temp > 4 * n_params  # whole gathered weights or whole gradients at some point
 
 # %% [markdown]
 # - Under the 2-D table only `model` divides the state: `data` repeats it. With FSDP the `data` axis
 #   divides it too, so pure FSDP holds 1/64 of everything, the least of all.
 # - On the CPU backend, FSDP's temporaries hold whole weights, gathered before use, and the whole
-#   summed gradient: more than the whole parameters (the last assert), far more than its state. Adding
-#   `model` (FSDP x TP) divides those as well: the smallest CPU footprint here.
+#   summed gradient: more than the whole parameters. Adding `model` (FSDP x TP) divides those as well:
+#   the smallest CPU footprint here.
 # - Pure tensor parallelism holds little state, but every device computes on all 64 sequences; on the
 #   CPU backend those activations cost more than the state it saved.
 #
 # The temporaries and footprints are the CPU compiler's, at a toy size: section 5 shows that the TPU
 # compiler assigns its buffers differently. Only the state column is the same on every backend.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §3: the CPU compiler's buffers
+print(f"{jax.default_backend().upper()} compiler: smallest footprint {min(footprint, key=footprint.get)}, largest "
+      f"{max(footprint, key=footprint.get)}; FSDP temporaries {format_bytes(memory['FSDP'].temp)}, whole parameters "
+      f"{format_bytes(4 * n_params)}")
+if CPU:  # the CPU compiler's exact buffer sizes
+    for name, (shape, _) in LAYOUTS.items():
+        batch_bytes = (BATCH // shape[0]) * (SEQ + 1) * 4
+        assert memory[name].argument == held[name] + batch_bytes and memory[name].alias == held[name]
+    assert min(footprint, key=footprint.get) == "FSDP x TP"
+    assert footprint["tensor"] > footprint["2-D"] and footprint["data"] == max(footprint.values())
+    assert memory["FSDP"].temp > 4 * n_params  # whole gathered weights or whole gradients at some point
+
+# %% [markdown]
 # ## 4. Communication per step
 
 # %%
@@ -231,12 +243,6 @@ for name in LAYOUTS:
     print(f"{name:<11}{comm[name].count():>3}: {kinds:<64}{format_bytes(comm[name].estimated_bytes):>14}")
 activations = {name: [op for op in comm[name].ops if op.shapes[0][:2] == (BATCH // shape[0], SEQ)]
                for name, (shape, _) in LAYOUTS.items()}  # [rows this device holds, seq, ...]
-if CPU:
-    assert comm["data"].counts["all-reduce"] == comm["data"].count() == 1  # every gradient in one sum
-    assert not activations["data"]  # pure data parallelism moves no activations
-    assert {op.kind for op in activations["2-D"]} == {"all-reduce"} and len(activations["tensor"]) >= 6
-    assert comm["FSDP"].count("all-gather") >= 9 and comm["FSDP"].estimated_bytes > comm["data"].estimated_bytes
-    assert max(comm, key=lambda name: comm[name].estimated_bytes) == "tensor"
 
 fig, (ax_mem, ax_comm) = plt.subplots(1, 2, figsize=(11, 3.2))
 x = np.arange(len(LAYOUTS))
@@ -261,28 +267,24 @@ fig
 # - **Weights**, gathered over `data` under FSDP before each use: FSDP's ring estimate is larger than
 #   data parallelism's, not smaller (notebook 10).
 #
-# The bytes are ring-formula estimates from each collective's result size and group, not
-# measurements, and they leave out time. A gradient all-reduce needs only gradients already computed,
-# so a program that sums each layer's gradients separately can overlap that with the rest of the
-# backward pass. A tensor-parallel all-reduce sits between two matmuls, and the second waits for it
-# unless the compiler splits the matmul to overlap them (collective matmul, on TPU).
-# This program sums all gradients in **one** combined all-reduce, and in the CPU compiler's schedule it
-# comes after the step's last matmul:
+# The bytes are ring-formula estimates, not measurements, and they leave out time. A gradient
+# all-reduce needs only gradients already computed, so a program that sums each layer's gradients
+# separately can overlap that with the rest of the backward pass. A tensor-parallel all-reduce sits
+# between two matmuls, and the second waits for it, unless the compiler splits the matmul and sends one
+# piece while it computes the next (collective matmul, which XLA can do on TPU). This program sums all
+# gradients in **one** combined all-reduce, and in the CPU compiler's schedule it comes after the
+# step's last matmul:
 
 # %%
-def schedule(compiled):
-    """The entry computation's instructions, in the order the compiled program runs them."""
-    text = compiled.as_text()
-    entry = text[text.index("\nENTRY"):]
-    return entry[:entry.index("\n}")].splitlines()[1:]
+def axes_of(name):
+    """The mesh axes and sizes of a layout, which `schedule` reads collectives' groups with."""
+    return dict(zip(("data", "model"), LAYOUTS[name][0], strict=True))
 
 
-lines = schedule(compiled["data"])
-at = [i for i, line in enumerate(lines) if re.search(r" all-reduce(-start)?\(", line)]
-matmuls = [i for i, line in enumerate(lines) if '/dot_general"' in line and "get-tuple-element" not in line]
-print(f"{len(lines)} instructions: {len(matmuls)} matmuls, the last at {max(matmuls)}; the all-reduce at {at}")
-if CPU:
-    assert len(at) == 1 and max(matmuls) < at[0]  # it starts after the backward pass has computed everything
+steps = schedule(compiled["data"], axes_of("data"))  # matmuls and collectives, in the order the program runs
+at = [i for i, s in enumerate(steps) if s.kind == "all-reduce"]
+matmuls = [i for i, s in enumerate(steps) if s.kind == "matmul"]
+print(f"{len(steps)} steps: {len(matmuls)} matmuls, the last at {max(matmuls)}; the all-reduce at {at}")
 
 # %% [markdown]
 # So this data-parallel step cannot overlap its gradient sum with the backward pass: the gradients
@@ -290,26 +292,38 @@ if CPU:
 # notebook 12, section 3: a `scan` over layers sums each layer's gradient inside the backward loop.
 #
 # The 2-D layout's step in scheduled order: activations summed over `model` between the matmuls, the
-# gradients once over `data`, after the last.
+# gradients over `data`.
 
 # %%
-import utils
+steps_2d = schedule(compiled["2-D"], axes_of("2-D"))
+matmuls_2d = [i for i, s in enumerate(steps_2d) if s.kind == "matmul"]
+assert any(s.axes == ("model",) for s in steps_2d[matmuls_2d[0]:matmuls_2d[-1]])  # sums between matmuls
+assert any("data" in s.axes for s in steps_2d if s.kind != "matmul")  # and the gradients' over data
+draw_schedule(steps_2d, title="2-D layout, (8, 8) mesh: one train step")
 
-steps_2d = utils.schedule(compiled["2-D"], dict(zip(("data", "model"), LAYOUTS["2-D"][0], strict=True)))
-if CPU:  # the CPU compiler's schedule
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §4: the CPU compiler's collectives
+last = "after" if len(at) == 1 and max(matmuls) < at[0] else "not after"
+print(f"{jax.default_backend().upper()} compiler: data parallel has {comm['data'].count()} collective(s), its "
+      f"all-reduce {last} the last matmul; the largest ring estimate: {max(comm, key=lambda n: comm[n].estimated_bytes)}")
+if CPU:
+    assert comm["data"].counts["all-reduce"] == comm["data"].count() == 1  # every gradient in one sum
+    assert not activations["data"]  # pure data parallelism moves no activations
+    assert {op.kind for op in activations["2-D"]} == {"all-reduce"} and len(activations["tensor"]) >= 6
+    assert comm["FSDP"].count("all-gather") >= 9 and comm["FSDP"].estimated_bytes > comm["data"].estimated_bytes
+    assert max(comm, key=lambda name: comm[name].estimated_bytes) == "tensor"
+    assert len(at) == 1 and max(matmuls) < at[0]  # it starts after the backward pass has computed everything
     sums = [(s.kind, s.axes) for s in steps_2d if s.kind != "matmul"]
     assert set(sums[:-1]) == {("all-reduce", ("model",))} and sums[-1] == ("all-reduce", ("data",)) == (
-        steps_2d[-1].kind, steps_2d[-1].axes)  # activations over model throughout; gradients over data, last
-utils.draw_schedule(steps_2d, title="2-D layout, (8, 8) mesh: one train step")
+        steps_2d[-1].kind, steps_2d[-1].axes)  # 2-D: activations over model throughout; gradients over data, last
 
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
 #
 # Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU
-# (notebook 15). Here is the FSDP x TP step for a `v5e:8x8` slice beside the CPU's; compiling the other
-# rows too would not fit this notebook's time budget. On TPU, `footprint` is each chip's HBM
-# (what the compiler allocated there); what it placed in the chip's on-chip VMEM (128 MiB on a v5e) is
-# not in it, and at this toy size much of the program fits there.
+# (notebook 15). Here is the FSDP x TP step for a `v5e:8x8` slice beside the CPU's (the other rows
+# would not fit the time budget). On TPU, `footprint` is each chip's HBM; what the compiler placed in
+# on-chip VMEM (128 MiB on a v5e) is not in it, and at this toy size much of the program fits there.
 
 # %%
 def matrix_gathers(c):
@@ -343,8 +357,6 @@ else:
         residual = [op for op in col[side].ops if op.kind == "all-reduce" and (8, SEQ, D_MODEL) in op.shapes]
         assert residual and {op.group_size for op in residual} == {8}
     # where they differ
-    if CPU:
-        assert col["CPU"].count("reduce-scatter") == 0  # the CPU compiler keeps all-reduce + slice
     assert {d for d, _ in gathered["CPU"]} == {"f32"} and {d for d, _ in gathered["TPU v5e:8x8"]} == {"bf16"}
     assert {s for _, s in gathered["TPU v5e:8x8"]} <= {s for _, s in gathered["CPU"]}  # the same weights
     assert mem["TPU v5e:8x8"].argument > mem["CPU"].argument  # TPU tiles pad small shards
@@ -361,11 +373,18 @@ else:
 # - **Reduce-scatter.** Each device needs only its slice of the summed gradients. The CPU compiler
 #   writes that as a full all-reduce and a slice (notebook 10); the TPU compiler can fuse such a pair
 #   into one reduce-scatter, and how many it fuses depends on its version (its column above).
-# - **HBM at this size.** The TPU's footprint is below the CPU's, partly because a program this small
-#   keeps buffers in on-chip VMEM; notebook 15 compares HBM at sizes that matter.
-# - **Buffer assignment.** Each compiler decides its own temporaries, and here the TPU program needs
-#   less HBM. Plan a TPU job's memory from the TPU program at its real size, not from the CPU's.
-#
+# - **HBM.** The TPU's footprint is below the CPU's: a program this small keeps buffers in on-chip
+#   VMEM, and each compiler assigns its own temporaries. Plan a TPU job's memory from the TPU program at
+#   its real size (notebook 15).
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §5: reduce-scatters, per compiler
+if ok:
+    print("reduce-scatters:", {side: col[side].count("reduce-scatter") for side in sides})
+    if CPU:
+        assert col["CPU"].count("reduce-scatter") == 0  # the CPU compiler keeps all-reduce + slice
+
+# %% [markdown]
 # ## 6. A rule of thumb, from the table
 #
 # > **You will see this online:** "More data parallelism → better batch throughput; more model
@@ -379,8 +398,6 @@ print(f"2-D table, model axis 1 -> 8 -> 64: footprint {format_bytes(footprint['d
       f"{format_bytes(footprint['2-D'])} -> {format_bytes(footprint['tensor'])}")
 print(f"FSDP, data axis 64: state {format_bytes(held['FSDP'])} per device, "
       f"1/{round(held['data'] / held['FSDP'])} of data parallelism's {format_bytes(held['data'])}")
-if CPU:
-    assert footprint["tensor"] > footprint["2-D"]  # more model parallelism, more memory
 # more data parallelism, less memory, once parameters are sharded over it: the state from the shardings
 # (layout arithmetic, the same on every backend; section 3 matched it to the compiled arguments on CPU)
 assert 60 * held["FSDP"] < held["data"]
@@ -388,8 +405,8 @@ assert 60 * held["FSDP"] < held["data"]
 # %% [markdown]
 # A data axis that also shards the parameters divides the state by 64, on any backend. On the CPU
 # compiler, past the middle, more model parallelism needed *more* memory, not less (every device
-# computes on the whole batch); whether that holds on a TPU depends on what its compiler keeps in HBM
-# at your sizes, so read it from a TPU compile. Throughput cannot be measured on simulated devices.
+# computes on the whole batch); on a TPU, read it from a TPU compile at your sizes. Throughput cannot
+# be measured on simulated devices.
 # What the tables support:
 #
 # 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every
@@ -399,10 +416,19 @@ assert 60 * held["FSDP"] < held["data"]
 #    devices has one sequence per device and cannot run a smaller global batch at all (section 7). FSDP x
 #    TP on `(8, 8)` has 8 sequences per device and the smallest CPU footprint here.
 # 3. **Keep `model` small**, at most the number of heads: its all-reduces carry activations several
-#    times per layer, between matmuls that wait for them unless a collective matmul hides them. Pure tensor parallelism has the largest ring estimate.
+#    times per layer, between matmuls that wait for them unless a collective matmul hides them. Pure tensor
+#    parallelism has the largest ring estimate.
 # 4. **Among layouts that fit, prefer fewer collectives and fewer bytes.** Pure data parallelism has one
 #    collective per step, but only fits when the whole state and a gradient fit on one device.
-#
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §6: more model parallelism, more memory on the CPU compiler
+print(f"{jax.default_backend().upper()} compiler: footprint 2-D {format_bytes(footprint['2-D'])}, "
+      f"tensor {format_bytes(footprint['tensor'])}")
+if CPU:
+    assert footprint["tensor"] > footprint["2-D"]  # more model parallelism, more memory
+
+# %% [markdown]
 # ## 7. When an axis is wider than what it splits
 #
 # **The batch.** A `(64, 1)` mesh needs at least 64 sequences per step, one per device. With a batch

@@ -60,7 +60,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, quiet, tpu_compiler_available
+from utils import NOT_ANSWERED, collectives, draw_schedule, quiet, schedule, tpu_compiler_available
 
 ok, why = tpu_compiler_available()
 
@@ -309,8 +309,6 @@ else:
 # matmuls inside each asynchronous collective's window:
 
 # %%
-from utils import draw_schedule, schedule
-
 if ok:
     scheduled = {name: compile_block(v5e_8, *STRATEGIES[name], effort=None) for name in ("DP", "FSDP")}
     steps = {name: schedule(compiled, mesh) for name, (compiled, mesh) in scheduled.items()}
