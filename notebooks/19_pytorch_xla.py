@@ -840,5 +840,5 @@ ex.string_from_spec.check(answer_3);
 # - Multi-host calls, manual sharding, the global mesh and compiling once translate one to one.
 # - In one process, every `mark_sharding` turns JAX's Shardy off; switch it back before JAX compiles.
 #
-# **Next:** [00 · How this course runs](00_setup.ipynb) (back to the start), or the readable edition
+# **Next:** [00 · A first sharded array](00_setup.ipynb) (back to the start), or the readable edition
 # (`make html`).
