@@ -71,10 +71,12 @@ def _no_restart_pending(monkeypatch):
 def test_setup_source_is_short_plain_python_and_asks_for_devices():
     src = setup_source()
     lines = src.splitlines()
-    assert lines[0] == "# Setup (the same cell opens every notebook; notebook 00 explains it)."
-    assert src.endswith("SETUP = setup_devices(8)") and setup_source(64).endswith("setup_devices(64)")
+    assert lines[0] == "# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)"
+    assert setup_source(64).splitlines()[0].startswith("# @title Setup: 64 devices")  # Colab's form title
+    assert lines[-2] == "SETUP = setup_devices(8)" and "SETUP = setup_devices(64)\n" in setup_source(64)
+    assert lines[-1].startswith("CPU, RTOL = SETUP.cpu, SETUP.rtol  #")  # what the lessons ask of the backend
     assert f'"https://github.com/{REPO}"' in src
-    assert len(lines) <= 17 and max(map(len, lines)) <= 120
+    assert len(lines) <= 18 and max(map(len, lines)) <= 120
     assert not [line for line in lines if line.lstrip().startswith(("!", "%"))], "no IPython magics"
     compile(src, "<setup cell>", "exec")  # plain Python
     for bad in (0, -1, 2.0, True, "8"):
