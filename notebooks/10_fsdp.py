@@ -353,7 +353,8 @@ else:
         return jax.jit(functional_step, donate_argnums=0, out_shardings=(plan, NamedSharding(tpu_mesh, P()))).lower(
             state, *(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=tpu_batch) for a in (x, y))).compile()
 
-    tpu_comm = collectives(compile_for_tpu(tpu_plan))
+    tpu_fsdp = compile_for_tpu(tpu_plan)
+    tpu_comm = collectives(tpu_fsdp)
     tpu_dp_comm = collectives(compile_for_tpu(jax.tree.map(lambda _: NamedSharding(tpu_mesh, P()), abstract_state)))
     print(tpu_comm, "\n")
     print(f"{'':<16}{'CPU':>4}{'TPU':>5}")
@@ -504,14 +505,16 @@ assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 8) == (256 +
 # all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh; notebook 18
 # builds multi-slice meshes.
 #
-# In order (the TPU program where libtpu is here): both kernels gathered before the first matmul,
+# In order (the TPU program where libtpu is here): the kernels gathered before the first matmul, the
 # gradients reduced (scattered on TPU) after the last.
 
 # %%
-fsdp_steps = schedule(*((compile_for_tpu(tpu_plan), tpu_mesh) if ok else (compiled_fsdp, mesh)))
+fsdp_steps = schedule(*((tpu_fsdp, tpu_mesh) if ok else (compiled_fsdp, mesh)))
 fsdp_kinds = [s.kind for s in fsdp_steps]
-assert fsdp_kinds[:2] == ["all-gather"] * 2 and "matmul" not in fsdp_kinds[fsdp_kinds.index(
-    "reduce-scatter" if ok else "all-reduce"):]  # gathered before the matmuls, gradients reduced after them
+matmul_at = [i for i, kind in enumerate(fsdp_kinds) if kind == "matmul"]
+sums_at = [i for i, kind in enumerate(fsdp_kinds) if kind in ("all-reduce", "reduce-scatter")]
+assert set(fsdp_kinds[:matmul_at[0]]) == {"all-gather"}  # a weight is gathered before the first matmul
+assert matmul_at[-1] < sums_at[0]  # and the gradients are reduced after the last one
 draw_schedule(fsdp_steps, title=f"FSDP train step on 8 {'TPU v5e chips' if ok else 'devices'}")
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -527,6 +530,8 @@ if CPU:  # what the CPU compiler inserts
     assert comm.estimated_bytes > dp_comm.estimated_bytes  # FSDP's ring estimate above data parallelism's
     if ok:  # the TPU compiler gathers as often, and reduce-scatters where the CPU compiler does not
         assert comm.count("reduce-scatter") == 0 and tpu_comm.count("all-gather") == comm.count("all-gather")
+    assert fsdp_kinds[:2] == ["all-gather"] * 2  # both kernels, in two gathers, before the first matmul
+    assert "matmul" not in fsdp_kinds[fsdp_kinds.index("reduce-scatter" if ok else "all-reduce"):]
 
 # %% [markdown]
 # ## 6. FSDP trains like data parallelism
