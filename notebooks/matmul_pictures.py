@@ -414,7 +414,7 @@ def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | N
 
 
 def _matmul_roles(traffic: MatmulTraffic, op: Any, panel_tiles: list[Tile]) -> dict[int, list[str]]:
-    """The role line of each block that matters to the device (see :func:`tile_labels`, line 7)."""
+    """The role line of each block that matters to the device (line 7 of a block's label: see ``utils.drawing._tile_lines``)."""
     d = traffic.device
     roles: dict[int, list[str]] = {}
     for i, t in enumerate(panel_tiles):

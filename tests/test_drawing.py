@@ -1,5 +1,6 @@
 """The renderer: tests read the returned Figure (tiles, labels, colours, panels)."""
 
+import itertools
 import re
 
 import jax
@@ -21,12 +22,36 @@ from utils.drawing import (
     draw_permute,
     draw_sharding,
     draw_shardings,
-    mesh_labels,
-    tile_labels,
 )
 from utils.layout import Tile
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+# What a reader sees in a figure, read back by the tests (here and in the notebook-helper tests).
+def tile_labels(fig: Figure) -> list[str]:
+    """The label of every block drawn in ``fig``, panel by panel: what a reader sees (lines as
+    ``utils.drawing._tile_lines`` orders them)."""
+    if not isinstance(fig, Figure):
+        raise TypeError(f"tile_labels reads a Figure returned by draw_sharding(s); got {type(fig).__name__}")
+    return [t.get_label() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
+
+
+def mesh_labels(fig: Figure) -> list[list[list[int]]]:
+    """The device ids a ``draw_mesh`` figure shows: one grid (rows of ids) per panel.
+
+    ``mesh_labels(draw_mesh(mesh))[0]`` equals ``mesh.device_ids.tolist()``
+    for a 2-D mesh, so a test can assert what the picture shows.
+    """
+    if not isinstance(fig, Figure):
+        raise TypeError(f"mesh_labels reads a Figure returned by draw_mesh; got {type(fig).__name__}")
+    cells = [sorted((t.get_position()[::-1], int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label")
+             for ax in fig.axes]
+    grids = [[[dev for _, dev in row] for _, row in itertools.groupby(c, key=lambda cell: cell[0][0])]
+             for c in cells if c]
+    if not grids:
+        raise ValueError("this figure has no devices drawn: pass a Figure from draw_mesh")
+    return grids
 
 
 def _ns(spec):

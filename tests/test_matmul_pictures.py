@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_drawing import _extents, _label_boxes, _patches  # the same ways of measuring a picture
+from test_drawing import _extents, _label_boxes, _patches, tile_labels  # the same ways of measuring a picture
 
 from notebooks.matmul_pictures import draw_matmul, matmul_traffic
-from utils.drawing import tile_labels
 from utils.inspecting import collectives
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)

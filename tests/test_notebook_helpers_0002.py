@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_drawing import mesh_labels, tile_labels
 
 from exercises import ex00_setup, ex01_meshes, ex02_partitionspec
-from utils.drawing import device_label, draw_mesh, draw_sharding, mesh_labels, tile_labels
+from utils.drawing import device_label, draw_mesh, draw_sharding
 from utils.layout import tiles, type_string
 
 TPU_ORDER = [0, 1, 2, 3, 7, 6, 5, 4]  # what create_device_mesh picks for a ring on a 4 x 2 TPU v5e board

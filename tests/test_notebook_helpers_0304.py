@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_drawing import tile_labels
 
 from exercises import ex03_namedsharding, ex04_propagation_resharding
-from utils.drawing import draw_sharding, tile_labels
+from utils.drawing import draw_sharding
 from utils.inspecting import collectives
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)

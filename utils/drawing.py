@@ -1,7 +1,7 @@
 """Pictures of shardings and meshes, drawn with matplotlib; every function returns a ``Figure`` a test can read.
 
 (``jax.debug.visualize_array_sharding`` stops at 2-D, needs ``rich`` and returns nothing.) Each block of an
-array is a rectangle (``gid`` ``"tile"``) at its true proportions, labelled as :func:`tile_labels` says;
+array is a rectangle (``gid`` ``"tile"``) at its true proportions, labelled as :func:`_tile_lines` says;
 every device holding a copy is a card in that device's colour (``"copy"``), k copies a deck of k offset
 cards, never stripes (they would read as a further split); XLA's padding of an uneven block is hatched.
 A device has one colour in every figure (:func:`device_color`); :func:`draw_permute` draws a ``ppermute``
@@ -49,7 +49,7 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 _show_figures_inline()
 
 __all__ = ["device_color", "device_label", "draw_mesh", "draw_permute", "draw_schedule", "draw_sharding",
-           "draw_shardings", "mesh_labels", "tile_labels"]
+           "draw_shardings"]
 
 _PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
                                                             ("tab20c", range(16))) for i in ids]
@@ -127,7 +127,15 @@ _MOST_STRETCH = 8.0  # a 2-D array is drawn at its true aspect unless more than 
 
 
 def _tile_lines(t: Tile, itemsize: int, show_bytes: bool, extra: Sequence[str] = ()) -> list[str]:
-    """The lines of a block's label, in the order :func:`tile_labels` documents (``extra``: lines 6 and 7)."""
+    """The lines of a block's label (joined by ``'\\n'``; side by side, ``' · '``, in a short block), in order:
+
+    1. the devices holding the block: ``'dev 3'``, ``'dev 0,2,4,6'``, ``'dev 0-7'``;
+    2. the block's shape: ``'(32, 256)'``;
+    3. its bytes, unless drawn with ``show_bytes=False``: ``'32.0 KiB'``;
+    4. only for a block of an uneven layout: ``'padded to (3)'``;
+    5. only for a replicated block (held by k > 1 devices): ``'k copies'``, e.g. ``'4 copies'``;
+    6. and 7. ``extra``: what the block holds (``contents=``), or its role in notebook 04's matmul pictures.
+    """
     lines = [device_label(t.devices), str(t.shape).replace(",)", ")")]
     if show_bytes:
         lines.append(format_bytes(math.prod(t.shape) * itemsize))
@@ -267,7 +275,7 @@ def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[
         ax.add_patch(Rectangle((x0, y0), w, h, fill=False, edgecolor="black", linewidth=1.0, gid="tile", zorder=1.5))
         text = ax.text(x0 + (w + xpad) / 2, y0 + (h + ypad) / 2, "\n".join(lines), ha="center", va="center",
                        fontsize=_MAX_FONT, gid="tile-label", bbox=dict(_LABEL_BOX), zorder=3)
-        text.set_label("\n".join(lines))  # what tile_labels reads, however the label is laid out
+        text.set_label("\n".join(lines))  # the lines as written, however they are laid out
         labels.append((text, lines, w + xpad, h + ypad))
         texts.append(text)
     for row in range(rows):  # the array's outline (row by row when wrapped)
@@ -662,44 +670,6 @@ def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
         if dup is not None:
             raise ValueError(f"index {dup} is a {what} twice in perm: ppermute needs each {what} at most once")
     return pairs
-
-
-def tile_labels(fig: Figure) -> list[str]:
-    """The label of every block drawn in ``fig``, panel by panel: what a reader sees.
-
-    A label is lines joined by ``'\\n'`` (drawn side by side, ``' · '``, in a short block), in this order:
-
-    1. the devices holding the block: ``'dev 3'``, ``'dev 0,2,4,6'``, ``'dev 0-7'``;
-    2. the block's shape: ``'(32, 256)'``;
-    3. its bytes, unless drawn with ``show_bytes=False``: ``'32.0 KiB'``;
-    4. only for a block of an uneven layout: ``'padded to (3)'``;
-    5. only for a replicated block (held by k > 1 devices): ``'k copies'``, e.g. ``'4 copies'``;
-    6. only with ``contents=``: what the block holds (one line, or ``'dev i: ...'`` per copy when copies differ);
-    7. only in notebook 04's matmul pictures (``notebooks/matmul_pictures.py``): the block's role for the
-       chosen device (``'held by dev 0'``, ``'fetched from dev 1'``, ``"dev 0's block: partial sum over 'model'"``).
-
-    So ``'dev 0,1\\n(32, 512)\\n64.0 KiB\\n2 copies'`` is a (32, 512) block copied on devices 0 and 1.
-    """
-    if not isinstance(fig, Figure):
-        raise TypeError(f"tile_labels reads a Figure returned by draw_sharding(s); got {type(fig).__name__}")
-    return [t.get_label() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
-
-
-def mesh_labels(fig: Figure) -> list[list[list[int]]]:
-    """The device ids a ``draw_mesh`` figure shows: one grid (rows of ids) per panel.
-
-    ``mesh_labels(draw_mesh(mesh))[0]`` equals ``mesh.device_ids.tolist()``
-    for a 2-D mesh, so a notebook can assert what its picture shows.
-    """
-    if not isinstance(fig, Figure):
-        raise TypeError(f"mesh_labels reads a Figure returned by draw_mesh; got {type(fig).__name__}")
-    cells = [sorted((t.get_position()[::-1], int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label")
-             for ax in fig.axes]
-    grids = [[[dev for _, dev in row] for _, row in itertools.groupby(c, key=lambda cell: cell[0][0])]
-             for c in cells if c]
-    if not grids:
-        raise ValueError("this figure has no devices drawn: pass a Figure from draw_mesh")
-    return grids
 
 
 # Saturated colours, far from every device colour (muted tab10/tab20): a collective never reads as a device.
