@@ -420,15 +420,21 @@ for d in (4096, 8192):  # the width of a 7-billion- and of a 70-billion-paramete
 # The course MLP's first layer reads `x`, which is data: no gradient flows into it, so its train step
 # below has only the forward all-reduce.
 #
-# The block's step in scheduled order: both all-reduces run over `model`, each right after the matmul
-# whose partial sums it adds, and the backward matmuls wait for the first.
+# The block's step in scheduled order: both all-reduces run over `model`, each after the matmul whose
+# partial sums it adds (right after it, on the CPU compiler), and the backward matmuls wait for the first.
 
 # %%
 tp_tokens = jax.device_put(np.zeros((64, 64), np.float32), NamedSharding(mesh, P()))
 tp_steps = schedule(block_grads.lower(ff_tp, tp_tokens, tp_tokens).compile(), mesh)
-assert all(s.axes == ("model",) and tp_steps[k - 1].kind == "matmul" for k, s in enumerate(tp_steps)
-           if s.kind != "matmul")  # every sum over model follows the matmul that made its partial sums
+assert {s.axes for s in tp_steps if s.kind != "matmul"} == {("model",)}  # every collective sums over model
+assert tp_steps[0].kind == "matmul"  # after the matmul that made the first partial sums
 draw_schedule(tp_steps, title="feed-forward block, forward and backward, tensor parallel over 8 devices")
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Exact figures, §5: the CPU compiler's order
+print(" ".join("MM" if s.kind == "matmul" else f"{s.kind}({','.join(s.axes)})" for s in tp_steps))
+if CPU:  # each sum is scheduled right after the matmul that made its partial sums
+    assert all(tp_steps[k - 1].kind == "matmul" for k, s in enumerate(tp_steps) if s.kind != "matmul")
 
 # %% [markdown]
 # ## 6. Training the tensor-parallel MLP
