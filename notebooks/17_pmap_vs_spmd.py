@@ -10,8 +10,8 @@
 # **You need:** notebooks 06 (`jax.shard_map`, `check_vma`) and 07 (data parallelism with `jax.jit`);
 # 08 and 10 (tensor parallelism, FSDP) for section 7.
 #
-# **Reading path:** if you are migrating from `pmap`, start here after notebook 07. Sections 1-6 are the
-# port; section 7 shows why you will not want to go back, and can wait until you have read 08 and 10.
+# If you are migrating from `pmap`, start here after notebook 07. Sections 1-6 are the port. Section 7
+# shows why you will not want to go back, and it can wait until you have read 08 and 10.
 #
 # **You will learn**
 # - how the same step written with `pmap`, `jit` and `shard_map` relate;

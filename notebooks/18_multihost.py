@@ -6,10 +6,11 @@
 # On a TPU pod each host runs its own Python process and feeds only its own chips: on a v5e-16, host 0
 # drives 4 chips and must load rows 0:16, 48:56 and 120:128 of a 128-row batch. A process that loads
 # other rows trains on the wrong data, and one that skips a collective the others call hangs the job.
-# Here one script runs as a pod runs it, as two processes of 4 CPU devices each over one global mesh.
 #
 # **You need:** notebooks 07 and 08 (data and tensor parallelism) and 15 (compiling for a TPU slice you
 # don't have); `jax.jit` with `out_shardings`, `jax.make_mesh`, `NamedSharding` and `jax.device_put`.
+#
+# You will run one script as a pod runs it: two processes of 4 CPU devices each, one global mesh.
 #
 # **You will learn**
 # - the multi-host vocabulary and the one call that joins the processes, `jax.distributed.initialize`;

@@ -11,8 +11,8 @@
 # and 18 (multi-host); `jax.jit`, `jax.device_put`; and PyTorch on one device
 # (`nn.Module`, `loss.backward()`, `torch.optim`).
 #
-# **Reading path:** if you come from PyTorch/XLA, read notebooks 00, 03 and 07 first and then this one,
-# where each construct you know runs next to its JAX twin. Section 11's table is the quick reference.
+# If you come from PyTorch/XLA, read notebooks 00, 03 and 07 first and then this one, where each construct
+# you know runs next to its JAX twin. Section 11's table is the quick reference.
 #
 # **You will learn**
 # - `xr.use_spmd()`, `Mesh` and `xs.mark_sharding`, each beside its JAX twin, and torch_xla's sharding string;

@@ -643,3 +643,15 @@ def test_a_jupyter_kernel_restart_leaves_no_worker(tmp_path):
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     assert wait_until(lambda: still_running(workers) == [], 10)  # and reaped, once init has collected them
+
+
+def test_the_tests_notebook_18_names_exist():
+    """Notebook 18's section 7 points to the tests that time each case: each name it quotes is a test here."""
+    import re
+
+    text = (ROOT / "notebooks" / "18_multihost.py").read_text()
+    quoted = [q.strip(".") for q in re.findall(r"`((?:test_|\.\.\._)[a-z0-9_.]+)`", text)]
+    assert len(quoted) >= 5
+    tests = [name for name in globals() if name.startswith("test_")]
+    for fragment in quoted:
+        assert any(fragment.strip("_") in name for name in tests), fragment
