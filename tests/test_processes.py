@@ -615,6 +615,20 @@ def test_the_message_quotes_only_the_last_lines():
     assert caught.value.outputs[0].stderr.count("\n") == 50  # all of it is kept in outputs
 
 
+def test_an_uncaught_workers_failed_shows_its_report_without_the_launchers_frames(capsys):
+    """In a notebook an uncaught WorkersFailed shows the report alone (IPython's _render_traceback_ hook)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.user_ns.update(run_workers=run_workers,
+                         command=py("import sys; print('bad input', file=sys.stderr); sys.exit(2)"))
+    result = shell.run_cell("run_workers([command], timeout=60)")
+    shown = capsys.readouterr().out.strip()
+    assert isinstance(result.error_in_exec, WorkersFailed)
+    assert shown.startswith("WorkersFailed: worker 0 of 1 failed (exit status 2) after "), shown
+    assert "bad input" in shown and "Traceback" not in shown and "launcher.py" not in shown
+
+
 def test_worker_output_names_its_status():
     assert WorkerOutput(0, 1, 0, "", "").status() == "exit status 0"
     assert WorkerOutput(0, 1, -9, "", "", stopped=True).status() == "stopped (SIGKILL)"

@@ -83,6 +83,13 @@ class WorkersFailed(RuntimeError):
         super().__init__(message)
         self.outputs = tuple(outputs)
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it, uncaught in a notebook: the report alone, which names the worker and its error.
+
+        The frames inside run_workers add nothing to it, and a notebook reader would take them for the fault.
+        """
+        return [f"{type(self).__name__}: {self}"]
+
 
 def free_loopback_port() -> int:
     """A TCP port on 127.0.0.1 that no process listens on right now.
