@@ -5,6 +5,9 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import jax
+import numpy as np
+
 from utils.exercises import Exercise, plain
 
 # The 1-D mesh jax.make_mesh builds on a TPU v5e-16 (v5e:4x4): the host of each position, in mesh order.
@@ -18,16 +21,17 @@ def host_rows(hosts: Sequence[int], host: int, rows: int) -> list[tuple[int, int
     return [(p * block, (p + 1) * block) for p, h in enumerate(hosts) if h == host]
 
 
-def _whole(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _as_range(block: object) -> tuple[int, int] | None:
-    """(start, stop) from a pair of whole numbers or a slice with a step of 1 (what sharding index maps hold)."""
-    if isinstance(block, slice) and block.step in (None, 1) and _whole(block.start) and _whole(block.stop):
-        return int(block.start), int(block.stop)
-    if isinstance(block, tuple | list) and len(block) == 2 and all(_whole(v) for v in block):
-        return int(block[0]), int(block[1])
+    """(start, stop) from a pair of whole numbers, or a slice or range with a step of 1 (what index maps hold).
+
+    Numbers from numpy and whole floats count (`plain`), so an array of shape (n, 2) is a list of ranges too.
+    """
+    if isinstance(block, slice | range):
+        start, stop, step = (plain(v) for v in (block.start, block.stop, block.step))
+        block = (start, stop) if step in (None, 1) else None
+    block = plain(block)
+    if isinstance(block, tuple) and len(block) == 2 and all(type(v) is int for v in block):
+        return block[0], block[1]
     return None
 
 
@@ -36,6 +40,8 @@ def _rows_covered(ranges: list) -> list[int]:
 
 
 def _check_rows_of_host(answer: object) -> None:
+    if isinstance(answer, np.ndarray | jax.Array):  # an array of shape (n, 2)
+        answer = np.asarray(answer).tolist()
     ranges = [_as_range(block) for block in answer] if isinstance(answer, list | tuple) else [None]
     assert None not in ranges, (
         f"give a list of (start, stop) ranges of whole numbers (or slices), such as [(0, 8), (40, 48)]; got {answer!r}"
@@ -62,7 +68,8 @@ rows_of_host = Exercise(
     checker=_check_rows_of_host,
     solution=[(56, 64), (96, 120)],
     wrong=([(64, 96)], [(56, 64), (96, 104), (104, 112)], [(96, 120), (56, 64)], [(56, 120)],
-           [(56, 64), (56, 64), (96, 120)], "56:64, 96:120"),
+           [(56, 64), (56, 64), (96, 120)], "56:64, 96:120",
+           np.array([[64, 96]]), [(np.int64(56), np.int64(64)), (96, 112)], [(56.5, 64), (96, 120)]),
     hint="position p of the mesh holds rows 8p to 8p + 8; find the positions whose host is 2",
     explanation="Positions 7, 12, 13, 14 hold rows 56:64, 96:104, 104:112 and 112:120. Listing the four blocks "
                 "separately is right too; `rows_to_load` in the script finds them with "

@@ -89,6 +89,21 @@ linear_weight_spec = Exercise(
 _TARGET = "{devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"
 
 
+def _axis_name(entry: object) -> str | None:
+    """A mesh axis as torch_xla reads a spec entry: a name, its index in the mesh (a Python int), or None."""
+    axes = list(MESH_AXES)
+    if type(entry) is int:  # torch_xla tests type(p) is int: True and numpy integers are refused, as here
+        assert 0 <= entry < len(axes), (
+            f"{entry} is not an axis of the mesh: its axes are 0 ('data') and 1 ('model'), by name or by index"
+        )
+        return axes[entry]
+    assert entry is None or (isinstance(entry, str) and entry in MESH_AXES), (
+        f"{entry!r} is not an axis of the mesh {MESH_AXES}: give an axis name (or its index, a Python int), "
+        "a tuple of them, or None"
+    )
+    return entry
+
+
 def _check_spec_from_string(answer: object) -> None:
     assert isinstance(answer, tuple) and not isinstance(answer, PartitionSpec), (
         f"torch_xla's mark_sharding takes a plain tuple such as ('data', None); got {answer!r}"
@@ -98,16 +113,19 @@ def _check_spec_from_string(answer: object) -> None:
         "per dimension of the (8, 16) tensor"
     )
     used: list[str] = []
+    named: list[object] = []
     for entry in answer:
-        assert entry != (), f"{answer}: an empty tuple is not an entry; write None for a dimension kept whole"
-        names = entry if isinstance(entry, tuple) else (entry,)
-        assert all(n is None or (isinstance(n, str) and n in MESH_AXES) for n in names), (
-            f"{entry!r} is not an axis of the mesh {MESH_AXES}: give an axis name, a tuple of them, or None"
+        assert not (isinstance(entry, tuple) and not entry), (
+            f"{answer}: an empty tuple is not an entry; write None for a dimension kept whole"
         )
+        names = entry if isinstance(entry, tuple) else (entry,)
+        assert all(not isinstance(n, tuple) for n in names), f"{entry!r}: torch_xla refuses nested tuples"
+        names = tuple(_axis_name(n) for n in names)
         used += [n for n in names if n is not None]
+        named.append(names if isinstance(entry, tuple) else names[0])
     twice = sorted({n for n in used if used.count(n) > 1})
     assert not twice, f"{answer} uses {twice} more than once; a mesh axis can split only one dimension"
-    got = spec_string(answer, (8, 16))
+    got = spec_string(tuple(named), (8, 16))
     assert got == _TARGET, f"{answer} makes torch_xla print {got}, not {_TARGET}"
 
 
@@ -116,11 +134,13 @@ spec_from_string = Exercise(
     checker=_check_spec_from_string,
     solution=("model", None),
     wrong=(("data", None), (None, "model"), ("model",), PartitionSpec("model", None), ("model", ()),
-           ["model", None]),  # a list: mark_sharding caches by spec, and a list is unhashable (TypeError)
+           ["model", None],  # a list: mark_sharding caches by spec, and a list is unhashable (TypeError)
+           (0, None), (2, None), (True, None), (np.int64(1), None)),  # by index: 0 is 'data'; 2 no axis; not ints
     hint="[2,1,4]: 2 blocks of rows, 1 block of columns, 4 copies of each block; which mesh axis has size 2?",
     explanation=(
         "Rows split in 2 over 'model', columns whole, and each block copied on the 4 devices of its 'model' "
-        "column of the mesh: devices 0,2,4,6 hold the first rows, 1,3,5,7 the others."
+        "column of the mesh: devices 0,2,4,6 hold the first rows, 1,3,5,7 the others. torch_xla also takes an "
+        "axis by its index in the mesh, so (1, None) is the same answer."
     ),
 )
 

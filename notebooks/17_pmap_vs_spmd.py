@@ -10,8 +10,8 @@
 # **You need:** notebooks 06 (`jax.shard_map`, `check_vma`) and 07 (data parallelism with `jax.jit`);
 # 08 and 10 (tensor parallelism, FSDP) for section 7.
 #
-# You will write one data-parallel step with `pmap`, `jit` and `shard_map`, get the same numbers from
-# each, look inside `pmap`, port pmap code safely, and meet what it cannot express.
+# If you are migrating from `pmap`, start here after notebook 07. Sections 1-6 are the port. Section 7
+# shows why you will not want to go back, and it can wait until you have read 08 and 10.
 #
 # **You will learn**
 # - how the same step written with `pmap`, `jit` and `shard_map` relate;
@@ -69,7 +69,7 @@ def assert_same(a, b, *, exact=False):
 # pmap code is usually pure functions of a parameter pytree, so here the MLP of notebooks 07 to 10 is
 # pure JAX: 64 examples of 64 features labelled by a random teacher, a
 # `64 -> 256 -> 10` MLP whose parameters are a dict of four arrays, and plain SGD. `step` is written for
-# **one** device; its run is the reference.
+# **one** device, and its run is the reference that every parallel version must match.
 
 # %%
 rng = np.random.default_rng(0)
@@ -120,8 +120,8 @@ assert ref_losses[-1] < ref_losses[0] / 2  # it learns
 # ## 2. Way 1: `jax.pmap` with `pmean`
 #
 # `pmap` runs a function once per device. Every argument gets a **leading axis** of size 8: device `i`
-# gets slice `i`, without that axis, and talks to the others through collectives named by `axis_name`;
-# here `jax.lax.pmean` averages the gradients. So the inputs are stacked: 8 copies of every parameter,
+# gets slice `i`, without that axis, and talks to the others through collectives named by `axis_name`.
+# Here `jax.lax.pmean` averages the gradients. So the inputs are stacked: 8 copies of every parameter,
 # and the batch reshaped to `(8, 8, 64)`, placed with `P('data')` on the leading axis of a 1-D mesh (the
 # layout `pmap` itself uses, section 5). `pmap` takes devices in id order, `jax.make_mesh` by position on
 # a TPU board (notebook 01): pass `devices=` the mesh's, so both agree on which device gets slice `i`.
@@ -179,8 +179,8 @@ assert_same(np.array(jit_losses), pmap_losses[:, 0], exact=True)
 assert_same(jit_params, pmap_copy, exact=True)
 
 # %% [markdown]
-# Both hold the same bytes on the same devices; pmap's version just has a leading device axis of size 1
-# in each block:
+# Both hold the same bytes on the same devices. The only difference is that pmap's version has a leading
+# device axis of size 1 in each block:
 
 # %%
 assert shard_table(x_stacked).bytes_per_device == shard_table(x_dp).bytes_per_device  # 2 KiB each
@@ -194,7 +194,7 @@ draw_sharding(x_dp)  # jit's global batch
 #
 # `jax.shard_map` (notebook 06) is the current way to write a per-device program: each device gets a
 # **block** of a global array, cut by a `PartitionSpec` on a mesh. This step differentiates the loss
-# averaged over devices (`pmean` of the loss, not of the gradients); section 6.3 shows why.
+# averaged over devices (`pmean` of the loss, not of the gradients), for a reason section 6.3 shows.
 
 # %%
 def shard_map_body(p, x, y):  # runs on each device: x block (8, 64), y block (8,), p the full parameters
@@ -213,7 +213,8 @@ assert_same(np.array(shmap_losses), pmap_losses[:, 0], exact=True)
 assert_same(shmap_params, pmap_copy, exact=True)
 
 # %% [markdown]
-# On the CPU backend the three agree to the last bit after 5 steps; on an accelerator, to rounding.
+# On the CPU backend the three agree to the last bit after 5 steps. On an accelerator they agree to
+# rounding, because its compiler may order the sums differently in each version.
 #
 # > **You will see this online:** "use `pmap` when you only need simple data parallelism; `jit` with
 # > shardings is for bigger models."
@@ -244,10 +245,11 @@ for comm in compiled.values():  # one sum over devices of every gradient, and th
 # per-device code.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: how many all-reduces on the CPU backend
-if CPU:  # the CPU compiler combines the sums into one op
-    assert [comm.count() for comm in compiled.values()] == [1, 1, 1]
-    print("CPU compiler: one all-reduce in each version")
+# @title The CPU compiler's exact figures, §4: how many all-reduces each version compiles to
+all_reduces = {name: comm.count() for name, comm in compiled.items()}
+print("all-reduce ops in each compiled version (this backend's compiler):", all_reduces)
+if CPU:  # the CPU compiler combines the sums of all gradients and the loss into one op
+    assert all_reduces == {"pmap": 1, "jit": 1, "shard_map": 1}
 
 # %% [markdown]
 # ## 5. Under the hood: `pmap` is `jit` around `shard_map`
@@ -282,8 +284,8 @@ assert isinstance(out.sharding, NamedSharding) and out.sharding.spec == P("data"
 assert shard_table(out).shard_shapes == {(1, 64, 256)}
 
 # %% [markdown]
-# Its docstring calls it the old way, yet calling it raises no warning: `pmap` is in maintenance
-# mode, not deprecated.
+# Its docstring calls it the old way and points to `jax.shard_map` or `jax.smap` (a `shard_map` over one
+# mesh axis at a time), yet calling it raises no warning: `pmap` is in maintenance mode, not deprecated.
 
 # %%
 print(jax.pmap.__doc__.strip().splitlines()[0])
@@ -292,6 +294,7 @@ with warnings.catch_warnings(record=True) as caught:
     jax.block_until_ready(pmap_step(params_stacked, x_stacked, y_stacked))
 print("warnings when calling pmap:", len(caught))
 assert jax.pmap.__doc__.strip().startswith("Old way of doing parallel map. Use :py:func:`jax.shard_map` instead.")
+assert "``jax.smap``" in jax.pmap.__doc__ and callable(jax.smap)
 assert caught == []
 
 # %% [markdown]
@@ -380,8 +383,13 @@ assert raised == ["device_put_replicated", "device_put_sharded"]
 
 # %% [markdown]
 # > **You will see this online:** Flax's `jax_utils.replicate(state)`, `jax_utils.unreplicate(state)` and
-# > `training.common_utils.shard(batch)`. Flax 0.12 keeps them, without a warning: a copy per device,
-# > stacked (pmap's layout); copy 0 back; a NumPy batch reshaped to `(devices, rows per device, ...)`.
+# > `training.common_utils.shard(batch)`. Flax 0.12 keeps them, without a warning:
+# >
+# > | helper | what it does |
+# > |---|---|
+# > | `replicate(state)` | stacks a copy per device (pmap's layout) |
+# > | `unreplicate(state)` | takes copy 0 back |
+# > | `shard(batch)` | reshapes a NumPy batch to `(devices, rows per device, ...)` |
 
 # %%
 from flax import jax_utils
@@ -401,8 +409,8 @@ assert isinstance(batch, np.ndarray) and batch.shape == (n, 64 // n, 64)
 # For placement, `jax.device_put` with a `NamedSharding` of the **global** array, no device axis, replaces
 # them all: `P()` replicates, `P('data')` splits (section 3). To keep a pmap
 # function for a while, give it the stacked array at `P('data')` (section 2); its output has that very
-# layout. Given no `axis_name`, `pmap` names its mesh axis `_internal_pmap_axis_name`, as the type shows;
-# `is_equivalent_to` compares blocks and devices, not names:
+# layout. Given no `axis_name`, `pmap` names its mesh axis `_internal_pmap_axis_name`, as the type shows.
+# So compare the layouts with `is_equivalent_to`, which looks at blocks and devices, not at names:
 
 # %%
 b2_repl = jax.device_put(params["b2"], NamedSharding(mesh, P()))  # was: device_put_replicated
@@ -449,8 +457,9 @@ print("ported losses: ", np.round(ported_losses, 2))
 assert ported_losses[1] > ported_losses[0] > pmap_losses[1, 0]  # up, where it should go down
 
 # %% [markdown]
-# Later the ported loss can even drop below the correct one (for SGD a constant factor is just another
-# learning rate): a loss curve is a poor detector. After a port, compare **gradients**.
+# A loss curve is still a poor detector. For SGD a constant factor on every gradient is the same as a larger
+# learning rate, so a model that tolerates the larger rate trains on and hides the bug. After a port,
+# compare **gradients**, as the cell above does.
 #
 # **Why.** With `check_vma=True` (the default) `shard_map` tracks which values vary across devices.
 # Combining the replicated parameters with the varying batch block inserts an implicit cast to "varying"
@@ -499,8 +508,8 @@ for fixed in (fix_a_params, shmap_params):  # fix B is section 4's step
 # ### 7.1 One leading axis, at most one slice per device
 #
 # `pmap` maps the leading axis, one slice per device. A batch of 16 rows on 8 devices, which `jit`
-# splits into blocks of 2, fails at the `squeeze` of section 5; a batch of 4 runs on 4 devices and
-# leaves the other 4 idle:
+# splits into blocks of 2, fails at the `squeeze` of section 5, because each device would get 2 slices. A
+# batch of 4 runs on 4 devices and leaves the other 4 idle:
 
 # %%
 rows16 = jnp.ones((16, 3))
@@ -545,12 +554,16 @@ assert_same(np.array(tp_losses), ref_losses)
 draw_shardings(tp_params, ncols=4)
 
 # %% [markdown]
-# The compiler inserted two kinds of sum: over `model` (groups of 2), the halves of the second layer's
-# product; over `data` (groups of 4), the gradients of each device's half of the parameters.
+# The compiler inserted two kinds of sum:
+#
+# | over | group size | what it sums |
+# |---|---|---|
+# | `model` | 2 | the halves of the second layer's product |
+# | `data` | 4 | the gradients of each device's half of the parameters |
 #
 # `pmap` has one axis. A second used to be a `pmap` inside a `pmap`, and `pmap`'s docstring still
-# documents nesting; today it fails, because the inner `pmap` builds its own 1-D mesh inside the
-# outer one's:
+# documents nesting. Today it fails, because the inner `pmap` builds its own 1-D mesh inside the outer
+# one's:
 
 # %%
 doc = " ".join(jax.pmap.__doc__.split())
@@ -572,8 +585,12 @@ assert nesting in doc and nested_failed
 #
 # ### 7.3 FSDP: sharded parameters
 #
-# FSDP (notebook 10) splits the parameters themselves over `data`, so each device stores about 1/8 of
-# them. With `jit` it is again four specs (`b2`, 10 numbers, stays whole):
+# *Optional on a first reading:* this section repeats notebook 10 in `pmap`'s terms.
+#
+# FSDP (notebook 10) splits the parameters themselves, so each device stores about 1/8 of them. The axis
+# that splits them is the one that splits the batch. Notebook 10 names it `fsdp`; here it keeps the name
+# `data`, because it is the same mesh as in sections 2 to 6. With `jit` it is again four specs (`b2`, 10
+# numbers, stays whole):
 
 # %%
 fsdp_specs = {"w1": P("data", None), "b1": P("data"), "w2": P("data", None), "b2": P()}
@@ -654,16 +671,16 @@ else:
 #
 # - **By hand:** 3 all-gathers of the weights, 3 reduce-scatters of their gradients: textbook FSDP.
 # - **`jit`, CPU backend:** the weights gathered too, plus an all-gather of the logits' size and an
-#   all-to-all where propagation re-cuts values; every gradient summed by one all-reduce (76,844 bytes)
-#   and sliced, so its estimate exceeds the hand-written one's.
-# - **`jit`, TPU:** only `w1`'s gradient is reduce-scattered (`f32[8,256]`); the others are all-reduced.
+#   all-to-all where propagation re-cuts values. Every gradient is summed by one all-reduce (76,844 bytes)
+#   and then sliced, so its estimate exceeds the hand-written one's.
+# - **`jit`, TPU:** only `w1`'s gradient is reduce-scattered (`f32[8,256]`), and the others are all-reduced.
 #   The all-gathers are bf16 (the TPU's default matmul precision): half the bytes.
 #
 # How good `jit`'s collectives are depends on the compiler: read the program compiled for your machine
 # (notebook 15: TPU pods).
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §7: the CPU compiler's FSDP programs
+# @title The CPU compiler's exact figures, §7: its FSDP programs, by jit and by hand
 if CPU:
     (all_reduce,) = [op for op in fsdp_comm.ops if op.kind == "all-reduce"]
     assert {kind: k for kind, k in fsdp_comm.counts.items() if k} == {"all-gather": 4, "all-to-all": 1, "all-reduce": 1}
@@ -672,6 +689,19 @@ if CPU:
     assert fsdp_comm.estimated_bytes > pmap_fsdp_comm.estimated_bytes
     print(f"CPU compiler, ring estimates: jit {fsdp_comm.estimated_bytes:,.0f} B, by hand "
           f"{pmap_fsdp_comm.estimated_bytes:,.0f} B")
+
+# %% [markdown]
+# ## Takeaways
+# - One data-parallel step can be `pmap` + `pmean`, `jit` + `NamedSharding`, or `shard_map` + `pmean` of
+#   the loss. All three give the same parameters and the same all-reduce, and `jit` is the shortest.
+# - `pmap` is `jit` around `shard_map(check_vma=False)` on a 1-D mesh, and returns ordinary `jax.Array`s
+#   with `(1, ...)` blocks. Nesting it fails, though its docstring documents it.
+# - Migrating: `in_axes` become specs, blocks keep their rank, and placement is `jax.device_put` with
+#   `P()` or `P('data')`. **Never keep `pmean` of gradients inside `shard_map`**: the gradient of a
+#   replicated input is already summed there, so it comes out N times too large. Differentiate the
+#   `pmean`-ed loss instead.
+# - A second mesh axis and sharded parameters are specs with `jit`, hand-written collectives (or
+#   impossible) with `pmap`. `jit`'s collectives depend on the compiler: read them.
 
 # %% [markdown]
 # ## Exercises
@@ -712,15 +742,4 @@ answer_2 = NOT_ANSWERED  # a number: ported gradient / true gradient
 ex.pmean_factor.check(answer_2);
 
 # %% [markdown]
-# ## Takeaways
-# - One data-parallel step: `pmap` + `pmean`, `jit` + `NamedSharding`, or `shard_map` + `pmean` of the
-#   loss; the same parameters and all-reduce. `jit` is shortest.
-# - `pmap` is `jit` around `shard_map(check_vma=False)` on a 1-D mesh, and returns ordinary `jax.Array`s
-#   with `(1, ...)` blocks. Nesting it fails, though its docstring documents it.
-# - Migrating: `in_axes` become specs; blocks keep their rank; placement is `jax.device_put` with
-#   `P()`/`P('data')`; and **never keep `pmean` of gradients inside `shard_map`**: the gradient of a
-#   replicated input is already summed there, N times too large. Differentiate the `pmean`-ed loss.
-# - A second mesh axis and sharded parameters are specs with `jit`, hand-written collectives (or
-#   impossible) with `pmap`. `jit`'s collectives depend on the compiler: read them.
-#
 # **Next:** [18 · Multi-host SPMD: two processes, one mesh](18_multihost.ipynb)

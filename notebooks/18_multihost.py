@@ -72,9 +72,9 @@ def show(function) -> Code:
 # %% [markdown]
 # ## 1. One script, several processes
 #
-# One process per host runs the same script; the processes meet at `jax.distributed.initialize`, which
-# tells each where the coordinator (process 0) listens, how many processes there are and which one it
-# is. Then:
+# One process per host runs the same script. The processes meet at `jax.distributed.initialize`, which
+# tells each one where the coordinator (process 0) listens, how many processes there are and which one it
+# is. From then on the processes share one view of the devices, and each drives only its own:
 #
 # | | one process | 2 processes of 4 devices |
 # |---|---|---|
@@ -84,9 +84,9 @@ def show(function) -> Code:
 # | `jax.local_devices()` | 8 devices | the 4 devices this process drives |
 # | `x.addressable_shards` | all 8 shards | the 4 shards on local devices |
 #
-# The script is `notebooks/scripts/spmd_worker.py`; its docstring gives the commands that start it
-# locally, on a TPU slice and under Slurm. Here is its `main`; later sections show the functions whose
-# results they read. To try a change, edit the file and rerun from section 3.
+# The script is `notebooks/scripts/spmd_worker.py`, and its docstring gives the commands that start it
+# locally, on a TPU slice and under Slurm. Here is its `main`. Each later section shows the function whose
+# results it reads, beside those results. To try a change, edit the file and rerun from section 3.
 
 # %%
 main_body = inspect.getsource(worker.main)
@@ -165,7 +165,7 @@ print({i: r["cpu_collectives"] for i, r in results["topology"].items()})
 assert all(r["cpu_collectives"] == "gloo" for r in results["topology"].values())  # the script never set it
 
 # %% [markdown]
-# Gloo is the default already; the script sets nothing.
+# Gloo is already the default, so the script sets nothing.
 #
 # ## 4. Each process loads only its rows
 #
@@ -208,9 +208,10 @@ draw_shardings({name: ((64, 16), sharding) for name, sharding in layouts.items()
 
 # %% [markdown]
 # All three reproduce the single-process losses. When `model` stays inside a process, each process loads
-# half the batch; when `model` spans both processes, every block of rows sits on a device of each, so
-# **both load all 64 rows, identical**. Other rows would feed each half of the model different examples,
-# and nothing would raise.
+# half the batch. When `model` spans both processes, every block of rows sits on a device of each, so
+# **both load all 64 rows, identical**. The two halves of the model must see the same examples, because
+# together they compute one forward pass. Loading other rows would feed them different examples, and
+# nothing would raise.
 #
 # > **You will see this online:** each host loads the slice `process_index * rows_per_host` onward (or
 # > the files `process_index::process_count`):
@@ -240,7 +241,7 @@ for i, r in results["callback"].items():
 # On real pods even
 # a 1-D mesh does not give each host a contiguous run of rows: `jax.make_mesh` orders a TPU slice's chips
 # along the interconnect. Here is a TPU v5e-16 (4 hosts of 4 chips) compiled for without a TPU
-# (notebook 15); this kernel plays host 0.
+# (notebook 15), with this kernel playing host 0.
 
 # %%
 ok, why = tpu_compiler_available()
@@ -265,8 +266,8 @@ else:
                   title="v5e-16, coloured by host: 0 blue, 1 orange, 2 green, 3 red")
 
 # %% [markdown]
-# Host 0 holds rows 0:16, 48:56 and 120:128; on the 2-D mesh hosts 0 and 1 hold the same rows, as our two
-# processes did.
+# Host 0 holds rows 0:16, 48:56 and 120:128, so its loader must read three separate runs. On the 2-D mesh
+# hosts 0 and 1 hold the same rows, as our two processes did when `model` spanned them.
 #
 # ## 5. Getting results back
 #
@@ -304,9 +305,10 @@ for i, r in results["results"].items():
 # ## 6. A sharded checkpoint, saved and restored by every process
 #
 # The script saves the parameters trained with `model` spanning the processes (each holds half of `w1`
-# and `w2`) with Orbax's `StandardCheckpointer`. **Every process calls `save`** and writes its shards;
-# then every process calls `restore` with `jax.ShapeDtypeStruct`s sharded on the *other* 2-D mesh, and
-# reads the shards it needs there. Only process 0 listed the directory:
+# and `w2`) with Orbax's `StandardCheckpointer`. **Every process calls `save`** and writes its own shards.
+# Then every process calls `restore` with `jax.ShapeDtypeStruct`s sharded on the *other* 2-D mesh, and
+# reads the blocks it needs there, so a checkpoint can change layout on the way back. Only process 0
+# listed the directory:
 
 # %%
 display(show(worker.checkpoint))
@@ -338,24 +340,30 @@ for i, r in wait.items():
 assert wait[0]["returned"] >= wait[1]["entered"]  # process 0 left only after process 1 had come (one host clock)
 
 # %% [markdown]
-# Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it; process 0 waits.
-# For how long? Measured on two CPU processes outside this notebook (it takes minutes), on both JAX lines:
+# Now put a collective under `if jax.process_index() == 0:`. Process 1 never calls it, so process 0 waits.
+# How long it waits depends on what process 1 does instead. At the default limits some cases take
+# minutes, so the course's tests (`tests/test_processes.py`) run the script with one fault each and short
+# limits, and time process 0 from the fault. On two CPU processes:
 #
-# - **After the processes have run a collective together: for ever.** Process 0 still waited after 150 s.
-#   Both stay alive, their heartbeats flow, and no timeout applies.
-# - **If it is their first collective:** gloo, the CPU transport, gives up connecting after its own 30 s
-#   (`DEADLINE_EXCEEDED: GetKeyValue() timed out`) and process 0 raises. That limit is gloo's, CPU only.
-# - **If process 1 reaches `jax.distributed.shutdown()`,** it waits at the shutdown barrier; after
-#   `shutdown_timeout_seconds` (300 s), "Barrier timed out. Id: Shutdown::…", the processes abort (SIGABRT).
+# | process 1, meanwhile | what happens to process 0 | how soon | the test |
+# |---|---|---|---|
+# | exits or dies while process 0 is in a collective with it | raises: gloo sees the connection close ("Connection closed by peer") | under a second (the test allows 5 s) | `..._leaves_during_a_collective_...` |
+# | calls a different collective | both abort: "Is there a distributed collective mismatch in your code?" | under a second | `test_mismatched_collectives_...` |
+# | lives on, after the two ran a collective together | waits for ever: heartbeats flow, so no limit applies | still waiting after 4 heartbeat timeouts (3 s each in the test) | `test_a_lone_collective_...` |
+# | lives on, and this is their first collective | raises when gloo gives up connecting: `DEADLINE_EXCEEDED: GetKeyValue() timed out` | 30 s, gloo's own limit | `test_a_first_collective_...` |
+# | raised without `exit_on_error` (section 12), so JAX's exit hook holds it at the shutdown barrier | both abort: "Barrier timed out. Id: Shutdown::…" | `shutdown_timeout_seconds` (5 s in the test) | `..._waits_at_the_shutdown_barrier_...` |
 #
-# A process that dies is noticed only after `heartbeat_timeout_seconds`. The defaults:
+# So the heartbeat does not end a hung collective. It is how the coordinator notices a process that
+# stopped sending heartbeats, for example one that died while the others were not exchanging data with it.
+# The quick detection and the 30 s are gloo's, the CPU transport's: a GPU (NCCL) or TPU job has other
+# transports and other limits, not measured here. The defaults of the three limits JAX sets:
 
 # %%
 defaults = inspect.signature(jax.distributed.initialize).parameters
 print({name: defaults[name].default
        for name in ("initialization_timeout", "shutdown_timeout_seconds", "heartbeat_timeout_seconds")})
 assert defaults["initialization_timeout"].default == defaults["shutdown_timeout_seconds"].default == 300  # seconds
-assert defaults["heartbeat_timeout_seconds"].default == 100  # how long a silent (dead) process goes unnoticed
+assert defaults["heartbeat_timeout_seconds"].default == 100  # how long a process without heartbeats goes unnoticed
 
 # %% [markdown]
 # Collectives hide in `jit` calls on global arrays (the train step's all-reduce), in `process_allgather`,
@@ -379,10 +387,15 @@ for i, r in results["device_put"].items():  # both processes raise AssertionErro
 #
 # ## 8. Agreeing on host values
 #
-# Values each process computes for itself (a seed, a configuration, a step count) can drift apart.
-# `multihost_utils.broadcast_one_to_all(tree)` gives every process process 0's values;
-# `multihost_utils.assert_equal(tree, message)` raises where the processes hold different values, the
-# first check when hosts diverge. Both are all-gathers, so every process must call them.
+# Values each process computes for itself (a seed, a configuration, a step count) can drift apart, for
+# example when a seed comes from the clock. Two calls deal with that:
+#
+# | call | what it does | use it |
+# |---|---|---|
+# | `multihost_utils.broadcast_one_to_all(tree)` | gives every process process 0's values | to make values agree |
+# | `multihost_utils.assert_equal(tree, message)` | raises in every process if their values differ | as the first check when hosts diverge |
+#
+# Both are all-gathers, so every process must call them.
 
 # %%
 display(show(worker.agree_across_processes))
@@ -399,8 +412,9 @@ print(results["agree"][1]["differ"])
 #
 # Before a cloud scheduler evicts a host it sends the process SIGTERM. A JAX process that has joined a
 # job does not stop: it tells the coordinator, which tells every process. Each keeps training and asks
-# `multihost_utils.reached_preemption_sync_point(step)` every step; it returns True at the same step in
-# all of them, the step to save a checkpoint and exit. (Orbax's `CheckpointManager` asks it for you.)
+# `multihost_utils.reached_preemption_sync_point(step)` every step. It returns True at the same step in
+# all of them, and that is the step at which to save a checkpoint and exit: since every process saves at
+# that step, the checkpoint holds one consistent model. (Orbax's `CheckpointManager` asks it for you.)
 # Process 1 sent itself SIGTERM after step 2:
 
 # %%
@@ -412,7 +426,8 @@ assert pre[0]["save_at"] == pre[1]["save_at"] > pre[0]["notice_at"]  # one step 
 assert "SIGTERM caught" in outputs[1].stderr and "SIGTERM" not in outputs[0].stderr  # only process 1 got it
 
 # %% [markdown]
-# Process 0 never received a signal, yet stopped at the same step; process 1 ran on after its SIGTERM.
+# Process 0 never received a signal, yet it stopped at the same step. Process 1 did not die at its
+# SIGTERM: it trained on until the agreed step.
 #
 # ## 10. Porting multi-host `pmap` code
 #
@@ -436,8 +451,9 @@ for i, r in results["pmap"].items():
 # ## 11. Multi-slice meshes
 #
 # Several TPU slices join over the data-centre network (DCN), slower than the interconnect inside a
-# slice. `jax.make_mesh` refuses them; `mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape)` builds a mesh whose DCN axes cross slices and whose other axes stay inside one. The
-# script's `model_within` mesh was built the same way, with `process_is_granule=True`: each process
+# slice. `jax.make_mesh` refuses them. `mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape)` builds
+# a mesh whose DCN axes cross slices and whose other axes stay inside one, so the traffic of those axes
+# stays on the fast links. The script's `model_within` mesh was built the same way, with `process_is_granule=True`: each process
 # counts as a slice, as the hosts of a GPU cluster do. Two v5e-4 slices, compiled for without a TPU:
 
 # %%
@@ -461,18 +477,33 @@ if ok:
 #
 # ## 12. A launcher that fails loudly
 #
-# When a worker dies, the others wait for it (section 7). A worker that raises does not even die: JAX's
-# exit hook calls `jax.distributed.shutdown()`, which waits at a barrier for every other process, up to
-# `shutdown_timeout_seconds` (300 s), then aborts. So the script runs `main` through `exit_on_error`,
-# which prints the traceback and leaves with `os._exit(1)`, skipping the exit hooks:
+# When a worker dies, the others wait for it (section 7). A worker that raises does not even die, because
+# JAX's exit hook calls `jax.distributed.shutdown()`. That waits at a barrier for every other process, up
+# to `shutdown_timeout_seconds` (300 s), and then aborts. `sys.exit(3)`, the usual way for a script to stop
+# on a bad configuration, takes the same path, since it raises `SystemExit`. So the script runs `main`
+# through `exit_on_error`. It catches every exception, `SystemExit` included, prints the traceback, and
+# leaves with `os._exit`, which skips the exit hooks. The exit status stays the one Python would give
+# (3 for `sys.exit(3)`, 1 for an error), so a launcher sees both the failure and its code at once:
 
 # %%
-Code(inspect.getsource(worker.exit_on_error), language="python")
+display(show(worker.exit_on_error), show(worker.exit_status))
+assert worker.exit_status(SystemExit(3)) == 3 and worker.exit_status(SystemExit("bad flag")) == 1
+assert worker.exit_status(SystemExit()) == 0 and worker.exit_status(ValueError()) == 1
 
 # %% [markdown]
+# In your own script, copy the two functions (they need only `os`, `sys` and `traceback`) and end it with
+# `if __name__ == "__main__": exit_on_error(main)`. `tests/test_processes.py` checks that a worker which
+# raises or calls `sys.exit(3)` after `initialize` is reported within seconds, with its own status.
+#
+# One early exit still goes unnoticed: a worker that ends with status 0, by `return` or `sys.exit(0)`,
+# is no failure to any launcher. The others then wait in their next collective, as in the table of
+# section 7: under a second if they are in one with it, 30 s if it is their first, and otherwise until
+# the launcher's time limit.
+#
 # `run_workers` watches all workers together. At the first error it kills the rest with SIGKILL (SIGTERM
-# is a preemption notice, section 9) and raises, naming that worker and its first error line; at its time
-# limit it names the workers still running. Take the coordinator's port and watch:
+# is a preemption notice, section 9) and raises, naming that worker and its first error line. At its time
+# limit it names the workers still running. Here is a deliberate fault: this kernel holds the
+# coordinator's port, so process 0 cannot start. The launcher's report:
 
 # %%
 failure = None
@@ -488,7 +519,7 @@ with tempfile.TemporaryDirectory() as shared, socket.socket() as squatter:
     seconds = time.perf_counter() - start
 assert isinstance(failure, WorkersFailed)
 headline = str(failure).splitlines()[0]
-print(headline.replace(str(taken), "PORT"))
+print("the launcher's report (a deliberate fault):", headline.replace(str(taken), "PORT"))
 worker_0, worker_1 = failure.outputs
 print("worker 1:", worker_1.status())
 assert headline.startswith("worker 0 of 2 failed") and "Failed to add port to server" in headline
@@ -499,7 +530,22 @@ assert seconds < 30  # sooner than process 1's own 30 s wait for the coordinator
 # %% [markdown]
 # The launcher stopped process 1, which would have waited 30 s for the dead coordinator, and said which
 # worker failed and why (jax 0.12 adds "Address already in use"), then the last lines of each stderr.
-#
+
+# %% [markdown]
+# ## Takeaways
+# - One script runs in every process over one global mesh, and `jax.distributed.initialize` comes first.
+# - Each process asks the sharding which rows to load. Hosts of one `model` group load identical rows,
+#   and a host's rows need not be contiguous.
+# - Get values back as replicated outputs or with `process_allgather(x, tiled=True)`. Every process calls
+#   Orbax's `save` and `restore`.
+# - Every process runs the same collectives (`device_put` of host data, `assert_equal` and
+#   `sync_global_devices` too) in the same order. Only side effects go under `process_index() == 0`.
+# - SIGTERM is a preemption notice, and `reached_preemption_sync_point` names one step for all to save at.
+# - A worker that raises or calls `sys.exit` must exit at once, past JAX's shutdown barrier, and a launcher
+#   stops all at the first failure and says why. A worker that ends early with status 0 is no failure to a
+#   launcher: the others wait for it.
+
+# %% [markdown]
 # ## Exercises
 #
 # **Exercise 1.** On the TPU v5e-16 of section 4, the 1-D mesh puts its 16 positions on hosts
@@ -537,16 +583,4 @@ answer_3 = NOT_ANSWERED  # e.g. {"a"}
 ex.which_hang.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - One script, run by every process over one global mesh; `jax.distributed.initialize` comes first.
-# - Each process asks the sharding which rows to load; hosts of one `model` group load identical rows,
-#   and a host's rows need not be contiguous.
-# - Get values back as replicated outputs or with `process_allgather(x, tiled=True)`. Every process calls
-#   Orbax's `save` and `restore`.
-# - Every process runs the same collectives (`device_put` of host data, `assert_equal` and
-#   `sync_global_devices` too) in the same order; only side effects go under `process_index() == 0`.
-# - SIGTERM is a preemption notice; `reached_preemption_sync_point` names one step for all to save at.
-# - A worker that raises must exit at once, past JAX's shutdown barrier; a launcher stops all at the first
-#   failure and says why.
-#
 # **Next:** [19 · PyTorch/XLA side by side](19_pytorch_xla.ipynb)

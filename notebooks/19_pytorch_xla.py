@@ -11,8 +11,8 @@
 # and 18 (multi-host); `jax.jit`, `jax.device_put`; and PyTorch on one device
 # (`nn.Module`, `loss.backward()`, `torch.optim`).
 #
-# You will run each PyTorch/XLA construct next to its JAX twin in one Python process and check that both
-# put the same block on the same device, train to the same losses and get the same collectives.
+# If you come from PyTorch/XLA, read notebooks 00, 03 and 07 first and then this one, where each construct
+# you know runs next to its JAX twin. Section 11's table is the quick reference.
 #
 # **You will learn**
 # - `xr.use_spmd()`, `Mesh` and `xs.mark_sharding`, each beside its JAX twin, and torch_xla's sharding string;
@@ -41,6 +41,7 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 
 # %%
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -78,7 +79,7 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # hides "Tensorflow library n
 # startup, so its programs do not go there).
 #
 # XLA warns that GSPMD, torch_xla's partitioner (section 6), is deprecated, once per program it
-# partitions; `TF_CPP_MIN_LOG_LEVEL=2`, read when torch_xla loads, hides C++ warnings but not errors.
+# partitions. `TF_CPP_MIN_LOG_LEVEL=2`, read when torch_xla loads, hides such C++ warnings but not errors.
 
 # %%
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -115,11 +116,18 @@ def torch_xla_programs():
 #
 # ## 2. SPMD mode: one logical device
 #
-# JAX has no mode. A plain PyTorch/XLA program drives one device (`xla:0`), its multi-process mode
-# (`torchrun`, `xmp.spawn`) one process per device; `xr.use_spmd()` switches to SPMD, before any tensor
-# reaches the device. `mark_sharding` before it raises `RuntimeError`; `use_spmd()` after a tensor warns
-# "Replicating tensors already initialized", and the next program crashes the process. Both need a fresh
-# process, so neither runs below.
+# JAX has no mode. PyTorch/XLA has three:
+#
+# | mode | what a process drives |
+# |---|---|
+# | plain | one device, `xla:0` |
+# | multi-process (`torchrun`, `xmp.spawn`) | one device per process |
+# | SPMD, after `xr.use_spmd()` | every device, seen as one `xla:0` |
+#
+# `xr.use_spmd()` must come before any tensor reaches the device, because the mode decides where tensors
+# live. `mark_sharding` before it raises `RuntimeError`. `use_spmd()` after a tensor warns "Replicating
+# tensors already initialized", and the next program crashes the process. Both need a fresh process, so
+# neither runs below.
 
 # %%
 spmd_before = xr.is_spmd()
@@ -155,7 +163,8 @@ assert sorted(made.device_ids.flat) == sorted(jax_ids.flat)  # the same devices,
 
 # %% [markdown]
 # `mesh.shape()` is an ordered mapping from axis name to size, like JAX's `mesh.shape`. In
-# torch_xla a mesh is plain data passed to each `mark_sharding`; in JAX it lives in each `NamedSharding`.
+# torch_xla a mesh is plain data passed to each `mark_sharding`, while in JAX it lives in each
+# `NamedSharding`.
 # Below, a `(4, 2)` mesh in both, where both axes split something:
 
 # %%
@@ -166,7 +175,7 @@ np.testing.assert_array_equal(xmesh.get_logical_mesh(), np.vectorize(lambda d: d
 draw_mesh(jmesh42)
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: `jax.make_mesh`'s order on CPU devices
+# @title The CPU compiler's exact figures, §3: `jax.make_mesh`'s order on CPU devices
 if CPU:  # CPU devices have no board: jax.make_mesh keeps the order jax.devices() lists
     assert made.devices.tolist() == jmesh.devices.tolist()
     print("jax.make_mesh((8, 1)) on CPU devices: ids", made.device_ids.ravel().tolist(), "as jax.devices() lists them")
@@ -176,7 +185,7 @@ if CPU:  # CPU devices have no board: jax.make_mesh keeps the order jax.devices(
 #
 # A PyTorch/XLA partition spec is a plain tuple with **one entry per tensor dimension**: a mesh axis name, a
 # tuple of names, or `None`. `xs.mark_sharding(t, mesh, spec)` annotates `t` in place (and returns it wrapped
-# as an `XLAShardedTensor`); `jax.device_put(x, NamedSharding(mesh, P(...)))` returns a new array.
+# as an `XLAShardedTensor`). `jax.device_put(x, NamedSharding(mesh, P(...)))` instead returns a new array.
 #
 # Three helpers give each device's block as `(start, stop)` per dimension, from torch_xla's sharding
 # string, from its `local_shards` and from JAX's `addressable_shards`.
@@ -212,8 +221,8 @@ def blocks_of_jax(x):
             for s in x.addressable_shards}
 
 # %% [markdown]
-# Four tensors: an `(8, 4)` one on the `(8, 1)` mesh, one row per device; on the `(4, 2)` mesh a 3-D tensor
-# with its first dimension whole, and a 1-D tensor split over `data` only, then over both axes.
+# Four tensors: an `(8, 4)` one on the `(8, 1)` mesh, one row per device. Then, on the `(4, 2)` mesh, a 3-D
+# tensor with its first dimension whole, and a 1-D tensor split over `data` only, then over both axes.
 
 # %%
 examples = [  # name, mesh (torch_xla, JAX), shape, spec
@@ -242,10 +251,10 @@ assert {s.data.shape for s in jax_arrays["t1"].addressable_shards} == {(8, 2, 8)
 
 # %% [markdown]
 # Every device holds the same block, with the same numbers, in both frameworks. In the string, `[...]` lists
-# the blocks per dimension and, with `last_tile_dim_replicate`, the copies of each block; device ids follow. `t2` has 4 blocks of 2 with 2 copies each: the mesh axis a spec leaves out
-# replicates. `t3` splits one dimension over both axes, `data` major, like `P(('data', 'model'))`.
+# the blocks per dimension and, with `last_tile_dim_replicate`, the copies of each block. The device ids
+# follow. `t2` has 4 blocks of 2 with 2 copies each, because the mesh axis a spec leaves out replicates. `t3` splits one dimension over both axes, `data` major, like `P(('data', 'model'))`.
 #
-# The string is XLA's `HloSharding`, and JAX builds the same object; a private method returns it (its device
+# The string is XLA's `HloSharding`, and JAX builds the same object. A private method returns it (its device
 # list `<=[8]` means ids 0 to 7 in order):
 
 # %%
@@ -280,8 +289,9 @@ assert "Existing annotation must be cleared first" in second
 assert spec_of(t2) == "{devices=[8]0,1,2,3,4,5,6,7}"
 
 # %% [markdown]
-# A torch_xla tensor keeps one annotation until `clear_sharding`; JAX's `device_put` never changes the array
-# it is given. And JAX reads `P('data')` on a 2-D array as `P('data', None)`; torch_xla wants every dimension:
+# A torch_xla tensor keeps one annotation until `clear_sharding`, because the annotation is part of the
+# tensor. JAX's `device_put` never changes the array it is given. And JAX reads `P('data')` on a 2-D array
+# as `P('data', None)`, while torch_xla wants every dimension:
 
 # %%
 try:
@@ -323,7 +333,8 @@ draw_sharding(jax_arrays["t1"])
 #
 # 32 inputs, 64 hidden units, 8 classes, as a `torch.nn.Module` and as a JAX function. `mark_sharding`
 # inside `forward` is the twin of `jax.lax.with_sharding_constraint`. `nn.Linear(32, 64).weight` is
-# `(64, 32)`, **(out, in)**; the JAX kernel is `(32, 64)`, **(in, out)**: one layout, transposed specs.
+# `(64, 32)`, **(out, in)**, and the JAX kernel is `(32, 64)`, **(in, out)**. So one layout has transposed
+# specs in the two frameworks.
 
 # %%
 class MLP(torch.nn.Module):
@@ -393,8 +404,8 @@ def use_shardy():
 # ## 7. Sharding an activation
 #
 # Put the MLP in tensor-parallel layout on a `(1, 8)` mesh: the first layer column-parallel, the second
-# row-parallel (notebook 08). In torch terms `fc1.weight` `(64, 32)` is split on its rows, `('model', None)`;
-# in JAX terms `w1` `(32, 64)` on its columns, `P(None, 'model')`. The batch is replicated.
+# row-parallel (notebook 08). In torch terms `fc1.weight` `(64, 32)` is split on its rows, `('model', None)`.
+# In JAX terms `w1` `(32, 64)` is split on its columns, `P(None, 'model')`. The batch is replicated.
 
 # %%
 xmesh_tp = Mesh(np.arange(8), (1, 8), ("data", "model"))
@@ -462,7 +473,7 @@ assert not any("jit_" in p.name for p in DUMP.glob("*.txt"))  # JAX's programs n
 # instruction, not a hint, in both.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §7: JAX's forward programs beside torch_xla's
+# @title The CPU compiler's exact figures, §7: JAX's forward programs beside torch_xla's
 if CPU:  # torch_xla runs on the CPU: JAX's programs are comparable where JAX does too
     for label, (torch_ops, jax_ops) in forward_ops.items():
         assert torch_ops == jax_ops, label
@@ -566,8 +577,8 @@ assert collectives(dp_compiled).result_bytes == 4 * (n_params + 1)  # JAX: the s
 # where their weights are.
 #
 # **Data parallel**: the same gradient bytes all-reduced over the 8 devices, packed differently. On the CPU
-# backend JAX sums the four gradients and the loss in **one** all-reduce of a tuple; torch_xla has one
-# all-reduce per gradient, plus three scalar ones.
+# backend JAX sums the four gradients and the loss in **one** all-reduce of a tuple, while torch_xla has
+# one all-reduce per gradient, plus three scalar ones.
 #
 # Last, JAX's data-parallel step compiled with GSPMD, as `mark_sharding` leaves it, and with Shardy:
 
@@ -586,7 +597,7 @@ assert found["GSPMD"] == found["Shardy"]
 # Here the partitioners agree: a check, not a guarantee for every program.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §8: JAX's train steps on the CPU beside torch_xla's
+# @title The CPU compiler's exact figures, §8: JAX's train steps on the CPU beside torch_xla's
 if CPU:  # torch_xla runs on the CPU: JAX's programs are comparable where JAX does too
     assert ops(tp_compiled) == ops(tp_programs[-1])
     assert collectives(dp_compiled).count() == 1  # one all-reduce of a tuple: four gradients and the loss
@@ -688,13 +699,19 @@ for name, param in restored.named_parameters():
     np.testing.assert_array_equal(param.detach().cpu().numpy(), state[name].cpu().numpy())
 
 # %% [markdown]
-# The checkpoint holds `fc1.weight` as the 8 blocks the devices held; the replicated model reads it whole.
+# The checkpoint holds `fc1.weight` as the 8 blocks the devices held, and the replicated model reads it
+# whole: the planners translate between layouts, as Orbax does in notebook 18.
 #
 # ## 10. More twins: global mesh, manual sharding, FSDPv2, `torch.compile`
 #
-# `xs.set_global_mesh(mesh)`, like `jax.set_mesh`, sets the mesh of later calls that name none.
-# `xs.enable_manual_sharding(t, spec)` hands each device its own block, as `jax.shard_map` does, until
-# `xs.disable_manual_sharding` puts the blocks back together:
+# **A default mesh.** `xs.set_global_mesh(mesh)` stores a mesh for the few calls that accept none:
+# `enable_manual_sharding` and `disable_manual_sharding` below, and FSDPv2 built without `mesh=`.
+# `mark_sharding`, the call you write most, still takes its mesh every time. So the twin is narrower than
+# `jax.set_mesh`, which also serves a bare `P(...)` in `jax.device_put`, `jax.sharding.reshard` and
+# `with_sharding_constraint`, and `jax.shard_map` without `mesh=`.
+#
+# **Manual sharding.** `xs.enable_manual_sharding(t, spec)` hands each device its own block, as
+# `jax.shard_map` does, until `xs.disable_manual_sharding` puts the blocks back together:
 
 # %%
 xs.set_global_mesh(xmesh_dp)
@@ -712,12 +729,15 @@ with jax.set_mesh(jmesh_dp):
     jdoubled = jax.shard_map(body, in_specs=P("data"), out_specs=P("data"))(values)  # no mesh=: the global one
 print(f"per device: torch_xla {block_shape}, jax {seen[0]} | whole: {tuple(doubled.shape)}, {jdoubled.shape}")
 assert xs.get_global_mesh() is xmesh_dp and block_shape == seen[0] == (1, 2)
+mesh_param = inspect.signature(xs.mark_sharding).parameters["mesh"]
+assert mesh_param.default is inspect.Parameter.empty  # mark_sharding has no default mesh
 np.testing.assert_array_equal(doubled.cpu().numpy(), np.asarray(jdoubled))
 
 # %% [markdown]
 # **FSDPv2.** `SpmdFullyShardedDataParallel(module, mesh=...)` shards every parameter on its largest
-# dimension over the mesh axis `fsdp`, and the output on the batch: FSDP as annotations, like notebook 10.
-# Trained as in section 8, it gives the same losses:
+# dimension over the mesh axis `fsdp`, and the output on the batch. It is FSDP written as annotations, like
+# notebook 10, so the partitioner adds the same collectives: an all-gather of each weight before it is used,
+# and a sum of the gradients. Trained as in section 8, it gives the same losses:
 
 # %%
 from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
@@ -732,11 +752,15 @@ with warnings.catch_warnings():
     fsdp_losses, fsdp_programs = fit(fsdp, x, y)
 print("FSDPv2 losses", np.round(fsdp_losses, 4), "| collectives:", collectives(fsdp_programs[-1]).kinds)
 assert spec_of(fsdp.module.fc1.weight) == "{devices=[8,1]0,1,2,3,4,5,6,7}"  # (64, 32): rows over 'fsdp'
+fsdp_kinds = collectives(fsdp_programs[-1]).kinds
+assert "all-gather" in fsdp_kinds  # the weights, gathered before use
+assert fsdp_kinds & {"reduce-scatter", "all-reduce"}  # the gradients, summed over the devices
 np.testing.assert_allclose(fsdp_losses, dp_losses_xla, rtol=1e-5)
 
 # %% [markdown]
 # **Dynamo.** `torch.compile(model, backend="openxla")` traces once and reruns XLA's program without
-# tracing; annotations are kept. The tensor-parallel forward of section 7:
+# tracing, as `jax.jit` does, and keeps the annotations. The tensor-parallel forward of section 7, called
+# twice: the second call compiles nothing.
 
 # %%
 torch_xla_programs()
@@ -746,14 +770,22 @@ assert_close(logits.detach().cpu().numpy(), reference, atol=RTOL)
 dynamo_ops = [op for program in torch_xla_programs() for op in ops(program)]
 print("collectives:", dynamo_ops)
 assert ("all-reduce", "f32[32,8]", 8) in dynamo_ops  # the row-parallel sum, as without Dynamo
+again = compiled_model(x_xla)
+assert_close(again.detach().cpu().numpy(), reference, atol=RTOL)
+assert torch_xla_programs() == []  # no new program: the second call reran the first one
 
 # %% [markdown]
-# Three twins cannot run in this notebook:
+# Three twins cannot run in this notebook, because they need TPUs or several hosts:
 #
-# - `xr.use_spmd(auto=True)` lets XLA's auto-sharding choose the layouts; it must be the program's first
-#   call. JAX's `jit` has no automatic mode: you state shardings and the compiler propagates them.
-# - `xs.HybridMesh`, the twin of `mesh_utils.create_hybrid_device_mesh`, orders devices by TPU chip
-#   coordinates and puts the slow links between slices on one axis. It asserts it runs on TPU:
+# | twin | what it does | why not here |
+# |---|---|---|
+# | `xr.use_spmd(auto=True)` | XLA's auto-sharding chooses the layouts | experimental, and torch_xla 2.9 supports it on XLA:TPU on a single TPU VM host only |
+# | `xs.HybridMesh` | orders devices by TPU chip coordinates, like `jax.make_mesh`; with `dcn_mesh_shape`, like `mesh_utils.create_hybrid_device_mesh` | it asserts that it runs on TPU (below) |
+# | one process per host | the multi-host launch (notebook 18 for JAX) | one machine |
+#
+# JAX's `jit` has no automatic mode: you state shardings and the compiler propagates them. `HybridMesh`
+# multiplies the slow (DCN) shape into each axis, `ici_mesh_shape[i] * dcn_mesh_shape[i]`, so the links
+# between slices can fall on any axis, or on several, as in JAX's function.
 
 # %%
 try:
@@ -765,13 +797,14 @@ print("HybridMesh on CPU:", hybrid)
 assert hybrid == "AssertionError"
 
 # %% [markdown]
-# - **Several hosts.** Start the script once per host: on a TPU slice, `gcloud compute tpus tpu-vm ssh NAME
-#   --worker=all --command="PJRT_DEVICE=TPU python train.py"`; on GPU machines, `PJRT_DEVICE=CUDA torchrun
-#   --nnodes=2 --node_rank=R --nproc_per_node=1 --rdzv_endpoint=HOST0:PORT train.py`. JAX's twin is
-#   notebook 18.
+# **Several hosts.** Start the script once per host. On a TPU slice that is `gcloud compute tpus tpu-vm ssh
+# NAME --worker=all --command="PJRT_DEVICE=TPU python train.py"`, as for JAX in notebook 18. There is no GPU
+# line for 2.9, because PyTorch/XLA 2.9 dropped CUDA (deprecated since 2.8): its runtime creates CPU, TPU,
+# XPU and Neuron clients only. With 2.8 or earlier a GPU job started one process per host with
+# `PJRT_DEVICE=CUDA torchrun --nnodes=2 --node_rank=R --nproc_per_node=1 --rdzv_endpoint=HOST0:PORT train.py`.
 #
-# Both runtimes share this process only because both run on CPU devices; on GPUs or TPUs give each
-# framework a process of its own.
+# Both runtimes share this process only because both run on CPU devices. On TPUs give each framework a
+# process of its own, since each loads the TPU runtime (libtpu), which takes the chips for its process.
 #
 # ## 11. Translation table
 #
@@ -781,7 +814,7 @@ assert hybrid == "AssertionError"
 # | devices | `jax.devices()`: 8 | `torch_xla.device()`: `xla:0` |
 # | mesh | `Mesh(devices.reshape(4, 2), ('data', 'model'))` | `Mesh(np.arange(8), (4, 2), ('data', 'model'))` |
 # | mesh in chip order | `jax.make_mesh` | `xs.HybridMesh` (TPU) |
-# | default mesh | `jax.set_mesh(mesh)` | `xs.set_global_mesh(mesh)` |
+# | a mesh for calls that name none | `jax.set_mesh(mesh)`: bare `P` in `device_put`, `reshard`, constraints; `shard_map` | `xs.set_global_mesh(mesh)`: manual sharding, FSDPv2 |
 # | spec | `P(None, 'data')` | `(None, 'data')`, every dimension |
 # | place | `jax.device_put(x, NamedSharding(mesh, spec))` | `xs.mark_sharding(t, mesh, spec)` |
 # | re-place | `jax.device_put` again | `xs.clear_sharding`, then `mark_sharding` |
@@ -796,6 +829,21 @@ assert hybrid == "AssertionError"
 # | per-host data | `jax.make_array_from_process_local_data` | `MpDeviceLoader(..., input_sharding=...)` |
 # | multi-slice mesh | `mesh_utils.create_hybrid_device_mesh` | `xs.HybridMesh(..., dcn_mesh_shape=...)` (TPU) |
 # | checkpoint | Orbax | `torch.distributed.checkpoint`, SPMD planners |
+# | DTensor-style placement | (none) | `xs.xla_distribute_tensor`, `xs.xla_distribute_module` |
+
+# %% [markdown]
+# ## Takeaways
+# - `xs.mark_sharding(t, mesh, (None, 'data'))` and `jax.device_put(x, NamedSharding(mesh, P(None, 'data')))`
+#   put the same block on the same device: torch_xla's spec string is the `HloSharding` JAX builds too.
+# - torch_xla's rules: `xr.use_spmd()` comes first, there is one logical device `xla:0`, a spec has one
+#   entry per dimension, and a tensor keeps one annotation until `clear_sharding`.
+# - `mark_sharding` inside `forward` is `with_sharding_constraint`: an instruction, even where it costs an
+#   all-gather.
+# - The same MLP trains to the same losses in both, also under FSDPv2. Tensor parallelism gets the same
+#   collectives, and data parallelism the same gradient bytes, packed differently.
+# - Multi-host calls, manual sharding and compiling once translate one to one. The global mesh serves
+#   fewer calls than `jax.set_mesh`.
+# - In one process, every `mark_sharding` turns JAX's Shardy off, so switch it back before JAX compiles.
 
 # %% [markdown]
 # ## Exercises
@@ -828,17 +876,5 @@ answer_3 = NOT_ANSWERED  # a string such as '{devices=[...]...}'
 ex.string_from_spec.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - `xs.mark_sharding(t, mesh, (None, 'data'))` and `jax.device_put(x, NamedSharding(mesh, P(None, 'data')))`
-#   put the same block on the same device: torch_xla's spec string is the `HloSharding` JAX builds too.
-# - torch_xla's rules: `xr.use_spmd()` first; one logical device `xla:0`; one spec entry per dimension; one
-#   annotation per tensor until `clear_sharding`.
-# - `mark_sharding` inside `forward` is `with_sharding_constraint`: an instruction, even where it costs an
-#   all-gather.
-# - The same MLP trains to the same losses in both, also under FSDPv2; tensor parallelism gets the same
-#   collectives, data parallelism the same gradient bytes, packed differently.
-# - Multi-host calls, manual sharding, the global mesh and compiling once translate one to one.
-# - In one process, every `mark_sharding` turns JAX's Shardy off; switch it back before JAX compiles.
-#
 # **Next:** [00 · A first sharded array](00_setup.ipynb) (back to the start), or the readable edition
 # (`make html`).

@@ -19,13 +19,23 @@ from utils.exercises import Verdict
     ((56, 64), (96, 120)),
     [(np.int64(56), np.int64(64)), (96, 120)],  # numbers from numpy
     [slice(56, 64), slice(96, 104), slice(104, 112), slice(112, 120)],  # what an index map holds
+    [slice(np.int64(56), np.int64(64)), slice(96, 120)],
+    np.array([[56, 64], [96, 120]]),  # ranges computed with numpy
+    [np.array([56, 64]), np.array([96, 120])],
+    jax.numpy.array([[56, 64], [96, 120]]),
+    [(56.0, 64.0), (96, 120)],  # whole floats, as 8 * 7.0 gives
+    [(np.float64(56), np.int32(64)), (np.int64(96), np.int64(120))],
+    [range(56, 64), range(96, 120)],
 ])
 def test_rows_of_host_accepts_every_form_of_the_right_rows(answer):
     assert ex.rows_of_host.verdict(answer) is Verdict.CORRECT
 
 
-@pytest.mark.parametrize("answer", [[slice(56, 64, 2), (96, 120)], [slice(None, 64), (96, 120)]])
-def test_rows_of_host_rejects_slices_that_are_not_plain_ranges(answer):
+@pytest.mark.parametrize("answer", [[slice(56, 64, 2), (96, 120)], [slice(None, 64), (96, 120)],
+                                    [range(56, 64, 2), (96, 120)], [(56.5, 64), (96, 120)], [(True, 64), (96, 120)],
+                                    np.array([[64, 96]]), np.array([56, 64, 96, 120]), np.array([[56, 64, 96, 120]]),
+                                    [(np.int64(56), np.int64(64)), (np.int64(96), np.int64(112))]])
+def test_rows_of_host_rejects_other_ranges_and_forms_in_numpy_types_too(answer):
     assert ex.rows_of_host.verdict(answer) is Verdict.WRONG
 
 

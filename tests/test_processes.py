@@ -322,8 +322,11 @@ JAX_ENV = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
 # Runs the course's script with one fault. It prints "FAULT <time>" at the moment of the fault, so that a
 # test can time the launcher from there: starting JAX takes seconds, more on a loaded machine.
 FAULTY = textwrap.dedent(f"""
-    import os, pathlib, signal, sys, time
+    import functools, os, pathlib, signal, sys, threading, time
     sys.path.insert(0, {str(SCRIPT.parent)!r})
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
     import spmd_worker as worker
 
     fault = sys.argv.pop(1)
@@ -333,20 +336,56 @@ FAULTY = textwrap.dedent(f"""
     def mark():
         print(f"FAULT {{time.time()}}", file=sys.stderr, flush=True)
 
+    # Short limits, so that the tests can time what the defaults (minutes) would do.
+    limits = {{"lone": {{"heartbeat_timeout_seconds": 3}}, "shutdown": {{"shutdown_timeout_seconds": 5}}}}
+    jax.distributed.initialize = functools.partial(jax.distributed.initialize, **limits.get(fault, {{}}))
+
     def after_initialize(*args):  # replaces train(), the first thing main() does once the processes joined
         if fault == "wait":  # every process
             (shared / f"pid{{process}}").write_text(str(os.getpid()))
             time.sleep(600)
-        if process != 1:
-            return worker.train.__wrapped__(*args)
-        if fault == "hang":
-            print("worker 1 never calls the collectives of train()", flush=True)
+        if fault == "first" and process == 0:  # the first collective of the job, which process 1 never calls
+            mark()
+        if fault == "shutdown" and process == 0:  # alive, in no collective
             time.sleep(600)
+        if process != 1 or fault in ("leave", "mismatch", "lone"):
+            return worker.train.__wrapped__(*args)
+        if fault in ("hang", "first", "shutdown"):
+            print("worker 1 never calls the collectives of train()", flush=True)
+            if fault != "shutdown":
+                time.sleep(600)
         mark()
-        if fault == "raise":
+        if fault in ("raise", "shutdown"):
             raise RuntimeError("worker 1 raised after initialize")
+        if fault == "exit":
+            sys.exit(3)
         if fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def after_training(mesh):  # replaces results_back(), which main() calls once the three trainings are done
+        if fault == "leave":  # process 1 leaves while process 0 is in a collective with it
+            if process == 1:
+                time.sleep(1)
+                mark()
+                os._exit(0)
+            multihost_utils.process_allgather(np.ones(4))
+        if fault == "mismatch":  # each process calls a different collective
+            if process == 1:
+                mark()
+                multihost_utils.process_allgather(np.ones(1000))
+            else:
+                multihost_utils.sync_global_devices("a barrier that process 1 never calls")
+        if fault == "lone":  # process 0 alone in a collective, process 1 alive and quiet
+            if process == 1:
+                time.sleep(600)
+            mark()
+            def give_up():
+                time.sleep(12)
+                print("still in the collective after 12 s", file=sys.stderr, flush=True)
+                os._exit(7)
+            threading.Thread(target=give_up, daemon=True).start()
+            multihost_utils.process_allgather(np.ones(4))
+        time.sleep(600)
 
     if fault == "port" and process == 0:
         mark()
@@ -358,7 +397,11 @@ FAULTY = textwrap.dedent(f"""
         time.sleep(600)
     after_initialize.__wrapped__ = worker.train
     worker.train = after_initialize
-    worker.exit_on_error(worker.main)
+    worker.results_back = after_training
+    if fault == "shutdown":  # without exit_on_error: an exception leaves through JAX's exit hook
+        worker.main()
+    else:
+        worker.exit_on_error(worker.main)
 """)
 
 
@@ -401,6 +444,75 @@ def test_an_exception_before_or_after_initialize_ends_the_run_at_once(fault, cau
     assert str(error).startswith("worker 1 of 2 failed (exit status 1) after ")
     assert str(error).splitlines()[0].endswith(f" s: RuntimeError: worker 1 {cause}")
     assert error.outputs[0].stopped and nothing_left(error.outputs)
+
+
+def test_sys_exit_after_initialize_ends_the_run_at_once_with_its_status(tmp_path):
+    """sys.exit raises SystemExit, which would also leave through JAX's shutdown barrier: exit_on_error ends it."""
+    error, seconds = fails_soon(faulty("exit", free_loopback_port(), tmp_path))
+    assert seconds < 10, str(error)
+    assert str(error).startswith("worker 1 of 2 failed (exit status 3) after ")  # its own status, not worker 0 blamed
+    assert str(error).splitlines()[0].endswith(" s: SystemExit: 3")
+    assert error.outputs[0].stopped and nothing_left(error.outputs)
+    assert "another task died" not in str(error)  # nothing worker 0 logged once the stop began
+
+
+@pytest.mark.parametrize(("err", "status"), [(SystemExit(3), 3), (SystemExit(0), 0), (SystemExit(None), 0),
+                                             (SystemExit("raise ROWS"), 1), (RuntimeError("x"), 1),
+                                             (KeyboardInterrupt(), 1)])
+def test_exit_status_is_the_one_python_gives(err, status):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import spmd_worker
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert spmd_worker.exit_status(err) == status
+
+
+# --- how long a process waits for another (notebook 18, section 7), with short limits ----------------------
+
+
+def test_a_peer_that_leaves_during_a_collective_is_noticed_within_a_second_or_two(tmp_path):
+    """On CPU, gloo sees the connection close: no heartbeat is needed."""
+    error, seconds = fails_soon(faulty("leave", free_loopback_port(), tmp_path))
+    assert seconds < 5, str(error)
+    headline = str(error).splitlines()[0]
+    assert headline.startswith("worker 0 of 2 failed (exit status 1)") and "Connection closed by peer" in headline
+    assert error.outputs[1].returncode == 0  # the one that left ended "well": no launcher counts that as a failure
+    assert nothing_left(error.outputs)
+
+
+def test_mismatched_collectives_abort_within_a_second_or_two(tmp_path):
+    error, seconds = fails_soon(faulty("mismatch", free_loopback_port(), tmp_path))
+    assert seconds < 5, str(error)
+    assert "Is there a distributed collective mismatch in your code?" in str(error).splitlines()[0]
+    assert nothing_left(error.outputs)
+
+
+def test_a_lone_collective_waits_past_many_heartbeat_timeouts(tmp_path):
+    """Process 1 is alive and sends heartbeats; process 0 sits in a collective it alone called, 4 timeouts long."""
+    error, seconds = fails_soon(faulty("lone", free_loopback_port(), tmp_path))
+    assert 12 <= seconds < 12 + 10, str(error)
+    assert str(error).startswith("worker 0 of 2 failed (exit status 7) after ")  # its own give-up, nothing earlier
+    assert str(error).splitlines()[0].endswith("last printed 'still in the collective after 12 s'")
+    assert "Traceback" not in error.outputs[0].stderr  # the collective neither returned nor raised
+    assert nothing_left(error.outputs)
+
+
+def test_a_first_collective_that_a_peer_never_calls_fails_after_gloos_30_s(tmp_path):
+    error, seconds = fails_soon(faulty("first", free_loopback_port(), tmp_path))
+    assert 25 < seconds < 30 + 15, str(error)
+    headline = str(error).splitlines()[0]
+    assert headline.startswith("worker 0 of 2 failed (exit status 1)")
+    assert "DEADLINE_EXCEEDED" in headline and "GetKeyValue() timed out" in headline
+    assert nothing_left(error.outputs)
+
+
+def test_an_exception_without_exit_on_error_waits_at_the_shutdown_barrier_then_aborts(tmp_path):
+    """Worker 1 raises; JAX's exit hook holds it at the shutdown barrier for shutdown_timeout_seconds (5 here)."""
+    error, seconds = fails_soon(faulty("shutdown", free_loopback_port(), tmp_path))
+    assert 5 <= seconds < 5 + 15, str(error)
+    assert "Barrier timed out" in str(error) and "Shutdown" in str(error)
+    assert nothing_left(error.outputs)
 
 
 def test_a_worker_killed_after_initialize_is_named_at_once(tmp_path):
@@ -503,6 +615,20 @@ def test_the_message_quotes_only_the_last_lines():
     assert caught.value.outputs[0].stderr.count("\n") == 50  # all of it is kept in outputs
 
 
+def test_an_uncaught_workers_failed_shows_its_report_without_the_launchers_frames(capsys):
+    """In a notebook an uncaught WorkersFailed shows the report alone (IPython's _render_traceback_ hook)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.user_ns.update(run_workers=run_workers,
+                         command=py("import sys; print('bad input', file=sys.stderr); sys.exit(2)"))
+    result = shell.run_cell("run_workers([command], timeout=60)")
+    shown = capsys.readouterr().out.strip()
+    assert isinstance(result.error_in_exec, WorkersFailed)
+    assert shown.startswith("WorkersFailed: worker 0 of 1 failed (exit status 2) after "), shown
+    assert "bad input" in shown and "Traceback" not in shown and "launcher.py" not in shown
+
+
 def test_worker_output_names_its_status():
     assert WorkerOutput(0, 1, 0, "", "").status() == "exit status 0"
     assert WorkerOutput(0, 1, -9, "", "", stopped=True).status() == "stopped (SIGKILL)"
@@ -531,3 +657,15 @@ def test_a_jupyter_kernel_restart_leaves_no_worker(tmp_path):
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     assert wait_until(lambda: still_running(workers) == [], 10)  # and reaped, once init has collected them
+
+
+def test_the_tests_notebook_18_names_exist():
+    """Notebook 18's section 7 points to the tests that time each case: each name it quotes is a test here."""
+    import re
+
+    text = (ROOT / "notebooks" / "18_multihost.py").read_text()
+    quoted = [q.strip(".") for q in re.findall(r"`((?:test_|\.\.\._)[a-z0-9_.]+)`", text)]
+    assert len(quoted) >= 5
+    tests = [name for name in globals() if name.startswith("test_")]
+    for fragment in quoted:
+        assert any(fragment.strip("_") in name for name in tests), fragment

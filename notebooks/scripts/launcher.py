@@ -10,7 +10,7 @@ with a non-zero status it kills the others at once and raises :class:`WorkersFai
 line names that worker and its first error line (the Python exception, or the first error the C++
 runtime logged); when the time limit passes it kills every worker and names those still running,
 with the last line each printed. The message then quotes the last lines of every worker's stderr,
-without C++ stack frames. When all exit with status 0 it returns what each printed.
+without C++ stack frames and without what a worker logged once the stop had begun. When all exit with status 0 it returns what each printed.
 
 A worker that raises must also *exit*: after ``jax.distributed.initialize``, JAX's exit hook waits at
 a shutdown barrier for the other processes (300 s by default), so an uncaught exception leaves the
@@ -82,6 +82,13 @@ class WorkersFailed(RuntimeError):
     def __init__(self, message: str, outputs: Sequence[WorkerOutput]) -> None:
         super().__init__(message)
         self.outputs = tuple(outputs)
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it, uncaught in a notebook: the report alone, which names the worker and its error.
+
+        The frames inside run_workers add nothing to it, and a notebook reader would take them for the fault.
+        """
+        return [f"{type(self).__name__}: {self}"]
 
 
 def free_loopback_port() -> int:
@@ -209,11 +216,13 @@ def _last_printed(out: typing.IO[bytes], err: typing.IO[bytes]) -> str:
     return repr(lines[-1].strip()[:300]) if lines else "nothing"
 
 
-def _report(headline: str, outputs: Sequence[WorkerOutput], tail_lines: int) -> str:
+def _report(headline: str, outputs: Sequence[WorkerOutput], tail_lines: int, before_stop: Sequence[int]) -> str:
+    """The headline, then the last lines each worker wrote to stderr before the stop (``before_stop``: bytes)."""
     parts = [headline]
-    for out in outputs:
+    for out, size in zip(outputs, before_stop, strict=False):
+        written = out.stderr.encode(errors="replace")[:size].decode(errors="replace")
         parts.append(f"--- worker {out.index} (pid {out.pid}): {out.status()}; last lines of its stderr:")
-        parts.append(_tail(out.stderr, tail_lines))
+        parts.append(_tail(written, tail_lines))
     return "\n".join(parts)
 
 
@@ -298,10 +307,16 @@ def run_workers(
                     headline = _timed_out(timeout, codes, exited, logs)
                 else:
                     time.sleep(0.05)
-        finally:
-            for proc in procs:  # after a failure, a timeout, an interrupt or success: nothing is left running
+        finally:  # after a failure, a timeout, an interrupt or success: nothing is left running
+            # What each had written before the stop: a worker that outlives another by a moment logs that the
+            # other died ("another task died"), which would bury its own last lines in the report.
+            before_stop = [os.fstat(err.fileno()).st_size for _, err in logs]
+            for proc in procs:  # all groups first, so that none sees another die before its own SIGKILL
                 if proc.poll() is None:
                     stopped.add(proc.pid)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+            for proc in procs:
                 _kill_group(proc)
         outputs = []
         for i, (proc, (out, err)) in enumerate(zip(procs, logs, strict=False)):
@@ -310,7 +325,7 @@ def run_workers(
             outputs.append(WorkerOutput(i, proc.pid, int(proc.returncode), out.read().decode(errors="replace"),
                                         err.read().decode(errors="replace"), stopped=proc.pid in stopped))
     if headline:
-        raise WorkersFailed(_report(headline, outputs, tail_lines), outputs)
+        raise WorkersFailed(_report(headline, outputs, tail_lines, before_stop), outputs)
     return outputs
 
 

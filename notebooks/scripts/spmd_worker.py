@@ -19,8 +19,8 @@ task the GPU numbered SLURM_LOCALID):
 
     srun --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 python spmd_worker.py --shared-dir /shared/run
 
-Each result is printed as one line, "RESULT {json}", which the notebook reads. A process that raises
-prints its traceback and exits at once with status 1 (see `exit_on_error`).
+Each result is printed as one line, "RESULT {json}", which the notebook reads. A process that raises,
+or calls sys.exit, says why and exits at once, with status 1 or sys.exit's number (see `exit_on_error`).
 """
 
 from __future__ import annotations
@@ -319,20 +319,29 @@ def main() -> None:
 
 
 def exit_on_error(entry: Callable[[], None]) -> None:
-    """Run ``entry``; if it raises, print the traceback and end this process at once, with status 1.
+    """Run ``entry``; if it raises, even ``SystemExit``, say why and end this process at once.
 
     After `jax.distributed.initialize` an uncaught exception does not end the process: JAX's exit hook
     calls `jax.distributed.shutdown()`, which waits for every other process at a barrier (up to
     `shutdown_timeout_seconds`, 300 s by default) and then aborts. Meanwhile the others wait for this
-    one in their next collective. `os._exit` skips the exit hooks, so a launcher sees the failure now.
+    one in their next collective. `sys.exit(3)` takes the same path, because it raises `SystemExit`.
+    `os._exit` skips the exit hooks, so a launcher sees the failure now. The exit status is the one
+    Python would give (see `exit_status`), after the traceback, which says where the process stopped.
     """
     try:
         entry()
-    except (Exception, KeyboardInterrupt):
-        traceback.print_exc()
+    except BaseException as err:  # SystemExit and KeyboardInterrupt too: each must end the process
+        traceback.print_exc()  # for SystemExit too, so that the report says where the script stopped
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(exit_status(err))
+
+
+def exit_status(err: BaseException) -> int:
+    """The status Python exits with after ``err``: sys.exit's number (0 for none), else 1 (a message, an error)."""
+    if isinstance(err, SystemExit) and (err.code is None or isinstance(err.code, int)):
+        return err.code or 0
+    return 1
 
 
 if __name__ == "__main__":
