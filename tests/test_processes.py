@@ -488,6 +488,7 @@ def test_mismatched_collectives_abort_within_a_second_or_two(tmp_path):
     assert nothing_left(error.outputs)
 
 
+@pytest.mark.slow  # waits out a real timeout (12-30 s): make test-slow runs it on both lines
 def test_a_lone_collective_waits_past_many_heartbeat_timeouts(tmp_path):
     """Process 1 is alive and sends heartbeats; process 0 sits in a collective it alone called, 4 timeouts long."""
     error, seconds = fails_soon(faulty("lone", free_loopback_port(), tmp_path))
@@ -498,6 +499,7 @@ def test_a_lone_collective_waits_past_many_heartbeat_timeouts(tmp_path):
     assert nothing_left(error.outputs)
 
 
+@pytest.mark.slow  # waits out a real timeout (12-30 s): make test-slow runs it on both lines
 def test_a_first_collective_that_a_peer_never_calls_fails_after_gloos_30_s(tmp_path):
     error, seconds = fails_soon(faulty("first", free_loopback_port(), tmp_path))
     assert 25 < seconds < 30 + 15, str(error)
@@ -507,6 +509,7 @@ def test_a_first_collective_that_a_peer_never_calls_fails_after_gloos_30_s(tmp_p
     assert nothing_left(error.outputs)
 
 
+@pytest.mark.slow  # waits out a real timeout (12-30 s): make test-slow runs it on both lines
 def test_an_exception_without_exit_on_error_waits_at_the_shutdown_barrier_then_aborts(tmp_path):
     """Worker 1 raises; JAX's exit hook holds it at the shutdown barrier for shutdown_timeout_seconds (5 here)."""
     error, seconds = fails_soon(faulty("shutdown", free_loopback_port(), tmp_path))
