@@ -250,7 +250,7 @@ if ok:
         if not e["loops"]:  # a program without loops: the compiler counts every matmul, 6NT within 1%
             assert abs(e["flops"] / e["6NT"] - 1) < 0.01, name
     assert all(max(("compute", "memory", "comm"), key=e.get) == "compute" for e in est.values())
-    assert est["TP"]["comm"] > est["DP"]["comm"] > est["FSDP"]["comm"]  # TP's activation sums send the most
+    assert min(est["TP"]["comm"], est["FSDP"]["comm"]) > est["DP"]["comm"]  # both send more than DP
 else:
     print(why)
 
