@@ -138,9 +138,10 @@ else:
     print(why)
 
 # %% [markdown]
-# The FLOPs agree exactly. The bytes do not: the TPU compiler's `bytes accessed` is about four times one
-# read of each operand and one write of the result (it counts the compiled program's traffic), so take
-# the `memory` times below as rough. Below about 240 rows a v5e
+# The FLOPs agree exactly. The bytes do not: here the TPU compiler's `bytes accessed` is four times one
+# read of each operand and one write of the result, because it counts what each tile of the matmul reads,
+# so the factor changes with the shapes. The `memory` times below therefore come from `estimate_step`
+# instead, which counts each operand and result once, where it lives in HBM. Below about 240 rows a v5e
 # waits on its memory; above, on its matrix units. Training batches have thousands of tokens per chip, so
 # their matmuls are compute-bound and the question becomes communication.
 #
