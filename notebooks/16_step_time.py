@@ -152,7 +152,8 @@ else:
 # The batch: 8 sequences of 2,048 tokens. A program that loops over layers misleads `cost_analysis()`,
 # which counts a loop's body once, and the whole step takes minutes to compile. So compile
 # **one block's forward and backward pass** per strategy, and multiply by the layer count, at the
-# compiler's least effort (`O0`; section 3 checks that the default gives the same FLOPs and collectives).
+# compiler's least effort (`O0`; section 3 checks, for DP and FSDP, that the default effort gives the same
+# FLOPs and bytes sent).
 
 # %%
 D, FF, SEQ, LAYERS, BATCH = 4096, 14336, 2048, 32, 8
@@ -385,9 +386,10 @@ else:
 # %% [markdown]
 # The TPU compiler overlaps FSDP's traffic in its own way: it cuts each weight gradient's reduce-scatter
 # into a ring of `collective-permute`s, each started before a matmul on one piece and finished after it (a
-# *collective matmul*; the loops of section 2). The weights' gathers stay `all-gather`s. DP, TP and 2-D programs have no asynchronous
-# collective at all with the default flags: their sums run after the matmuls that produce them, so their
-# `comm` adds to `compute` instead of hiding. MaxText's scripts turn on libtpu flags for this
+# *collective matmul*; the loops of section 2). The weights' gathers stay `all-gather`s. The DP program has
+# no asynchronous collective with the default flags: its sums run after the matmuls that produce them, so
+# its `comm` adds to `compute` instead of hiding. TP's sums cannot hide by rescheduling either, since each
+# waits for the matmul that produces it and the next matmul waits for it. MaxText's scripts turn on libtpu flags for this
 # (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
 # in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
 #
