@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from utils.exercises import Exercise, plain
+from utils.timing import CHIPS
 
 # Exercise 1: 1.3e9 parameters, 64 x 2,048 tokens over 8 GPUs, float32 without tensor cores (67 TFLOP/s)
-_N, _TOKENS, _GPUS, _F32, _BF16 = 1.3e9, 64 * 2048, 8, 67e12, 989e12
+_N, _TOKENS, _GPUS, _F32, _BF16 = 1.3e9, 64 * 2048, 8, 67e12, CHIPS["H100"].peak_flops
 _COMPUTE = 6 * _N * _TOKENS / _GPUS / _F32  # about 1.91 s
 
 
@@ -57,14 +58,15 @@ compute_seconds = Exercise(
 
 
 # Exercise 2: DP all-reduce of N bf16 gradients over a ring of 16 v6e chips against a 4N-FLOPs-per-token backward
-_C, _W, _RING = 918e12, 800e9 / 4, 16
+_C, _W, _RING = CHIPS["v6e"].peak_flops, CHIPS["v6e"].axis_bandwidth(16, 16), 16  # 918e12, 200e9: a ring
 _CROSSOVER = 2 * (_RING - 1) / _RING * 2 / 4 * _C / _W  # bytes per parameter sent / FLOPs per parameter per token
 
 
 def _check_crossover_tokens(answer: object) -> None:
     t = _number(answer, "the tokens per chip")
     assert not _near(t, _CROSSOVER / 2, 0.03), (
-        "a ring all-reduce is a reduce-scatter and then an all-gather: each chip sends (n-1)/n of the bytes twice"
+        "half the answer: a ring all-reduce is a reduce-scatter and then an all-gather, so each chip sends (n-1)/n "
+        "of the bytes twice; and W is what one chip sends along one axis, ICI / ports = 200 GB/s, not 400"
     )
     assert not _near(t, _CROSSOVER * 16 / 15, 0.03), (
         "close: a ring of 16 sends (n-1)/n = 15/16 of the array in each of its two phases, not all of it"
@@ -72,7 +74,10 @@ def _check_crossover_tokens(answer: object) -> None:
     assert not _near(t, _CROSSOVER * 4 / 6, 0.03), (
         "the all-reduce overlaps the backward pass, 4N FLOPs per token, not 6N"
     )
-    assert not _near(t, _CROSSOVER * 2, 0.03), "the gradients are bf16 here: 2 bytes each, not 4"
+    assert not _near(t, _CROSSOVER * 2, 0.03), (
+        "twice the answer: the gradients are bf16 here, 2 bytes each, not 4; and W is ICI / ports = 200 GB/s along "
+        "a ring (both directions of its two links), not 100"
+    )
     assert _near(t, _CROSSOVER, 0.03), (
         f"{t:,.0f} is not it: bytes sent = 2 x 15/16 x 2N; time = bytes / W; the backward pass = 4N x tokens / C"
     )

@@ -466,14 +466,15 @@ scan_comm, unrolled_comm = collectives(wide[target, "scan + remat", 2][0]), coll
 print(scan_comm)
 gathers = [op for op in scan_comm.ops if op.kind == "all-gather"]
 # up and down, in the forward and in the backward loop (a compiler may combine several arrays in one op)
-assert sum(len(op.shapes) for op in gathers) == 4 and all(op.in_loop for op in gathers)
+assert sum(len(op.shapes) for op in gathers) == 4 and all(op.in_loop and op.trips == 2 for op in gathers)
 gradient_sums = [op for op in scan_comm.ops if op.kind in ("all-reduce", "reduce-scatter") and op.result_bytes > 4]
 assert len(gradient_sums) == 1 and gradient_sums[0].in_loop  # the gradient, summed one layer at a time
 unrolled_gathers = [op for op in unrolled_comm.ops if op.kind == "all-gather"]
 assert not any(op.in_loop for op in unrolled_comm.ops) and sum(len(op.shapes) for op in unrolled_gathers) >= 4
 
 # %% [markdown]
-# `(in loop)` marks a collective in a `while` loop's body: it runs once per layer. The forward loop gathers
+# `(in loop, x2)` marks a collective in a `while` loop's body: it runs once per layer, 2 times here, and the
+# total counts every run. The forward loop gathers
 # `up` and `down`; the backward loop gathers them again, because the scan saved only the slices; the
 # gradient's sum (an all-reduce on CPU) is in the backward loop too, one layer at a time.
 

@@ -4,7 +4,7 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/16_step_time.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/16_step_time.ipynb)
 #
 # Notebooks 07 to 15 counted bytes, but a step costs seconds: a TPU v5e chip does 241 FLOPs in the time it
-# reads one byte of its memory and 1,970 in the time it sends one to a neighbour. Whether arithmetic,
+# reads one byte of its memory and 1,970 in the time it sends one along a ring of chips. Whether arithmetic,
 # memory or communication bounds a step, and whether communication hides, decides what a strategy costs.
 #
 # **You need:** notebooks 07 to 10 (DP, TP, FSDP, 2-D), 12 (mixed precision, rematerialisation) and 15
@@ -60,7 +60,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_schedule, quiet, schedule, tpu_compiler_available
+from utils import NOT_ANSWERED, CHIPS, collectives, draw_schedule, estimate_step, quiet, schedule, tpu_compiler_available
 
 ok, why = tpu_compiler_available()
 
@@ -88,28 +88,27 @@ def costs(compiled):
 # |---|---|---|---|---|---|
 # | TPU v5e | 197 TFLOP/s | 819 GB/s | 400 GB/s over 4 ports | 2 x 100 Gb/s per 8-chip host | [cloud.google.com/tpu/docs/v5e](https://cloud.google.com/tpu/docs/v5e) |
 # | TPU v5p | 459 TFLOP/s | 2,765 GB/s | 1,200 GB/s over 6 ports | 50 Gb/s | [cloud.google.com/tpu/docs/v5p](https://cloud.google.com/tpu/docs/v5p) |
-# | TPU v6e | 918 TFLOP/s | 1,638 GB/s | 800 GB/s over 4 ports | | [cloud.google.com/tpu/docs/v6e](https://cloud.google.com/tpu/docs/v6e) |
+# | TPU v6e | 918 TFLOP/s | 1,600 GB/s | 800 GB/s over 4 ports | 4 x 200 Gb/s per 8-chip host | [cloud.google.com/tpu/docs/v6e](https://cloud.google.com/tpu/docs/v6e) |
 # | H100 SXM | 989 TFLOP/s (1,979 with 2:4 sparsity) | 3,350 GB/s | NVLink 900 GB/s | | [NVIDIA H100 datasheet](https://www.nvidia.com/en-us/data-center/h100/) |
 #
 # A collective along one mesh axis of a TPU torus uses that axis's two links, one per direction, so a
-# chip sends at its ICI figure divided by its port count (v5e: 400 / 4 = 100 GB/s). An H100 sends half
-# its NVLink figure.
+# chip on a ring sends at its ICI figure divided by its port count (v5e: 400 / 4 = 100 GB/s, 50 GB/s to
+# each neighbour). That needs a ring: on a v5e or v6e an axis shorter than 16 chips has no wraparound
+# link, so it is a line and sends at half that rate. An H100 sends half its NVLink figure to any group of
+# its node. The course keeps these figures in one table, `utils.timing.CHIPS`, read here:
 
 # %%
-CHIPS = {  # peak bf16 FLOP/s, HBM bytes/s, bytes/s one chip sends along one mesh axis: the table above
-    "v5e": (197e12, 819e9, 400e9 / 4),
-    "v5p": (459e12, 2765e9, 1200e9 / 6),
-    "v6e": (918e12, 1638e9, 800e9 / 4),
-    "H100": (989e12, 3350e9, 900e9 / 2),
-}
-print(f"{'chip':<6}{'FLOPs per HBM byte':>20}{'FLOPs per ICI byte':>20}")
-for chip, (flops, hbm, link) in CHIPS.items():
-    print(f"{chip:<6}{flops / hbm:>20.0f}{flops / link:>20.0f}")
-assert round(CHIPS["v5e"][0] / CHIPS["v5e"][1]) == 241 and round(CHIPS["v5e"][0] / CHIPS["v5e"][2]) == 1970
+print(f"{'chip':<6}{'FLOPs per HBM byte':>20}{'FLOPs per ICI byte':>20}  (a ring along one axis)")
+for name, chip in CHIPS.items():
+    ring = chip.axis_bandwidth(16, 16)  # a full 16-chip axis: a ring
+    print(f"{name:<6}{chip.peak_flops / chip.hbm_bandwidth:>20.0f}{chip.peak_flops / ring:>20.0f}")
+V5E = CHIPS["v5e"]
+PEAK, HBM, LINK = V5E.peak_flops, V5E.hbm_bandwidth, V5E.axis_bandwidth(16, 16)
+assert round(PEAK / HBM) == 241 and round(PEAK / LINK) == 1970
 
 # %% [markdown]
 # These ratios are the chip's **critical intensities**. A v5e does 241 FLOPs in the time it reads one
-# byte of HBM, and 1,970 in the time it sends one byte to a neighbour. A piece of work whose **arithmetic
+# byte of HBM, and 1,970 in the time it sends one byte along a ring (50 GB/s to each of two neighbours). A piece of work whose **arithmetic
 # intensity** (FLOPs per byte moved) is above the first is compute-bound in memory; above the second, in
 # communication too.
 #
@@ -122,7 +121,7 @@ D, F = 4096, 14336
 print(f"{'B':>6}{'FLOPs':>12}{'bytes':>12}{'intensity':>10}  on a v5e")
 for B in (64, 256, 1024, 4096):
     flops, moved = 2 * B * D * F, 2 * (B * D + D * F + B * F)
-    bound = "compute-bound" if flops / moved > CHIPS["v5e"][0] / CHIPS["v5e"][1] else "memory-bound"
+    bound = "compute-bound" if flops / moved > PEAK / HBM else "memory-bound"
     print(f"{B:>6}{flops:>12.3g}{moved:>12.3g}{flops / moved:>10.0f}  {bound}")
     assert (flops / moved > 241) == (B >= 1024)
 if ok:
@@ -139,9 +138,10 @@ else:
     print(why)
 
 # %% [markdown]
-# The FLOPs agree exactly. The bytes do not: the TPU compiler's `bytes accessed` is about four times one
-# read of each operand and one write of the result (it counts the compiled program's traffic), so take
-# the `memory` times below as rough. Below about 240 rows a v5e
+# The FLOPs agree exactly. The bytes do not: here the TPU compiler's `bytes accessed` is four times one
+# read of each operand and one write of the result, because it counts what each tile of the matmul reads,
+# so the factor changes with the shapes. The `memory` times below therefore come from `estimate_step`
+# instead, which counts each operand and result once, where it lives in HBM. Below about 240 rows a v5e
 # waits on its memory; above, on its matrix units. Training batches have thousands of tokens per chip, so
 # their matmuls are compute-bound and the question becomes communication.
 #
@@ -152,7 +152,8 @@ else:
 # The batch: 8 sequences of 2,048 tokens. A program that loops over layers misleads `cost_analysis()`,
 # which counts a loop's body once, and the whole step takes minutes to compile. So compile
 # **one block's forward and backward pass** per strategy, and multiply by the layer count, at the
-# compiler's least effort (`O0`; section 3 checks that the default gives the same FLOPs and collectives).
+# compiler's least effort (`O0`; section 3 checks, for DP and FSDP, that the default effort gives the same
+# FLOPs and bytes sent).
 
 # %%
 D, FF, SEQ, LAYERS, BATCH = 4096, 14336, 2048, 32, 8
@@ -212,45 +213,45 @@ else:
     print(why)
 
 # %% [markdown]
-# For each program: the compiler's FLOPs per chip beside the count `6 x parameters x tokens` (2 for the
-# forward matmuls, 4 for the backward's two), its HBM bytes, the ring estimate of what each chip sends
-# (`collectives()`), and the three times on a v5e, all times 32 layers. Then the compiler's own
-# estimate, `optimal_seconds`.
+# For each program: its matmul FLOPs per chip beside the count `6 x parameters x tokens` (2 for the
+# forward matmuls, 4 for the backward's two), its HBM traffic (operands and results outside on-chip
+# memory), the ring estimate of what each chip sends
+# (`collectives()`), and the three times on a v5e, all times 32 layers. FLOPs and bytes sent are read op
+# by op with every loop counted by its trips (`estimate_step`, `collectives()`): the compiler's own
+# `cost_analysis()` counts a loop's body once, shown beside them. Last, `estimate_step`'s whole step: the
+# program walked in its scheduled order, each op and collective timed, transfers hidden where the schedule
+# lets them, and this slice's links as they are (a v5e-8's axes are lines, not rings).
 
 # %%
-PEAK, HBM, LINK = CHIPS["v5e"]
-
-
 def estimate(compiled, mesh, p_block=P_BLOCK, layers=LAYERS, tokens=BATCH * SEQ, per_token=6):
     """Seconds of compute, memory and communication per step: the compiled block's figures x layers.
 
     `per_token`: FLOPs per parameter per token, 6 for a forward and a backward pass."""
-    found, sent = costs(compiled), collectives(compiled)
-    split = mesh.shape.get("data", 1) * mesh.shape.get("model", 1)
-    count = per_token * p_block * tokens / split
-    loops = any(op.in_loop for op in sent.ops)  # cost_analysis counts a loop's body once: use 6NT there
+    found, sent, step = costs(compiled), collectives(compiled), estimate_step(compiled, mesh)
     return {
-        "flops": found["flops"], "6NT": count, "loops": loops,
-        "compute": layers * (count if loops else found["flops"]) / PEAK,
-        "memory": layers * found["bytes accessed"] / HBM,
+        "flops": step.flops, "compiler flops": found["flops"], "6NT": per_token * p_block * tokens / mesh.size,
+        "loops": any(op.in_loop for op in sent.ops), "sent": sent.estimated_bytes, "collectives": sent,
+        "compute": layers * step.flops / PEAK,
+        "memory": layers * step.hbm_bytes / HBM,
         "comm": layers * sent.estimated_bytes / LINK,
-        "optimal": layers * found["optimal_seconds"],
+        "op by op": layers * step.seconds, "step": step,
     }
 
 
 if ok:
     est = {name: estimate(*blocks[name]) for name in STRATEGIES}
-    print(f"{'':<10}{'TFLOP/chip':>11}{'6NT':>7}{'compute':>9}{'memory':>8}{'comm':>8}  bound by"
-          f"{'optimal_seconds':>17}")
+    print(f"{'':<10}{'TFLOP/chip':>11}{'6NT':>7}{'compiler':>9}{'compute':>9}{'memory':>8}{'comm':>8}  bound by"
+          f"{'op by op':>10}")
     for name, e in est.items():
         bound = max(("compute", "memory", "comm"), key=e.get)
-        print(f"{name:<10}{e['flops'] / 1e12:>11.2f}{e['6NT'] / 1e12:>7.2f}{e['compute']:>8.2f}s{e['memory']:>7.2f}s"
-              f"{e['comm']:>7.2f}s  {bound:<8}{e['optimal']:>16.2f}s" + ("  (loop inside)" if e["loops"] else ""))
-    for name, e in est.items():
-        if not e["loops"]:  # a program without loops: the compiler counts every matmul, 6NT within 1%
-            assert abs(e["flops"] / e["6NT"] - 1) < 0.01, name
+        print(f"{name:<10}{e['flops'] / 1e12:>11.2f}{e['6NT'] / 1e12:>7.2f}{e['compiler flops'] / 1e12:>9.2f}"
+              f"{e['compute']:>8.2f}s{e['memory']:>7.2f}s{e['comm']:>7.2f}s  {bound:<8}{e['op by op']:>9.2f}s"
+              + ("  (loop inside)" if e["loops"] else ""))
+    for name, e in est.items():  # every matmul counted, loops by their trips: 6NT within 1%
+        assert abs(e["flops"] / e["6NT"] - 1) < 0.01, name
+    assert est["FSDP"]["compiler flops"] < 0.9 * est["FSDP"]["flops"]  # cost_analysis: the loop's body once
     assert all(max(("compute", "memory", "comm"), key=e.get) == "compute" for e in est.values())
-    assert est["TP"]["comm"] > est["DP"]["comm"] > est["FSDP"]["comm"]  # TP's activation sums send the most
+    assert min(est["TP"]["comm"], est["FSDP"]["comm"]) > est["DP"]["comm"]  # both send more than DP (see below)
 else:
     print(why)
 
@@ -258,14 +259,43 @@ else:
 # No estimate counts attention (its projections and `S x S` scores add about a third again), the
 # optimizer update, the embedding or the loss.
 #
-# Without a loop, the compiler's FLOPs match `6NT` within 1%. Where it split a gather into a loop of `collective-permute`s
-# overlapping pieces of the matmul (a *collective matmul*), `cost_analysis()` counts the loop's body
-# once: trust `6NT` there. `optimal_seconds` is the compiler's own guess.
+# The compute is the same, 2 TFLOP per chip per block: each strategy divides the same work by 8. Counted
+# op by op, every strategy's matmuls match `6NT` within 1%, FSDP's too, although its `cost_analysis()`
+# reports less. The TPU compiler turned each weight gradient's reduce-scatter into a loop that overlaps
+# pieces of the matmul with the transfer of others (a *collective matmul*, `windowed_dot_general_body_rs`,
+# rs for reduce-scatter). The loop runs twice, and `cost_analysis()` counts its body once.
 #
-# The compute is the same, 2 TFLOP per chip per block: each strategy divides the same work by 8. What
-# each sends differs: DP all-reduces every gradient, FSDP gathers the bf16 weights and reduce-scatters
-# the gradients, TP all-reduces activations, and 2-D and FSDP x TP pay for both over smaller groups.
+# What each sends differs: DP all-reduces every gradient, FSDP gathers the bf16 weights and reduce-scatters
+# the gradients, TP all-reduces activations, and 2-D and FSDP x TP pay for both over smaller groups. Two
+# compiled figures differ from the textbook ring, and both are the compiler's doing (the hidden cell below
+# checks them):
 #
+# | strategy | textbook ring, per block | compiled | why |
+# |---|---|---|---|
+# | FSDP | `3.5N` bytes, as DP | `4N` bytes (672 MiB) | each gradient's loop sends 4 pieces per trip, twice, and 1 after it: 9 pieces of a shard where a ring sends 7 |
+# | TP | 2 all-reduces of `[t, d]` | 3 | the backward pass sums the two partial input gradients, from `w1` and from `w3`, separately instead of adding them first |
+#
+# With this batch the two come out equal, 704 MB per block, both more than DP's 616 MB: three sums of
+# `[16384, 4096]` happen to weigh what four copies of the block's weights weigh.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title The TPU compiler's exact figures, §2: what each strategy sends per block
+if ok:
+    fsdp, dp, tp = (est[name]["collectives"] for name in ("FSDP", "DP", "TP"))
+    permutes = [op for op in fsdp.ops if op.kind == "collective-permute"]
+    print(f"FSDP: {fsdp.count('all-gather')} weight gathers and {fsdp.count('collective-permute')} collective-permutes "
+          f"({sum(op.in_loop for op in permutes)} stated in loop bodies that run {max(op.trips for op in permutes)} "
+          f"times), {est['FSDP']['sent'] / 2**20:,.0f} MiB; DP {est['DP']['sent'] / 2**20:,.0f} MiB; "
+          f"TP {tp.count('all-reduce')} all-reduces, {est['TP']['sent'] / 2**20:,.0f} MiB")
+    assert fsdp.count("collective-permute") == 3 * (4 * 2 + 1)  # per gradient: 4 per trip, 2 trips, 1 after
+    assert est["FSDP"]["sent"] == 2 * (2 * P_BLOCK)  # 4N bytes: 7/8 of the weights gathered, 9/8 scattered
+    assert est["DP"]["sent"] == 2 * 7 / 8 * (2 * P_BLOCK)  # 3.5N bytes: a ring all-reduce of the gradients
+    assert tp.count("all-reduce") == 3  # one in the forward pass, two in the backward pass
+    assert est["TP"]["sent"] == 3 * 2 * 7 / 8 * (2 * BATCH * SEQ * D)  # each a ring all-reduce of [t, d] in bf16
+else:
+    print(why)
+
+# %% [markdown]
 # ## 3. When communication hides
 #
 # A collective can run while the chip computes something it does not depend on. It costs nothing extra
@@ -273,37 +303,67 @@ else:
 #
 # `bytes sent / W  <  FLOPs it can overlap / C`, with C the peak FLOP/s and W the link bandwidth.
 #
-# **FSDP.** Per block, each chip gathers the weights (`2N` bytes in bf16) and reduce-scatters the
-# gradients (`2N` more); the ring sends `(n-1)/n` of each. The compute is `6N x t` FLOPs for `t` tokens
-# per chip. So the gathers hide when `4N / W < 6Nt / C`, that is when **t > (2/3) C/W**, about 1,300
-# tokens per chip on a v5e. The per-device batch is what matters, not the model size.
+# What it can overlap is limited by what waits for what: a forward pass's transfers cannot hide behind a
+# backward pass that needs their result. So compare each pass's bytes with that pass's FLOPs.
 #
-# **TP.** Per block, each chip all-reduces the block's output in the forward pass and its input gradient
-# in the backward pass, `[t, d]` in bf16 each, `2 x 2td` bytes per ring; it computes `6 x 3 d d_ff x t / M`
-# FLOPs on an axis of `M` chips. The `t` cancels: they hide when **d_ff / M > (4/9) C/W**, whatever the
-# batch. A v5e's `C/W = 1970` asks for `d_ff / M` above 875; 8-way TP of this block gives 1,792, 16-way
-# sits at the edge and 32-way would not hide. So TP axes stay small, and TP is chosen for memory, not
-# bytes.
+# **FSDP.** In the forward pass each chip gathers the block's weights, `(n-1)/n x 2N` bytes in bf16, while
+# it computes the forward matmuls, `2N x t` FLOPs for `t` tokens per chip. The gathers hide when
+# **t > (n-1)/n x C/W**, about C/W: 1,970 tokens per chip on a large v5e axis, 1,720 on 8 chips. The
+# backward pass reduce-scatters the gradients (`9/8 x 2N` bytes as compiled here) against `4N x t` FLOPs,
+# which needs only `t > (9/16) C/W`. The forward pass binds, and the per-device batch is what matters,
+# not the model size.
 #
-# Check both on the compiled programs; FSDP's fixed bytes meet its growing compute at the crossover.
+# **TP.** In the forward pass each chip all-reduces the block's output, `[t, d]` in bf16, so a ring sends
+# `2(M-1)/M x 2td` bytes, while it computes `6 d d_ff t / M` FLOPs (three matmuls) on an axis of `M` chips.
+# The `t` cancels: the sum hides when **d_ff / M > (2/3)(M-1)/M x C/W**, whatever the batch. The backward
+# pass sends two such sums (the compiler's third all-reduce) against twice the FLOPs, which gives the same
+# rule. A v5e asks for `d_ff / M` above about 1,150 on 8 chips and 1,310 on a large axis. 8-way TP of this
+# block gives 1,792, a margin of 1.6, and 16-way (896) would not hide. So TP axes stay small, and TP is
+# chosen for memory, not bytes.
+#
+# Pooling the whole step's bytes against the whole step's FLOPs gives looser rules, `(2/3) C/W` for FSDP
+# and `(4/9) C/W` for TP, because it lets the forward pass's transfers hide behind the backward pass. Check
+# the per-pass rules on the compiled programs: `estimate_step`'s timeline gives each op's `op_name`, in
+# which `transpose(jvp())` marks the backward pass (FSDP's weight gathers are named after the weights, and
+# belong to the forward pass).
 
 # %%
+RING = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8, "collective-permute": 1.0}  # bytes sent per byte, 8 chips
+
+
+def per_pass(e, backward):
+    """(FLOPs, ring bytes sent) of one pass of a compiled block, every loop trip counted."""
+    flops = sent = 0.0
+    for op in e["step"].timeline:
+        late = "transpose(" in op.op_name
+        if op.lane == "compute" and late == backward:
+            flops += op.flops * op.trips
+        elif op.kind in RING and late == backward:
+            sent += RING[op.kind] * op.bytes * op.trips
+    return flops, sent
+
+
 if ok:
     tokens = BATCH * SEQ // 8
-    crossover = tokens * est["FSDP"]["comm"] / est["FSDP"]["compute"]
-    print(f"FSDP: its collectives hide above about {crossover:,.0f} tokens per chip "
-          f"(the formula: {2 / 3 * PEAK / LINK:,.0f}); this batch has {tokens:,}")
-    tp_ratio = est["TP"]["compute"] / est["TP"]["comm"]
-    print(f"TP: compute / communication = {tp_ratio:.2f} at any batch (the formula: "
-          f"{FF / 8 / (4 / 9 * PEAK / LINK):.2f})")
-    assert 0.5 < crossover / (2 / 3 * PEAK / LINK) < 2
-    assert 0.5 < tp_ratio / (FF / 8 / (4 / 9 * PEAK / LINK)) < 2
+    print(f"{'':<6}{'pass':<10}{'hides above':>13}{'rule':>9}")
+    for backward, rule in ((False, 7 / 8), (True, 9 / 16)):
+        flops, sent = per_pass(est["FSDP"], backward)
+        crossover = tokens * (sent / LINK) / (flops / PEAK)  # the tokens per chip where the two times meet
+        print(f"{'FSDP':<6}{'backward' if backward else 'forward':<10}{crossover:>13,.0f}{rule * PEAK / LINK:>9,.0f}"
+              "  tokens per chip")
+        assert abs(crossover / (rule * PEAK / LINK) - 1) < 0.05
+    for backward in (False, True):
+        flops, sent = per_pass(est["TP"], backward)
+        ratio, rule = (flops / PEAK) / (sent / LINK), FF / 8 / (2 / 3 * 7 / 8 * PEAK / LINK)
+        print(f"{'TP':<6}{'backward' if backward else 'forward':<10}{ratio:>13.2f}{rule:>9.2f}"
+              "  compute / communication, at any batch")
+        assert abs(ratio / rule - 1) < 0.05
 else:
     print(why)
 
 # %% [markdown]
-# Close to the formulas, not equal: the compiler fuses and picks each collective's dtype. Hiding also
-# needs the schedule to allow it: a compiled program lists its instructions in the order the chip runs
+# Each pass meets its rule within 5%: counted with every loop trip and the compiler's third all-reduce,
+# nothing is left unexplained. Hiding also needs the schedule to allow it: a compiled program lists its instructions in the order the chip runs
 # them, and whatever runs between an asynchronous collective's `...-start` and `...-done` overlaps the
 # transfer. `utils.schedule` lists DP's and FSDP's steps at the default effort in that order, with the
 # matmuls inside each asynchronous collective's window:
@@ -324,15 +384,17 @@ else:
     print(why)
 
 # %% [markdown]
-# The TPU compiler overlaps FSDP's traffic in its own way: it cuts a weight's gather into a ring of
-# `collective-permute`s, each started before a matmul on the piece already received and finished after
-# it (a *collective matmul*; the loops of section 2). DP, TP and 2-D programs have no asynchronous
-# collective at all with the default flags: their sums run after the matmuls that produce them, so their
-# `comm` adds to `compute` instead of hiding. MaxText's scripts turn on libtpu flags for this
+# The TPU compiler overlaps FSDP's traffic in its own way: it cuts each weight gradient's reduce-scatter
+# into a ring of `collective-permute`s, each started before a matmul on one piece and finished after it (a
+# *collective matmul*; the loops of section 2). The weights' gathers stay `all-gather`s. The DP program has
+# no asynchronous collective with the default flags: its sums run after the matmuls that produce them, so
+# its `comm` adds to `compute` instead of hiding. TP's sums cannot hide by rescheduling either, since each
+# waits for the matmul that produces it and the next matmul waits for it. MaxText's scripts turn on libtpu flags for this
 # (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
 # in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
 #
-# Drawn, FSDP's step: each ring step of a collective matmul (`CP`) is a bar over the matmuls it overlaps.
+# Drawn, FSDP's step: each ring step of the gradients' reduce-scatter (`CP`) is a bar over the matmuls it
+# overlaps.
 
 # %%
 if ok:
@@ -370,24 +432,25 @@ if ok:
     block_flops = 6 * 3 * MT_D * MT_FF * t
     other_flops = 6 * (4 * MT_D * MT_ATTN * MT_LAYERS + MT_D * MT_VOCAB) * t + 12 * MT_SEQ * MT_ATTN * MT_LAYERS * t
     model_flops = MT_LAYERS * block_flops + other_flops  # per chip per step, forward and backward, no recompute
-    print(f"FF block, TFLOP per chip: compiler {mt['flops'] / 1e12:.1f}, (6 + 4/3) NT {mt['6NT'] / 1e12:.1f}")
-    if not mt["loops"]:
-        assert abs(mt["flops"] / mt["6NT"] - 1) < 0.01  # remat recomputes two of the three forward matmuls
+    print(f"FF block, TFLOP per chip: op by op {mt['flops'] / 1e12:.1f}, (6 + 4/3) NT {mt['6NT'] / 1e12:.1f}, "
+          f"cost_analysis {mt['compiler flops'] / 1e12:.1f}")
+    assert abs(mt["flops"] / mt["6NT"] - 1) < 0.01  # remat recomputes two of the three forward matmuls
     step = max(mt["compute"], mt["memory"], mt["comm"]) + other_flops * 8 / 6 / PEAK  # the rest, remat: 8 per 6
-    measured = model_flops / (0.6110 * PEAK)
+    implied = model_flops / (0.6110 * PEAK)
     print(f"estimated step {step:.2f} s (FF blocks: compute {mt['compute']:.2f} s, memory {mt['memory']:.2f} s, "
-          f"communication {mt['comm']:.2f} s)")
-    print(f"measured step, from 61.10% MFU: {measured:.2f} s; estimate / measured = {step / measured:.2f}")
-    print(f"estimated MFU {model_flops / (step * PEAK):.0%} against the measured 61.10%")
+          f"communication {mt['comm']:.2f} s; op by op {mt['op by op']:.2f} s)")
+    print(f"step implied by the published 61.10% MFU: {implied:.2f} s; estimate / implied = {step / implied:.2f}")
+    print(f"estimated MFU {model_flops / (step * PEAK):.0%} against the published 61.10%")
     assert mt["compute"] > mt["comm"] and mt["compute"] > mt["memory"]  # compute-bound: 12,288 tokens per chip
-    assert 0.5 < step / measured < 1
 else:
     print(why)
 
 # %% [markdown]
 # Remat made the compiler recompute two of the block's three forward matmuls: the third one's output is
-# not needed by the backward pass, so the block costs `(6 + 4/3) NT`, not `8NT`. The estimate is below the
-# measurement, as it must be: it is a floor. With 12,288 tokens per chip, far above FSDP's crossover, the
+# not needed by the backward pass, so the block costs `(6 + 4/3) NT`, not `8NT`. The estimate, at peak rates,
+# is below the step implied by the published MFU. Their ratio tests little by itself: with the step
+# compute-bound, it is 0.611 times the recomputed FLOPs over the model's FLOPs, whatever the chip's figures,
+# so no assert here rests on it (section 3's per-pass checks test the model). With 12,288 tokens per chip, far above FSDP's crossover, the
 # step is compute-bound, and recomputation alone keeps a perfect run near 80% MFU. The rest: matmuls
 # below peak, elementwise work the roofline ignores (norms, the softmax, the optimizer's update),
 # collectives that do not fully hide, and fixed overheads. The estimate finds the bound; the profiler finds
@@ -433,7 +496,7 @@ assert {"perfetto_trace.json.gz"} <= set(written) and any(n.endswith(".xplane.pb
 # compute.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §5: the CPU trace's all-reduces
+# @title The CPU compiler's exact figures, §5: the trace's all-reduces
 if CPU:  # another backend's trace names its operations its own way
     assert len(sums) == 2 * 8  # one gradient all-reduce per step on each of the 8 devices
     assert {e["args"]["hlo_module"] for e in sums} == {sums[0]["args"]["hlo_module"]}  # all from the train step
@@ -471,10 +534,11 @@ ex.crossover_tokens.check(answer_2);
 #   link bandwidth, per chip; at most their sum. Each is an estimate that assumes peak rates.
 # - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
 #   2,000 to outrun its links.
-# - Compile one layer, not a scanned stack: `cost_analysis()` counts a loop's body once. Check its FLOPs
-#   against `6 x parameters x tokens`.
-# - FSDP's collectives hide above about `(2/3) C/W` tokens per chip; TP's when `d_ff / M` is above about
-#   `(4/9) C/W`, whatever the batch: keep TP axes small.
+# - Count a loop by its trips: `cost_analysis()` counts a loop's body once, even the loops the compiler
+#   makes itself (FSDP's gradient reduce-scatter). `estimate_step` and `collectives()` count every trip; check
+#   the FLOPs against `6 x parameters x tokens`.
+# - Compare each pass's bytes with that pass's FLOPs: FSDP's gathers hide above about `C/W` tokens per chip;
+#   TP's sums when `d_ff / M` is above about `(2/3) C/W`, whatever the batch: keep TP axes small.
 # - A published 61% MFU sits under an estimate near 80% (full remat recomputes): the estimate finds the bound, the
 #   profiler finds the rest. `jax.profiler.trace(..., create_perfetto_trace=True)` gives a file for
 #   ui.perfetto.dev.

@@ -129,13 +129,17 @@ def test_async_pairs_count_once_with_the_result_bytes():
     ]
 
 
-def test_collectives_in_loop_bodies_and_branches_count_once():
+def test_collectives_in_loop_bodies_count_every_trip_and_branches_once():
     body = jax.jit(lambda x, w: jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w), x))
     x = jax.device_put(jnp.ones((64, 128)), NamedSharding(MESH, P(None, "model")))
     w = jax.device_put(jnp.ones((128, 128)), NamedSharding(MESH, P("model", None)))
     found = collectives(body.lower(x, w).compile())
-    assert found.count("all-reduce") == 1 and all(op.in_loop for op in found.ops)
-    assert "(in loop)" in str(found) and "runs once per iteration" in str(found)
+    (op,) = [op for op in found.ops if op.kind == "all-reduce"]  # stated once in the body, run 3 times
+    assert (op.in_loop, op.trips) == (True, 3) and found.count("all-reduce") == 3
+    assert all(op.trips == 3 for op in found.ops)
+    assert found.result_bytes == 3 * sum(op.result_bytes for op in found.ops)
+    assert found.estimated_bytes == 3 * sum(op.estimated_bytes for op in found.ops)
+    assert "(in loop, x3)" in str(found) and "runs N times" in str(found)
     text = "\n".join([
         "HloModule m, num_partitions=8",
         "%body (p: f32[8]) -> f32[8] {",
@@ -159,7 +163,11 @@ def test_collectives_in_loop_bodies_and_branches_count_once():
         "}",
     ])
     found = collectives(text)  # each instruction of the program text once, wherever it is called from; unused: none
-    assert [(op.kind, op.in_loop) for op in found.ops] == [("all-reduce", True), ("all-to-all", False)]
+    assert [(op.kind, op.in_loop, op.trips) for op in found.ops] == [("all-reduce", True, None),
+                                                                      ("all-to-all", False, 1)]
+    with pytest.raises(ValueError, match=r"loop 'w'.*trip count cannot be read"):  # its condition is no counter
+        found.count()
+    assert "x?" in str(found) and "unknown" in str(found)
 
 
 def test_count_rejects_unknown_kinds():
@@ -456,12 +464,13 @@ def test_collectives_in_loop_bodies_on_tpu_and_cpu(meshes):
         fori = _compile(mesh, lambda x, w: jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w), x),
                         ((512, 1024), P(None, "model")), ((1024, 1024), P("model", None)))
         found = collectives(fori)
-        assert found.count("all-reduce") == 1 and found.ops[0].group_size == 2, backend
+        (op,) = [op for op in found.ops if op.kind == "all-reduce"]
+        assert op.group_size == 2 and op.trips == 3 and found.count("all-reduce") == 3, backend  # TPU: the counter
         assert all(op.in_loop for op in found.ops), backend
         scan = _compile(mesh, lambda x, ws: jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0],
                         ((512, 1024), P("data", None)), ((3, 1024, 1024), P(None, "data", None)))
         (op,) = collectives(scan).ops
-        assert (op.kind, op.group_size, op.in_loop) == ("all-gather", 4, True), backend
+        assert (op.kind, op.group_size, op.in_loop, op.trips) == ("all-gather", 4, True, 3), backend
 
 
 def test_memory_per_device_on_tpu(meshes):

@@ -113,6 +113,17 @@ def test_every_replica_group_spelling_and_an_async_pair_from_text():
     assert not any(s.asynchronous for s in steps if s is not gather)
 
 
+def test_a_loop_body_is_listed_once_with_its_trips():
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
+    w = jax.ShapeDtypeStruct((128, 128), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
+    looped = jax.jit(lambda x, w: jax.lax.fori_loop(0, 5, lambda i, h: jnp.tanh(h @ w), x)).lower(x, w).compile()
+    steps = schedule(looped, mesh)
+    inside = [s for s in steps if s.in_loop]
+    assert inside and {s.trips for s in inside} == {5}  # one body, five trips: read from the program
+    assert ("matmul", 5) in {(s.kind, s.trips) for s in inside} and all(s.trips == 1 for s in steps if not s.in_loop)
+
+
 def test_bad_input_says_what_to_pass():
     compiled, mesh = _compiled(*LAYOUTS["dp"])
     with pytest.raises(TypeError, match="compiled program"):

@@ -5,6 +5,8 @@ and ``jax.device_put`` themselves).
 - ``devices``: :func:`setup_devices`, the one call of every setup cell;
 - ``launch``: readying Colab (and Binder's memory note) before the setup cell starts JAX;
 - ``layout``, ``drawing``, ``inspecting``: the geometry, pictures, collectives and memory of a sharding;
+- ``timing``: a step's estimated time, op by op, from the compiled program and a chip's published figures;
+- ``step_pictures``: that estimate drawn as a timeline (a time axis, a lane per mesh axis) and a roofline;
 - ``capture``: C++ output kept out of a cell; ``tpu``: whether TPU programs compile here;
 - ``exercises``: self-checking exercises; ``explorer``: text boxes to try layouts in.
 
@@ -27,6 +29,8 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
     from .inspecting import schedule as schedule
     from .layout import tiles, type_string
+    from .step_pictures import draw_roofline, draw_timeline
+    from .timing import CHIPS, Chip, StepEstimate, TimedOp, chip_of, collective_seconds, estimate_step
     from .tpu import tpu_compiler_available
 
 _SOURCES = {
@@ -41,14 +45,17 @@ _SOURCES = {
         "shard_table",
     ),
     "layout": ("tiles", "type_string"),
+    "step_pictures": ("draw_roofline", "draw_timeline"),
+    "timing": ("CHIPS", "Chip", "StepEstimate", "TimedOp", "chip_of", "collective_seconds", "estimate_step"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 _SUBMODULES = frozenset({*_SOURCES, "launch"})
 
 __all__ = [  # every name the lazy loader serves
-    "NOT_ANSWERED", "DeviceCountError", "Exercise", "answer_errors", "assert_close", "collectives", "compile_with_log",
-    "draw_mesh", "draw_permute", "draw_schedule", "draw_sharding", "draw_shardings", "explore", "format_bytes",
-    "memory_per_device", "memory_spaces", "quiet", "schedule", "setup_devices", "shard_table", "tiles",
+    "CHIPS", "NOT_ANSWERED", "Chip", "DeviceCountError", "Exercise", "StepEstimate", "TimedOp", "answer_errors",
+    "assert_close", "chip_of", "collective_seconds", "collectives", "compile_with_log", "draw_mesh", "draw_permute",
+    "draw_roofline", "draw_schedule", "draw_sharding", "draw_shardings", "draw_timeline", "estimate_step", "explore",
+    "format_bytes", "memory_per_device", "memory_spaces", "quiet", "schedule", "setup_devices", "shard_table", "tiles",
     "tpu_compiler_available", "type_string"
 ]
 

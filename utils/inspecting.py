@@ -87,7 +87,10 @@ class CollectiveOp:
     for an async pair the result only); ``group_size`` the devices per group (for a collective-permute,
     its largest ring); ``shapes`` each array produced (several for a combined op, one flat one where the
     GPU flattened it); ``form`` is ``'op'``, ``'async'`` (a start/done pair, an async wrapper or a TPU
-    chain) or ``'fused'`` (inside a fusion); ``in_loop``: stated once in a loop body, run every iteration.
+    chain) or ``'fused'`` (inside a fusion); ``in_loop``: stated once in a loop body, run every iteration;
+    ``trips``: how many times it runs per call of the program (the product of its loops' trip counts, read
+    from the program: ``known_trip_count``, else the loop's counter; None where a count cannot be read, e.g.
+    a ``while_loop`` whose condition depends on data); ``loop``: the innermost ``while`` it sits in.
 
     ``estimated_bytes`` is an *estimate*, what each device would send under the textbook ring algorithm:
     all-gather and all-to-all (N-1)/N x result, reduce-scatter (N-1) x result, all-reduce 2(N-1)/N x
@@ -102,10 +105,20 @@ class CollectiveOp:
     shapes: tuple[tuple[int, ...], ...] = ()
     form: str = "op"
     in_loop: bool = False
+    trips: int | None = 1
+    loop: str = ""
+
+    @property
+    def runs(self) -> int:
+        """How many times it runs per call: ``trips``, or a ValueError naming the loop whose count is unknown."""
+        if self.trips is None:
+            raise ValueError(f"{self.kind} {self.name!r} sits in loop {self.loop!r}, whose trip count cannot be "
+                             "read from the program (its condition is not a counter compared with a constant)")
+        return self.trips
 
     @property
     def estimated_bytes(self) -> float:
-        """Ring-formula estimate of the bytes each device sends (not measured); 0 for a group of one."""
+        """Ring-formula estimate of the bytes each device sends in ONE run (not measured); 0 for a group of one."""
         n = self.group_size
         share = {"all-gather": (n - 1) / n, "reduce-scatter": n - 1, "all-reduce": 2 * (n - 1) / n,
                  "all-to-all": (n - 1) / n, "collective-permute": 1.0}[self.kind]
@@ -120,13 +133,13 @@ class Collectives(_Printed):
 
     @property
     def counts(self) -> dict[str, int]:
-        """Count per kind, every kind present (0 where absent)."""
-        return {k: sum(op.kind == k for op in self.ops) for k in COLLECTIVES}
+        """Runs per kind, every kind present (0 where absent): an op in a loop counts once per trip."""
+        return {k: sum(op.runs for op in self.ops if op.kind == k) for k in COLLECTIVES}
 
     def count(self, kind: str | None = None) -> int:
-        """How many collectives of ``kind`` (all kinds when None)."""
+        """How many collectives of ``kind`` run per call (all kinds when None), each loop's op once per trip."""
         if kind is None:
-            return len(self.ops)
+            return sum(op.runs for op in self.ops)
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}; expected one of {COLLECTIVES}")
         return self.counts[kind]
@@ -138,29 +151,32 @@ class Collectives(_Printed):
 
     @property
     def result_bytes(self) -> int:
-        """Sum of the ops' per-device result sizes (each op once, loop bodies once)."""
-        return sum(op.result_bytes for op in self.ops)
+        """Sum of the ops' per-device result sizes over every run (an op in a loop once per trip)."""
+        return sum(op.result_bytes * op.runs for op in self.ops)
 
     @property
     def estimated_bytes(self) -> float:
-        """Sum of the ops' ring-formula estimates: an estimate, not a measurement."""
-        return sum(op.estimated_bytes for op in self.ops)
+        """Sum of the ops' ring-formula estimates over every run: an estimate, not a measurement."""
+        return sum(op.estimated_bytes * op.runs for op in self.ops)
 
     def __str__(self) -> str:
         if not self.ops:
             return "no collectives: each device computes without talking to the others"
-        labels = [op.kind + (" (in loop)" if op.in_loop else "") for op in self.ops]
+        labels = [op.kind + (f" (in loop, x{op.trips or '?'})" if op.in_loop else "") for op in self.ops]
         width = max(19, max(len(label) for label in labels) + 1)
-        lines = [f"{'collective':<{width}}{'result (per device)':<28}{'group':>6}{'ring estimate':>14}"]
+        lines = [f"{'collective':<{width}}{'result (per device)':<28}{'group':>6}{'ring estimate':>14}"
+                 + ("  (per run)" if any(op.in_loop for op in self.ops) else "")]
         for label, op in zip(labels, self.ops, strict=True):
             shown = op.result_type
             if len(shown) > 27:  # a combined op of many arrays: say how many, and their size
                 shown = f"{len(op.shapes)} arrays, {format_bytes(op.result_bytes)}"
             lines.append(f"{label:<{width}}{shown:<28}{op.group_size:>6}{format_bytes(op.estimated_bytes):>14}")
         total = "total (estimated: ring formula, not measured)"
-        lines.append(f"{total:<{width + 34}}{format_bytes(self.estimated_bytes):>14}")
+        known = all(op.trips is not None for op in self.ops)
+        lines.append(f"{total:<{width + 34}}{format_bytes(self.estimated_bytes) if known else 'unknown':>14}")
         if any(op.in_loop for op in self.ops):
-            lines.append("(in loop): stated once in the loop body, runs once per iteration; counted once")
+            lines.append("(in loop, xN): stated once in a loop body, runs N times; the total counts every run"
+                         + ("" if known else " (x?: a loop whose trip count cannot be read)"))
         return "\n".join(lines)
 
 
@@ -347,6 +363,94 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], list[str]]:
     return comps, roots
 
 
+_PASS_THROUGH = ("copy", "convert", "bitcast", "reshape")
+_FLIP = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+
+
+def _through(instr: _Instr | None, where: dict[str, _Instr]) -> _Instr | None:
+    """Follow copies, converts and bitcasts back to the instruction that made the value."""
+    while instr is not None and instr.opcode in _PASS_THROUGH and instr.operands:
+        instr = where.get(instr.operands[0])
+    return instr
+
+
+def _constant(instr: _Instr | None, where: dict[str, _Instr]) -> int | None:
+    """The integer a scalar ``constant(N)`` holds (through copies), else None."""
+    instr = _through(instr, where)
+    m = re.search(r"\bconstant\((-?\d+)\)", instr.line) if instr is not None and instr.opcode == "constant" else None
+    return int(m.group(1)) if m else None
+
+
+def _element(instr: _Instr | None, where: dict[str, _Instr]) -> int | None:
+    """k when the value is element k of the computation's tuple parameter (through copies), else None."""
+    instr = _through(instr, where)
+    if instr is None or instr.opcode != "get-tuple-element" or not instr.operands:
+        return None
+    source = where.get(instr.operands[0])
+    m = re.search(r"\bindex=(\d+)", instr.attrs)
+    return int(m.group(1)) if m and source is not None and source.opcode == "parameter" else None
+
+
+def _trip_count(loop: _Instr, comps: dict[str, list[_Instr]], caller: list[_Instr]) -> int | None:
+    """How many times a ``while`` instruction runs its body, read from the program; None if it cannot be read.
+
+    ``known_trip_count`` in its ``backend_config`` where the compiler wrote one (the CPU compiler does).
+    Otherwise (the TPU compiler writes none) from the induction variable: the condition's root compares
+    element k of the loop's tuple with a constant (``LT``, ``LE``, ``GT``, ``GE``, ``NE``), the body's root
+    tuple sets element k to element k plus (or minus) a constant, and the loop's operand starts element k
+    at a constant of ``caller``, the computation the loop sits in.
+    """
+    m = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.attrs)
+    if m:
+        return int(m.group(1))
+    called = dict(loop.called)
+    cond, body = comps.get(called.get("condition", ""), []), comps.get(called.get("body", ""), [])
+    if not cond or not body or not loop.operands:
+        return None
+    at = {i.name: i for i in cond}
+    root = next((i for i in cond if i.line.lstrip().startswith("ROOT")), cond[-1])
+    direction = re.search(r"direction=(\w+)", root.attrs)
+    if root.opcode != "compare" or not direction or len(root.operands) != 2:
+        return None
+    a, b = (at.get(o) for o in root.operands)
+    relation = direction.group(1)
+    k, limit = _element(a, at), _constant(b, at)
+    if k is None:  # constant first: compare(N, i), direction=GT is i < N
+        k, limit, relation = _element(b, at), _constant(a, at), _FLIP[relation]
+    if k is None or limit is None:
+        return None
+    at_body = {i.name: i for i in body}
+    out = next((i for i in body if i.line.lstrip().startswith("ROOT")), body[-1])
+    step_instr = _through(at_body.get(out.operands[k]), at_body) if out.opcode == "tuple" and k < len(
+        out.operands) else None
+    if step_instr is None or step_instr.opcode not in ("add", "subtract") or len(step_instr.operands) != 2:
+        return None
+    x, y = (at_body.get(o) for o in step_instr.operands)
+    if _element(x, at_body) == k and _constant(y, at_body) is not None:
+        step = _constant(y, at_body)
+    elif step_instr.opcode == "add" and _element(y, at_body) == k and _constant(x, at_body) is not None:
+        step = _constant(x, at_body)
+    else:
+        return None
+    step = -step if step_instr.opcode == "subtract" else step
+    at_caller = {i.name: i for i in caller}
+    start_tuple = at_caller.get(loop.operands[0])
+    start = (_constant(at_caller.get(start_tuple.operands[k]), at_caller)
+             if start_tuple is not None and start_tuple.opcode == "tuple" and k < len(start_tuple.operands) else None)
+    if start is None or step == 0:
+        return None
+    gap = {"LT": limit - start, "LE": limit - start + (1 if step > 0 else 0), "GT": start - limit,
+           "GE": start - limit + (1 if step < 0 else 0), "NE": limit - start}.get(relation)
+    if gap is None:
+        return None
+    if relation == "NE":
+        return gap // step if gap % step == 0 and gap // step >= 0 else None
+    size = abs(step)
+    if (relation in ("LT", "LE") and step < 0) or (relation in ("GT", "GE") and step > 0):
+        return None if gap > 0 else 0  # counts away from its limit: never ends, or never starts
+    return max(0, -(-gap // size))
+
+
 _KIND = {**{k: k for k in COLLECTIVES}, **{f"{k}-start": k for k in COLLECTIVES}}
 
 
@@ -385,19 +489,81 @@ def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, str] | None:
     return reduce, "(" + ", ".join(_strip_type(pieces[i].type) for i in range(arity)) + ")"
 
 
+@dataclass(frozen=True)
+class _Event:
+    """What one scheduled instruction does: ``kind`` a collective's kind (None if it is no collective, or is
+    an asynchronous one's done); ``op`` the instruction carrying its groups; ``result`` its result type;
+    ``asynchronous``/``done``: a start, and the name of the done that ends it; ``matmul``: the dot or
+    convolution a non-collective instruction runs (itself or inside its fusion)."""
+
+    kind: str | None = None
+    op: _Instr | None = None
+    result: str = ""
+    asynchronous: bool = False
+    done: str | None = None
+    matmul: _Instr | None = None
+
+
+def _calls(i: _Instr, comps: dict[str, list[_Instr]]) -> list[_Instr]:
+    """What a fusion or an async wrapper runs."""
+    return [x for _, c in i.called for x in comps.get(c, [])] if i.opcode in ("fusion", "async-start") else []
+
+
+def _is_done(i: _Instr, comps: dict[str, list[_Instr]]) -> bool:
+    return (i.opcode.endswith("-done") and i.opcode[:-5] in (*COLLECTIVES, "async")) or any(
+        "AsyncCollectiveDone" in x.attrs for x in _calls(i, comps))
+
+
+def _event(i: _Instr, body: list[_Instr], at: int, comps: dict[str, list[_Instr]]) -> _Event:
+    """Classify ``body[at]``: a collective (synchronous, or the start of an asynchronous one, found with the
+    done that ends it), a matmul, or neither. Collectives are read as :func:`collectives` reads them: a
+    ``-start``/``-done`` pair, an ``async-start`` wrapper, a TPU ``AsyncCollectiveStart`` fusion chain, the
+    TPU's fused reduce-scatter."""
+    inner = _calls(i, comps)
+    found = [x for x in inner if x.opcode in _KIND]
+    start = (i.opcode in _KIND and i.opcode.endswith("-start")) or (bool(found) and (
+        i.opcode == "async-start" or any("AsyncCollectiveStart" in x.attrs for x in inner)))
+    mm = next((x for x in [i, *inner] if x.opcode in ("dot", "convolution")), None)
+    if mm is not None and not start:
+        return _Event(matmul=mm)
+    if not (start or found or i.opcode in _KIND) or _is_done(i, comps):
+        return _Event()
+    fused = _fused_reduce_scatter(inner) if found and not start else None
+    op = fused[0] if fused else found[0] if found else i
+    parts = _tuple_elements(_strip_type(i.type))
+    result = fused[1] if fused else parts[1] if i.opcode.endswith("-start") and len(parts) > 1 else op.type
+    done = None
+    chain = {i.name}  # its done: the first later instruction that consumes it and is a done
+    for later in body[at + 1:] if start else []:
+        if chain & set(later.operands):
+            if _is_done(later, comps):
+                done = later.name
+                break
+            chain.add(later.name)
+    return _Event("reduce-scatter" if fused else _KIND[op.opcode], op, result, start, done)
+
+
+def _axes(op: _Instr | None, sizes: dict[str, int], n: int) -> tuple[str, ...]:
+    """The mesh axes (``sizes``: name -> size, in mesh order) a collective's groups span."""
+    if op is None:
+        return ()
+    spread = {k for g in _groups(op.line, n) for k, c in zip(sizes, np.unravel_index(g, [*sizes.values()]),
+                                                                strict=True) if len(set(c)) > 1}
+    return tuple(k for k in sizes if k in spread)
+
+
 def collectives(compiled: Any) -> Collectives:
     """Find the collectives the compiler inserted, with per-device sizes.
 
-    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (CPU, GPU, or a TPU topology
-    compiled ahead of time), or its ``as_text()``. Walking from the entry computation, in program order:
-    each collective instruction counts once, including those in loop bodies (``in_loop``, once, not once
-    per iteration), branches, fusions and async wrappers; an async pair or a TPU async chain (one
-    ``channel_id``) once, with its result's bytes; a fusion of an all-reduce whose every result is
-    dynamic-sliced (the TPU's reduce-scatter) as one reduce-scatter with the slice's type. A combined op
-    (several arrays in one) is one op listing each array in ``shapes``, with their summed bytes. An
-    unfused all-reduce + dynamic-slice (the CPU's reduce-scatter) is the all-reduce it is. Computations
-    the entry never calls are skipped. Not counted: ``ragged-all-to-all``, ``collective-broadcast``,
-    ``send``/``recv``.
+    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (CPU, GPU, or a TPU topology compiled ahead of
+    time), or its ``as_text()``. Walking from the entry computation, in program order: each collective instruction
+    is listed once, including those in loop bodies (``in_loop``, with its ``trips``: ``count()`` and the byte totals
+    count it once per trip), branches, fusions and async wrappers; an async pair or a TPU async chain (one
+    ``channel_id``) once, with its result's bytes; a fusion of an all-reduce whose every result is dynamic-sliced
+    (the TPU's reduce-scatter) as one reduce-scatter with the slice's type. A combined op (several arrays in one) is
+    one op listing each array in ``shapes``, with their summed bytes. An unfused all-reduce + dynamic-slice (the
+    CPU's reduce-scatter) is the all-reduce it is. Computations the entry never calls are skipped. Not counted:
+    ``ragged-all-to-all``, ``collective-broadcast``, ``send``/``recv``.
     """
     text = _hlo_text(compiled)
     m = re.search(r"num_partitions=(\d+)", text)
@@ -407,14 +573,17 @@ def collectives(compiled: Any) -> Collectives:
     seen_channels: set[tuple[str, str]] = set()
     visited: set[str] = set()
 
-    def add(kind: str, instr: _Instr, type_text: str, form: str, in_loop: bool, group_line: str) -> None:
+    def add(kind: str, instr: _Instr, type_text: str, form: str, loop: tuple[str, int | None] | None,
+            group_line: str) -> None:
         ops.append(CollectiveOp(
             kind=kind, name=instr.name, result_type=_short_type(type_text), result_bytes=_type_bytes(type_text),
-            group_size=_group_size(group_line, total), shapes=_type_shapes(type_text), form=form, in_loop=in_loop,
+            group_size=_group_size(group_line, total), shapes=_type_shapes(type_text), form=form,
+            in_loop=loop is not None, trips=loop[1] if loop else 1, loop=loop[0] if loop else "",
         ))
 
-    def visit(comp: str, in_loop: bool, context: str) -> None:
-        """``context``: 'op' for sequential code, 'fused' inside a fusion, 'async' inside an async wrapper."""
+    def visit(comp: str, loop: tuple[str, int | None] | None, context: str) -> None:
+        """``context``: 'op' for sequential code, 'fused' inside a fusion, 'async' inside an async wrapper;
+        ``loop``: the innermost loop's name and the runs per call of its body (None outside loops)."""
         if comp in visited or comp not in comps:
             return
         visited.add(comp)
@@ -432,10 +601,10 @@ def collectives(compiled: Any) -> Collectives:
                 if instr.opcode.endswith("-start"):
                     elements = _tuple_elements(instr.type)
                     result = done_types.get(instr.name, elements[1] if len(elements) > 1 else instr.type)
-                    add(kind, instr, result, "async", in_loop, instr.line)
+                    add(kind, instr, result, "async", loop, instr.line)
                 else:
                     form = "async" if context == "async" or async_chain else context
-                    add(kind, instr, instr.type, form, in_loop, instr.line)
+                    add(kind, instr, instr.type, form, loop, instr.line)
             for key_, callee in instr.called:
                 if instr.opcode == "fusion" and callee in comps and callee not in visited:
                     pair = _fused_reduce_scatter(comps[callee])
@@ -446,7 +615,7 @@ def collectives(compiled: Any) -> Collectives:
                         if channel is None or channel not in seen_channels:
                             if channel is not None:
                                 seen_channels.add(channel)
-                            add("reduce-scatter", instr, result, "fused", in_loop, reduce.line)
+                            add("reduce-scatter", instr, result, "fused", loop, reduce.line)
                         continue
                 if key_ == "to_apply" and instr.opcode != "call":
                     continue  # a reduction's scalar computation
@@ -455,10 +624,15 @@ def collectives(compiled: Any) -> Collectives:
                     inner = "fused" if context == "op" else context
                 elif instr.opcode.startswith("async-"):
                     inner = "async"
-                visit(callee, in_loop or (instr.opcode == "while" and key_ in ("body", "condition")), inner)
+                inner_loop = loop
+                if instr.opcode == "while" and key_ in ("body", "condition"):
+                    trips = _trip_count(instr, comps, body)
+                    outer = 1 if loop is None else loop[1]
+                    inner_loop = (instr.name, None if trips is None or outer is None else trips * outer)
+                visit(callee, inner_loop, inner)
 
     for root in roots:
-        visit(root, False, "op")
+        visit(root, None, "op")
     return Collectives(tuple(ops))
 
 
@@ -695,7 +869,8 @@ class ScheduleStep:
     """One matmul or collective in scheduled order (:func:`schedule`). ``kind``: ``'matmul'`` or one of
     :data:`COLLECTIVES`; ``name``: its instruction (an asynchronous one's start); ``result_type`` as in
     :class:`CollectiveOp`; ``axes``: the mesh axes a collective's groups span; ``overlaps``: the matmuls run
-    between an asynchronous collective's start and done; ``in_loop``: from a loop body, listed once."""
+    between an asynchronous collective's start and done; ``in_loop``: from a loop body, listed once;
+    ``trips``: how many times it runs per call (its loops' trip counts multiplied; None if one is unreadable)."""
 
     kind: str
     name: str
@@ -704,16 +879,17 @@ class ScheduleStep:
     asynchronous: bool = False
     overlaps: int = 0
     in_loop: bool = False
+    trips: int | None = 1
 
 
 def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
     """The entry computation's matmuls and collectives, in the order the compiler scheduled them (the order
     a CPU, GPU or TPU program compiled ahead of time runs them), to see what waits for what.
 
-    Matmuls: ``dot``, ``convolution`` or a fusion of one. Collectives as :func:`collectives` reads them; an
-    asynchronous one (``-start``/``-done``, ``async-start``, a TPU ``AsyncCollectiveStart`` fusion) once, at
-    its start. A loop body's steps stand where the loop runs, once each. ``mesh`` (a ``Mesh`` or a dict of
-    axis sizes) names each collective's axes: partition ids are positions in its flattened device order.
+    Matmuls: ``dot``, ``convolution`` or a fusion of one. Collectives as :func:`collectives` reads them; an asynchronous
+    one (``-start``/``-done``, ``async-start``, a TPU ``AsyncCollectiveStart`` fusion) once, at its start. A loop
+    body's steps stand where the loop runs, once each, with their ``trips``. ``mesh`` (a ``Mesh`` or a dict of axis
+    sizes) names each collective's axes: partition ids are positions in its flattened device order.
     """
     text = _hlo_text(compiled)
     try:
@@ -728,44 +904,27 @@ def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
     comps, roots = _parse_module(text)
     steps: list[ScheduleStep] = []
 
-    def calls(i: _Instr) -> list[_Instr]:  # what a fusion or an async wrapper runs
-        return [x for _, c in i.called for x in comps.get(c, [])] if i.opcode in ("fusion", "async-start") else []
-
-    def is_done(i: _Instr) -> bool:
-        return (i.opcode.endswith("-done") and i.opcode[:-5] in (*COLLECTIVES, "async")) or any(
-            "AsyncCollectiveDone" in x.attrs for x in calls(i))
-
-    def walk(body: list[_Instr], in_loop: bool) -> None:
+    def walk(body: list[_Instr], loop: tuple[str, int | None] | None) -> None:
         pending: dict[str, int] = {}  # the done that ends an asynchronous collective -> its step
+        trips, in_loop = (loop[1] if loop else 1), loop is not None
         for at, i in enumerate(body):
-            found = [x for x in calls(i) if x.opcode in _KIND]
-            start = (i.opcode in _KIND and i.opcode.endswith("-start")) or (bool(found) and (
-                i.opcode == "async-start" or any("AsyncCollectiveStart" in x.attrs for x in calls(i))))
-            mm = next((x for x in [i, *calls(i)] if x.opcode in ("dot", "convolution")), None)
+            event = _event(i, body, at, comps)
             if i.name in pending:  # its done: the matmuls since its start ran while it transferred
                 k = pending.pop(i.name)
                 steps[k] = replace(steps[k], result_type=_short_type(i.type), overlaps=sum(s.kind == "matmul"
                                                                                             for s in steps[k + 1:]))
             elif i.opcode == "while":
-                walk(comps.get(dict(i.called).get("body", ""), []), True)
-            elif mm is not None and not start:
-                steps.append(ScheduleStep("matmul", i.name, _short_type(mm.type), in_loop=in_loop))
-            elif (start or found or i.opcode in _KIND) and not is_done(i):
-                fused = _fused_reduce_scatter(calls(i)) if found and not start else None
-                op = fused[0] if fused else found[0] if found else i
-                parts = _tuple_elements(_strip_type(i.type))
-                result = fused[1] if fused else parts[1] if i.opcode.endswith("-start") and len(parts) > 1 else op.type
-                chain = {i.name}  # its done: the first later instruction that consumes it and is a done
-                for later in body[at + 1:] if start else []:
-                    if chain & set(later.operands):
-                        if is_done(later):
-                            pending[later.name] = len(steps)
-                            break
-                        chain.add(later.name)
-                spread = {k for g in _groups(op.line, n) for k, c in zip(sizes, np.unravel_index(g, [*sizes.values()]),
-                                                                            strict=True) if len(set(c)) > 1}
-                steps.append(ScheduleStep("reduce-scatter" if fused else _KIND[op.opcode], i.name, _short_type(result),
-                                          tuple(k for k in sizes if k in spread), start, 0, in_loop))
+                inner = _trip_count(i, comps, body)
+                walk(comps.get(dict(i.called).get("body", ""), []),
+                     (i.name, None if inner is None or trips is None else inner * trips))
+            elif event.matmul is not None:
+                steps.append(ScheduleStep("matmul", i.name, _short_type(event.matmul.type), in_loop=in_loop,
+                                          trips=trips))
+            elif event.kind is not None:
+                if event.done:
+                    pending[event.done] = len(steps)
+                steps.append(ScheduleStep(event.kind, i.name, _short_type(event.result), _axes(event.op, sizes, n),
+                                          event.asynchronous, 0, in_loop, trips))
 
-    walk(comps.get(roots[0], []) if roots else [], False)
+    walk(comps.get(roots[0], []) if roots else [], None)
     return steps

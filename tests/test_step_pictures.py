@@ -1,0 +1,138 @@
+"""utils.step_pictures: the timeline and the roofline of an estimated step.
+
+Most tests draw a hand-made estimate, so each expected box and point is known; one draws a real program
+compiled for 8 CPU devices.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from matplotlib.colors import to_rgba
+
+from utils.step_pictures import draw_roofline, draw_timeline, op_label
+from utils.timing import CHIPS, StepEstimate, TimedOp, estimate_step
+
+V5E = CHIPS["v5e"]
+MS = 1e-3
+
+
+def _estimate(ops, seconds):
+    compute = sum(op.flops for op in ops) / V5E.peak_flops
+    exposed = sum(op.exposed for op in ops if op.lane != "compute")
+    return StepEstimate(V5E, seconds, compute, seconds - compute - exposed, exposed, 0.0, 0.0, 0.0,
+                        sum(op.flops for op in ops), sum(op.bytes for op in ops if op.lane == "compute"),
+                        sum(op.bytes for op in ops if op.lane != "compute"), tuple(ops))
+
+
+def _matmul(name, start, seconds, op_name, trips=1, loop=""):
+    flops = seconds * V5E.peak_flops
+    return TimedOp(name, "compute", "compute", start, start + seconds, seconds, seconds, flops, flops / 1000,
+                   trips, loop, op_name)
+
+
+# One forward matmul, an all-gather over fsdp hidden behind it, a backward matmul, then a synchronous
+# all-reduce over data x model that the step waits for whole.
+STEP = _estimate([
+    TimedOp("ag", "all-gather", "fsdp", 0.0, 1 * MS, 1 * MS, 0.0, bytes=2**20),
+    _matmul("f", 0.0, 2 * MS, "jit(step)/jvp(Block)/w1/dot_general"),
+    _matmul("b", 2 * MS, 2 * MS, "jit(step)/transpose(jvp(Block))/w1/dot_general"),
+    TimedOp("ar", "all-reduce", "data+model", 4 * MS, 5 * MS, 1 * MS, 1 * MS, bytes=2**21),
+], 5 * MS)
+
+
+def _patches(fig, gid):
+    return [p for p in fig.axes[0].patches if p.get_gid() == gid]
+
+
+def test_op_labels_name_the_layer_and_the_pass():
+    assert op_label("jit(step)/jvp(Block)/w1/dot_general") == "w1 fwd"
+    assert op_label("jit(step)/transpose(jvp(Block))/w2/dot_general") == "w2 bwd"
+    assert op_label("jit(f)/dot_general") == "dot_general fwd"
+    assert op_label("") == "op fwd"
+    with pytest.raises(TypeError, match="metadata string"):
+        op_label(None)
+
+
+def test_timeline_has_a_time_axis_and_one_lane_per_set_of_axes():
+    fig = draw_timeline(STEP)
+    ax = fig.axes[0]
+    lanes = [t.get_text() for t in ax.get_yticklabels()]
+    assert lanes == ["chip: compute", "over 'fsdp'", "over 'data' \u00d7 'model'"]
+    assert "time in the step (ms" in ax.get_xlabel()
+    assert ax.get_xlim() == pytest.approx((0, 5))  # the whole step, in ms
+    f, b = _patches(fig, "op-compute")
+    assert (f.get_x(), f.get_width(), b.get_x(), b.get_width()) == pytest.approx((0, 2, 2, 2))
+    assert f.get_facecolor() != b.get_facecolor()  # forward and backward told apart
+
+
+def test_hidden_and_exposed_transfers_look_different():
+    fig = draw_timeline(STEP)
+    (hidden,), (exposed,) = _patches(fig, "transfer-hidden"), _patches(fig, "transfer-exposed")
+    assert (hidden.get_x(), hidden.get_width()) == pytest.approx((0, 1))
+    assert (exposed.get_x(), exposed.get_width()) == pytest.approx((4, 1))
+    assert hidden.get_hatch() and not exposed.get_hatch()
+    assert to_rgba(exposed.get_facecolor()) == to_rgba("black") != to_rgba(hidden.get_facecolor())
+    labels = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "op-label"]
+    assert {"w1 fwd", "w1 bwd", "AG 1.0 MiB", "AR 2.0 MiB"} <= set(labels)
+
+
+def test_colour_means_device_so_the_timeline_uses_greys_only():
+    for patch in draw_timeline(STEP).axes[0].patches:
+        r, g, b, _ = to_rgba(patch.get_facecolor())
+        assert r == g == b, patch.get_gid()
+
+
+def test_a_loop_is_drawn_once_with_its_trip_count_and_the_rest_as_a_band():
+    body = [_matmul("l", 1 * MS, 1 * MS, "jit(f)/while/body/dense/dot_general", trips=4, loop="while.3")]
+    after = _matmul("z", 5 * MS, 1 * MS, "jit(f)/head/dot_general")
+    fig = draw_timeline(_estimate([_matmul("a", 0.0, 1 * MS, "jit(f)/embed/dot_general"), *body, after], 6 * MS))
+    (trip,), (rest,) = _patches(fig, "loop-trip"), _patches(fig, "loop-rest")
+    assert (trip.get_x(), trip.get_width(), rest.get_x(), rest.get_width()) == pytest.approx((1, 1, 2, 3))
+    assert [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "loop-label"] == ["\u00d74"]
+
+
+def test_window_zooms_and_bad_input_is_refused():
+    fig = draw_timeline(STEP, window=(2 * MS, 4 * MS))
+    assert fig.axes[0].get_xlim() == pytest.approx((0, 2))
+    assert len(_patches(fig, "op-compute")) == 1  # only the backward matmul lies in the window
+    with pytest.raises(ValueError, match="0 <= start < end"):
+        draw_timeline(STEP, window=(3 * MS, 1 * MS))
+    with pytest.raises(TypeError, match="estimate_step"):
+        draw_timeline([1, 2])
+    with pytest.raises(ValueError, match="no timed op"):
+        draw_timeline(_estimate([], 1.0))
+
+
+def test_roofline_places_each_op_at_its_intensity_under_the_roofs():
+    fig = draw_roofline(STEP)
+    ax = fig.axes[0]
+    ops = [c for c in ax.collections if c.get_gid() == "op"]
+    assert len(ops) == 2
+    for c in ops:
+        x, y = c.get_offsets()[0]
+        assert x == pytest.approx(1000) and y == pytest.approx(V5E.peak_flops)  # right of the 241 ridge: at peak
+    (star,) = [c for c in ax.collections if c.get_gid() == "step"]
+    assert star.get_offsets()[0][1] == pytest.approx(STEP.flops / STEP.seconds)
+    assert STEP.flops / STEP.seconds < 0.9 * V5E.peak_flops  # the step loses a fifth to its exposed all-reduce
+    (roof,) = [line for line in ax.lines if line.get_gid() == "roof"]
+    assert roof.get_xydata()[1] == pytest.approx((V5E.peak_flops / V5E.hbm_bandwidth, V5E.peak_flops))
+    with pytest.raises(ValueError, match="nothing to place"):
+        draw_roofline(_estimate([TimedOp("c", "all-gather", "x", 0, 1, 1, 1, bytes=8)], 1.0))
+    with pytest.raises(TypeError, match="estimate_step"):
+        draw_roofline("step")
+
+
+def test_a_real_program_is_drawn():
+    mesh = jax.make_mesh((8,), ("data",))
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((128, 128), jnp.float32, sharding=NamedSharding(mesh, P()))
+    compiled = jax.jit(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w))), out_shardings=NamedSharding(mesh, P())
+                       ).lower(w, x).compile()
+    estimate = estimate_step(compiled, mesh, chip="v5e")
+    fig = draw_timeline(estimate)
+    lanes = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert lanes[0] == "chip: compute" and "over 'data'" in lanes  # the gradient's all-reduce over data
+    assert np.isfinite(fig.axes[0].get_xlim()).all()
