@@ -166,7 +166,7 @@ def draw_timeline(estimate: Any, *, title: str | None = None, window: tuple[floa
     if any(op.loop for op in ops):
         keys += [("\u00d7N: a loop's first trip (dotted), then its other trips (grey band)", "0.93", "")]
     ax.legend(handles=[Patch(facecolor=c, edgecolor="black", hatch=h, label=t) for t, c, h in keys],
-              loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(lanes) < 3 else -0.22), ncol=3, fontsize=7,
+              loc="upper center", bbox_to_anchor=(0.5, -0.5 if len(lanes) < 3 else -0.32), ncol=3, fontsize=7,
               frameon=False)
     exposed = estimate.comm_exposed + getattr(estimate, "host_exposed", 0.0)
     fig.suptitle(title or f"one step on a {estimate.chip.name} chip, estimated {total / _unit(total)[0]:.3g} "
