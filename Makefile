@@ -111,6 +111,7 @@ bench: env
 	@echo ">> running every notebook once: wall and CPU time and peak memory against 15 s / 1 GB, median 8 s"
 	$(BIN)/python tools/bench.py
 
+# One page at a time: with -j, MyST-NB's processes race to create the execution cache's database.
 # The book: every notebook executed into a Sphinx book (MyST-NB, sphinx-book-theme) in build/book/html; it
 # reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 19
 # is executed there first, into the same cache; otherwise its page shows its code without outputs.
@@ -122,6 +123,7 @@ book: env
 	  echo ">> no $(XLA_VENV): notebook 19 goes into the book without outputs ('make env-xla' creates it)"; \
 	fi
 	$(BIN)/sphinx-build -W --keep-going -b html -d build/book/doctrees docs build/book/html
+	@$(BIN)/python docs/execute_cached.py --check $(if $(wildcard $(XLA_BIN)/python),,--skip-xla)
 	@echo ">> the book is in build/book/html: open build/book/html/index.html"
 
 clean:
