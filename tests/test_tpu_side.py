@@ -644,8 +644,15 @@ def zero_mesh(chips):
 
 
 def compile_wide(mesh, stage="ZeRO-3", layers=2, donate=True, grad=None, **options):
-    """The notebook's wide step for ``mesh``, at the least compiler effort, as the notebook compiles it."""
-    nb = notebook_12()
+    """The notebook's wide step for ``mesh``, at the least compiler effort, as the notebook compiles it. Compiled
+    once per distinct program: the default ZeRO-3 step serves four tests (donation, the scan's gathers, the nnx
+    gradient, the ZeRO stages)."""
+    return _compile_wide(mesh, stage, layers, donate, grad, tuple(sorted(options.items())))
+
+
+@functools.cache
+def _compile_wide(mesh, stage, layers, donate, grad, options):
+    nb, options = notebook_12(), dict(options)
     data = struct((nb.TOKENS, nb.WIDE["width"]), mesh, P("data"))
     lowered = nb.make_step(stage, mesh, donate, grad or nb.param_grad).lower(
         *nb.abstract(stage, mesh, layers=layers, **nb.WIDE, **options), data, data)
