@@ -22,19 +22,27 @@ SYNC = UV_PROJECT_ENVIRONMENT=$(1) $(UV) sync --locked --quiet --python $(2)
 export JAX_NUM_CPU_DEVICES ?= 8
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONHASHSEED := 0
+# pytest-xdist: one worker per core (at most 4: each notebook kernel may take 1 GB), each test file whole on one
+# worker (its module fixtures compile once). `make test JOBS=0` runs in one process; `JOBS=` anything xdist takes.
+JOBS ?= auto --maxprocesses 4
+XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+# The 15 slowest tests at the end of every run, so what dominates stays visible.
+DURATIONS := --durations=15
 
-.PHONY: help env lab test test-slow test-units test-notebooks lint sync strip bench book clean requirements
+.PHONY: help env lab test test-slow test-units test-notebooks lint sync strip bench book clean requirements lock
 help:
 	@echo "make lab            JupyterLab on notebooks/ (builds the environment from uv.lock on first use)"
 	@echo "make test           unit tests, ruff, and every notebook through pytest --nbmake (no torch download)"
-	@echo "make test-slow      the slow checks: every notebook with a TPU host's device order and without"
-	@echo "                    libtpu, a Colab-like runtime (needs PyPI), the compiler's memory report, the book"
+	@echo "make test-slow      the slow checks: every notebook with a TPU host's device order and libtpu hidden,"
+	@echo "                    the largest TPU compiles, a Colab-like runtime (needs PyPI), the compiler's memory"
+	@echo "                    report, an executed miniature book"
 	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
-	@echo "make test-units     tests/ only;  make test-notebooks   notebooks/ only"
+	@echo "make test-units     the fast tests in tests/ (make test without the notebooks)"
+	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
 	@echo "make env            build or re-sync the environment;  make lint   ruff"
 	@echo "make sync           pair notebooks with their .py sources, strip outputs, write notebooks/models.py;  make strip"
 	@echo "make book           the executed book (Sphinx + MyST-NB) in build/book/html"
-	@echo "make bench          wall time and peak memory of each notebook against 30 s / 1 GB"
+	@echo "make bench          wall and CPU time and peak memory of each notebook against 15 s / 1 GB, median 8 s"
 	@echo "make lock           re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
 	@echo "make requirements   rewrite requirements.txt (pip's view of uv.lock) and binder/requirements.txt"
 	@echo "make env-xla / test-xla / lab-xla / bench-xla / clean-xla"
@@ -58,7 +66,7 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: env
 	@echo ">> Python $(PYVER), $(VENV): unit tests (ruff included), then every notebook through nbmake"
-	@$(BIN)/python -m pytest -m "not slow"; rc=$$?; \
+	@$(BIN)/python -m pytest -m "not slow" $(XDIST) $(DURATIONS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo ">> pytest collected no tests: nothing was checked, which counts as a failure"; fi; \
 	if [ $$rc -eq 0 ] && [ ! -x $(XLA_BIN)/python ]; then \
 	  echo ">> notebook 19 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
@@ -66,13 +74,13 @@ test: env
 
 test-slow: env
 	@echo ">> Python $(PYVER), $(VENV): the slow checks (make help says which)"
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m slow $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 test-units: env
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -m "not slow" $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 test-notebooks: env
-	$(BIN)/python -m pytest notebooks
+	$(BIN)/python -m pytest notebooks $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 lint: env
 	$(BIN)/ruff check .
@@ -100,9 +108,10 @@ requirements: $(UV)
 	.uv/bin/python tools/binder.py
 
 bench: env
-	@echo ">> running every notebook once: wall time and peak memory against 30 s / 1 GB"
+	@echo ">> running every notebook once: wall and CPU time and peak memory against 15 s / 1 GB, median 8 s"
 	$(BIN)/python tools/bench.py
 
+# One page at a time: with -j, MyST-NB's processes race to create the execution cache's database.
 # The book: every notebook executed into a Sphinx book (MyST-NB, sphinx-book-theme) in build/book/html; it
 # reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 19
 # is executed there first, into the same cache; otherwise its page shows its code without outputs.
@@ -114,6 +123,7 @@ book: env
 	  echo ">> no $(XLA_VENV): notebook 19 goes into the book without outputs ('make env-xla' creates it)"; \
 	fi
 	$(BIN)/sphinx-build -W --keep-going -b html -d build/book/doctrees docs build/book/html
+	@$(BIN)/python docs/execute_cached.py --check $(if $(wildcard $(XLA_BIN)/python),,--skip-xla)
 	@echo ">> the book is in build/book/html: open build/book/html/index.html"
 
 clean:

@@ -78,9 +78,23 @@ def execute_into_cache(path: Path, cache: Path = CACHE) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: the notebooks that need torch_xla")
+    parser.add_argument("--check", action="store_true",
+                        help="execute nothing; fail unless the cache holds every notebook's outputs for its current "
+                             "code (every notebook but those needing torch_xla where --skip-xla): after `make book`, "
+                             "proof that the book executed them all without an error")
+    parser.add_argument("--skip-xla", action="store_true", help="with --check: leave the torch_xla notebooks out")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from tools.course import XLA_NOTEBOOKS, notebooks
+
+    if args.check:
+        wanted = [p for p in notebooks() if not (args.skip_xla and p.name in XLA_NOTEBOOKS)]
+        missing = [p.name for p in wanted if not is_cached(p)]
+        if missing:
+            raise SystemExit(f"the book holds no executed outputs for {', '.join(missing)}: not executed, or raised")
+        left_out = " (not those needing torch_xla)" if args.skip_xla else ""
+        print(f"the book executed all {len(wanted)} notebooks{left_out}")
+        return
 
     paths = [p.resolve() for p in args.notebooks] or [p for p in notebooks() if p.name in XLA_NOTEBOOKS]
     set_course_environment()

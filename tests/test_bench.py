@@ -62,7 +62,23 @@ def test_sampled_memory_counts_the_kernel_and_its_worker(tmp_path, capsys):
     assert row["peak_mb"] >= 2 * BLOCK_MB and row["pss_mb"] >= 2 * BLOCK_MB, row
     assert row["pss_mb"] <= row["peak_mb"] + 1
     assert "summed resident set of the kernel's process tree" in out
-    assert "99_hold.ipynb" in out and "tree RSS, sampled (PSS" in out
+    assert "| 99_hold.ipynb" in out and "tree RSS, sampled (PSS" in out
+    # CPU time: the kernel's and its worker's (each builds a 200 MB block), not the driver's waiting
+    assert 0 < row["cpu_s"] < row["wall_s"] + 5, row
+    assert f"total: 1 notebook(s), {row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s CPU" in out
+
+
+def test_summary_gives_the_median_against_its_budget_and_names_what_is_over():
+    def row(name, wall, peak=100.0, error=""):
+        return {"notebook": name, "wall_s": wall, "cpu_s": wall / 2, "peak_mb": peak, "error": error}
+
+    rows = [row("a", 2.0), row("b", 9.0), row("c", 16.0), row("d", 7.0, peak=2048.0), row("e", 1.0, error="Boom")]
+    text = bench.summary(rows)
+    assert "total: 5 notebook(s), 35.0 s wall, 17.5 s CPU, peak 2048 MB" in text
+    assert "median: 7.0 s wall, 3.5 s CPU (budget 8 s: ok)" in text
+    assert "over budget or failing: c, d, e" in text
+    assert [bench.status(r) for r in rows[2:]] == ["over budget: time", "over budget: memory", "ERROR Boom"]
+    assert "(budget 8 s: over)" in bench.summary(rows[1:3])
 
 
 class _FakeCgroup(bench.MemoryCgroup):

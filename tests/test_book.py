@@ -21,12 +21,17 @@ from tools.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, 
 REMOTE_RESOURCE = re.compile(r"<(?:script|img)\b[^>]*\bsrc=\"https?:|<link\b[^>]*\bhref=\"https?:", re.I)
 
 
+def run_sphinx(srcdir: Path, out: Path, *options: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Build HTML as ``make book`` does (-W: any warning fails)."""
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+           "-w", str(out / "warnings.txt"), *options, "-d", str(out / "doctrees"), str(srcdir), str(out / "html")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
 def sphinx_build(srcdir: Path, out: Path, *options: str, env: dict | None = None) -> Path:
-    """Build HTML as ``make book`` does (-W: any warning fails) and return the HTML folder."""
+    """Build HTML as ``make book`` does and return the HTML folder; fails on any warning."""
     html_dir, warnings = out / "html", out / "warnings.txt"
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-w", str(warnings), *options,
-           "-d", str(out / "doctrees"), str(srcdir), str(html_dir)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    result = run_sphinx(srcdir, out, *options, env=env)
     # Sphinx's warnings only: the kernels' own stderr (ipykernel, libtpu) goes to result.stderr too.
     assert result.returncode == 0 and not warnings.read_text(), warnings.read_text() or result.stderr[-5000:]
     return html_dir
@@ -109,15 +114,36 @@ def _tiny_notebook(path: Path, title: str, markdown: str, code: str) -> None:
                                 "nbformat": 4, "nbformat_minor": 5}))
 
 
-@pytest.mark.slow
-def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch):
-    # A repository in miniature: the book's docs/ (notebooks/ linked as in the repository), the
-    # course's utils and tools, and two notebooks that start like the course's, with its setup line.
+def _miniature(tmp_path: Path) -> Path:
+    """A repository in miniature: the book's docs/ (notebooks/ linked as in the repository), the course's utils
+    and tools, and an empty notebooks/."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "docs", repo / "docs", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     for folder in ("utils", "tools"):  # tools/course.py lists the notebooks the book holds
         shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "notebooks").mkdir()
+    return repo
+
+
+@pytest.mark.slow
+def test_a_cell_error_fails_the_book_and_the_check_names_the_notebook(tmp_path):
+    """CI's notebook check on one line is the book (``make book``): a raising cell must fail the build, and
+    ``execute_cached.py --check`` must then name the notebooks the book holds no outputs for."""
+    repo = _miniature(tmp_path)
+    _tiny_notebook(repo / "notebooks" / "00_a.ipynb", "00 · Fine", "Runs.", "print(6 * 7)")
+    _tiny_notebook(repo / "notebooks" / "01_b.ipynb", "01 · Fine too", "Runs.", "print(7 * 6)")
+    _tiny_notebook(repo / "notebooks" / "02_c.ipynb", "02 · Broken", "Raises.", "raise ValueError('cell error here')")
+    result = run_sphinx(repo / "docs", tmp_path / "out")
+    assert result.returncode != 0 and "02_c" in result.stdout + result.stderr, result.stderr[-3000:]
+    check = subprocess.run([sys.executable, str(repo / "docs" / "execute_cached.py"), "--check"], capture_output=True,
+                           text=True, timeout=120)
+    assert check.returncode != 0 and "02_c.ipynb" in check.stderr and "00_a.ipynb" not in check.stderr, check.stderr
+
+
+@pytest.mark.slow
+def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch):
+    # Two notebooks that start like the course's, with its setup line.
+    repo = _miniature(tmp_path)
     setup = "import sys\nfrom pathlib import Path\nsys.path.insert(0, str(Path.cwd().parent))\n"
     widget = "import ipywidgets\nfrom IPython.display import display\ndisplay(ipywidgets.IntSlider(3))\n"
     figure = "import jax\nfrom utils import draw_mesh\nprint(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))"

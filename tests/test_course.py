@@ -20,11 +20,17 @@ from tools.course import (
 )
 
 
-def test_urls_use_the_one_repository_constant():
-    assert colab_url("00_setup.ipynb") == (  # the addresses Colab and Binder answer, written out once
-        "https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/00_setup.ipynb")
+def test_urls_use_the_one_repository_constant(monkeypatch):
+    import tools.course
+
+    # The addresses' format as Colab and Binder answer it, for any repository and branch: the course's own
+    # address is written once, in tools.course.REPO, and not again here.
+    monkeypatch.setattr(tools.course, "REPO", "owner/name")
+    monkeypatch.setattr(tools.course, "BRANCH", "branch")
+    assert colab_url("00_setup.ipynb") == (
+        "https://colab.research.google.com/github/owner/name/blob/branch/notebooks/00_setup.ipynb")
     assert binder_url("00_setup.ipynb") == (
-        "https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/00_setup.ipynb")
+        "https://mybinder.org/v2/gh/owner/name/branch?urlpath=lab/tree/notebooks/00_setup.ipynb")
     badges = badges_markdown("00_setup.ipynb")
     assert colab_url("00_setup.ipynb") in badges and binder_url("00_setup.ipynb") in badges
 

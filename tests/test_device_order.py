@@ -1,11 +1,20 @@
-"""The notebooks and exercise checkers pass when ``jax.make_mesh`` orders devices as an 8-chip TPU host does.
+"""The notebooks pass on a TPU host's device order, and where libtpu cannot be installed.
 
-On a TPU v5e-8 or v6e-8 host ``jax.make_mesh`` lays the chips out as a ring, ``[0, 1, 2, 3, 7, 6, 5, 4]``
-for every mesh shape, where the CPU keeps id order. ``tests/tpu_device_order/sitecustomize.py`` gives the
-8 simulated CPU devices that order (in the process it starts in and in every process, notebook kernel
-included, started with the same environment). Every notebook then runs top to bottom under it and must
-pass: an expectation that types device ids instead of reading them off the mesh fails here. The exercise
-checkers meet the same order in ``tests/test_exercises.py`` (``test_checkers_follow_the_mesh_not_the_device_ids``).
+**Device order.** On a TPU v5e-8 or v6e-8 host ``jax.make_mesh`` lays the chips out as a ring,
+``[0, 1, 2, 3, 7, 6, 5, 4]`` for every mesh shape, where the CPU keeps id order.
+``tests/tpu_device_order/sitecustomize.py`` gives the 8 simulated CPU devices that order (in the process it
+starts in and in every process, notebook kernel included, started with the same environment). An expectation
+that types device ids instead of reading them off the mesh fails under it. The exercise checkers meet the same
+order in ``tests/test_exercises.py`` (``test_checkers_follow_the_mesh_not_the_device_ids``).
+
+**Without libtpu.** libtpu has wheels for Linux only. ``tests/no_libtpu/sitecustomize.py`` hides it from the
+kernel (and from what the kernel starts), so a notebook takes the path a learner on macOS takes: every
+notebook that asks ``tpu_compiler_available()`` runs top to bottom, prints the one-line reason, and shows no
+traceback and nothing from libtpu.
+
+**One pass for both** (``make test-slow``): each notebook runs once with both hooks
+(``tests/tpu_host_without_libtpu``). The hook permutes CPU devices only, and with libtpu hidden the TPU cells
+skip, so the two checks do not mask each other: the TPU cells themselves run with libtpu in ``make test``.
 """
 
 import json
@@ -23,15 +32,27 @@ from tools.course import needs_torch_xla, notebooks
 
 ROOT = Path(__file__).parent.parent
 HOOK = Path(__file__).parent / "tpu_device_order"
+HIDE = Path(__file__).parent / "no_libtpu"
+BOTH = Path(__file__).parent / "tpu_host_without_libtpu"
 V5E = [0, 1, 2, 3, 7, 6, 5, 4]  # jax.make_mesh on a TPU v5e-8 (and v6e-8) host, flat, whatever the shape
 SHAPES = {(8,): ("a",), (4, 2): ("a", "b"), (2, 4): ("a", "b"), (2, 2, 2): ("a", "b", "c")}
 WITH_MESHES = [p for p in notebooks() if "make_mesh(" in p.read_text() and not needs_torch_xla(p)]
+WITH_TPU_CELLS = [p for p in notebooks() if "tpu_compiler_available()" in p.read_text()]
+REASON = "no TPU compiler here: libtpu is not installed"
+SET_BY_UTILS_TPU = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_MIN_LOG_LEVEL")  # unset, as a fresh process starts
 
 
+def _env(hooks: Path = HOOK, order: str = "v5e") -> dict[str, str]:
+    """This process's environment with ``hooks`` first on PYTHONPATH (and libtpu's variables unset)."""
+    path = os.pathsep.join([str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])])
+    kept = {k: v for k, v in os.environ.items() if k not in SET_BY_UTILS_TPU}
+    return {**kept, "PYTHONPATH": path, "SPMD_COURSE_DEVICE_ORDER": order}
 
-def _env(order: str = "v5e") -> dict[str, str]:
-    path = os.pathsep.join([str(HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {**os.environ, "PYTHONPATH": path, "SPMD_COURSE_DEVICE_ORDER": order}
+
+def _run(code: str, env: dict[str, str]) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.splitlines()
 
 
 def _mesh_orders(order: str) -> dict[str, list[int]]:
@@ -42,10 +63,7 @@ def _mesh_orders(order: str) -> dict[str, list[int]]:
             "got['create_device_mesh (4, 2)'] = ids(mesh_utils.create_device_mesh((4, 2))); "
             "got['(2, 2): 4 devices, left alone'] = ids(jax.make_mesh((2, 2), ('a', 'b')).devices); "
             "print(json.dumps(got))")
-    out = subprocess.run([sys.executable, "-c", code], env=_env(order), capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.splitlines()[-1])
+    return json.loads(_run(code, _env(order=order))[-1])
 
 
 def test_the_hook_gives_every_8_device_mesh_the_v5e_order():
@@ -61,20 +79,44 @@ def test_the_v5e_order_is_what_libtpu_gives(tpu_devices):
         assert [d.id for d in real.devices.flat] == V5E, shape
 
 
-def test_the_notebooks_with_meshes_are_found():
+@pytest.mark.parametrize("hooks", [HIDE, BOTH], ids=["no_libtpu", "both"])
+def test_the_hiding_works_and_the_reason_is_one_line(hooks):
+    code = ("import importlib.util, jax; from utils.tpu import tpu_compiler_available; "
+            "print(importlib.util.find_spec('libtpu')); print(tpu_compiler_available()[1]); "
+            "print(jax.default_backend()); from utils.devices import setup_devices; setup_devices(8, quiet=True); "
+            "print([d.id for d in jax.make_mesh((8,), ('a',)).devices.flat])")
+    spec, reason, backend, order = _run(code, _env(hooks))[-4:]
+    assert spec == "None" and reason.startswith(REASON) and backend == "cpu"
+    assert order == str(V5E if hooks == BOTH else list(range(8)))  # both hooks in place, or only the hiding
+
+
+def test_the_notebooks_with_meshes_and_tpu_cells_are_found():
     assert {"01", "02", "16"} <= {p.name[:2] for p in WITH_MESHES}
+    assert {"04", "15"} <= {p.name[:2] for p in WITH_TPU_CELLS}
+
+
+PASS = sorted(set(WITH_MESHES) | set(WITH_TPU_CELLS))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", WITH_MESHES, ids=[p.name for p in WITH_MESHES])
-def test_notebook_passes_with_the_v5e_device_order(path, monkeypatch):
+@pytest.mark.parametrize("path", PASS, ids=[p.name for p in PASS])
+def test_notebook_passes_on_a_tpu_hosts_device_order_without_libtpu(path, monkeypatch):
     from nbclient import NotebookClient
 
-    for name, value in _env().items():
+    for name in SET_BY_UTILS_TPU:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in _env(BOTH).items():
         monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
     nb = nbformat.read(path, as_version=4)
     probe = "import jax\nprint('probe', [d.id for d in jax.make_mesh((8,), ('d',)).devices.flat])"
     nb.cells.append(nbformat.v4.new_code_cell(probe))  # proves the kernel ran with the v5e order
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    printed = "".join(o.get("text", "") for o in nb.cells[-1].get("outputs", []))
-    assert printed.strip() == f"probe {V5E}"
+    printed = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+               if o.get("output_type") == "stream"]
+    assert printed[-1].strip() == f"probe {V5E}"
+    reasons = [line for text in printed for line in text.splitlines() if REASON in line]
+    if path in WITH_TPU_CELLS:
+        assert reasons, "no cell said why the TPU side was skipped"
+    assert all(line.startswith(REASON) for line in reasons)
+    everything = "\n".join(printed)
+    assert "Traceback" not in everything and "libtpu.so" not in everything and "TPU_ACCELERATOR_TYPE" not in everything

@@ -150,23 +150,6 @@ def test_ruff_is_clean_on_notebooks_and_code():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-PROSE_WORDS_LIMIT = 2_100  # "about 2,000 words of prose" per notebook
-FENCED = re.compile(r"^```.*?^```", re.M | re.S)
-LINK_TARGET = re.compile(r"\]\([^)]*\)")
-
-
-def prose_words(path) -> int:
-    """Words in a notebook's markdown cells, without fenced code blocks or link targets (badges, URLs)."""
-    markdown = "\n".join(_text(c) for c in _cells(path) if c["cell_type"] == "markdown")
-    return len(LINK_TARGET.sub("]", FENCED.sub("", markdown)).split())
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_prose_is_about_two_thousand_words_at_most(path):
-    words = prose_words(path)
-    assert words <= PROSE_WORDS_LIMIT, f"{path.name}: {words} words of prose; cut to about 2,000"
-
-
 # The course teaches its subject; it never argues with the documents it grew from, which the learner never sees.
 SOURCE_MENTIONS = re.compile(
     r"\bthe seed\b|\bseed(?:'s)? (?:guide|document|text|snippet|table|claim|rule|code)|seeded (?:this|the) course"

@@ -6,27 +6,30 @@ programs ahead of time for a TPU v5e-8 (``v5e:2x4``) or, for notebook 14, a ``v5
 needed) and checks those facts on the TPU program; where a notebook asserts a fact on the CPU only because
 the TPU program differs, the test asserts the TPU's form. What it checks, and where each program comes from:
 
-- 01, 02, 05, 06, and the single-layer programs of 08, 09 and 13: small programs (a matmul, a constraint,
-  a ``shard_map``) written here at the notebook's shapes and layouts;
+- 01, 02, 05, 06, and the single-layer programs of 08 and 09: small programs (a matmul, a constraint,
+  a ``shard_map``) written here at the notebook's shapes and layouts (the notebooks write them inline,
+  not as a definition this file could read);
 - 07, 08, 09, 13: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
   own, read from its source by ``from_notebook`` (which follows 08's and 09's import of notebook 07's MLP
-  from ``notebooks/models.py``), the step is ``abstract_train_step`` below;
+  from ``notebooks/models.py``), the step is ``abstract_train_step`` below; 13's feed-forward block and its
+  gradient-accumulation steps are the notebook's too;
 - 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
   notebook's code (its model from ``notebooks/models.py``, the rest read from its source);
-- 12: the wide model, its layouts and steps, executed from the notebook's source (``notebook_12``);
-- 14: the notebook's source up to its compile loop, run in a subprocess for ``v5e:8x8``: the five layouts at
-  its size, three at a real width (its own TPU cell compiles one layout).
+- 12: the wide model, its layouts and steps, read from the notebook's source (``notebook_12``);
+- 14: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: the five layouts at its size, three at a
+  real width (its own TPU cell compiles one layout).
 
-Not checked here: 00, 03, 04, 10 and 15 to 19. Notebooks 04, 10 and 15 to 18 compile their TPU programs
-themselves and assert on them (so do 12, 13 and 14 for some of theirs); 19 is PyTorch/XLA. Skipped, with
-the reason, where libtpu is not installed.
+libtpu is loaded by the ``chips``/``tpu_pod`` fixtures, when a test first needs it, not at collection.
+The largest compiles (over a minute each on 2 cores) are marked ``slow`` (``make test-slow``): they run on
+both lines in CI, since each line has its own libtpu. Not checked here: 00, 03, 04, 10 and 15 to 19.
+Notebooks 04, 10 and 15 to 18 compile their TPU programs themselves and assert on them (so do 12, 13 and
+14 for some of theirs); 19 is PyTorch/XLA. Skipped, with the reason, where libtpu is not installed.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import json
 import os
 import re
 import subprocess
@@ -35,33 +38,26 @@ from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from flax import nnx
+from flax.linen import logical_to_mesh_axes
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from utils.tpu import tpu_compiler_available
+from utils import collectives, compile_with_log, memory_per_device, memory_spaces, quiet
 
 REPO = Path(__file__).resolve().parents[1]
-TPU_OK, TPU_WHY = tpu_compiler_available()
-pytestmark = pytest.mark.skipif(not TPU_OK, reason=TPU_WHY)
-
-if TPU_OK:
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from flax import nnx
-    from flax.linen import logical_to_mesh_axes
-    from jax.experimental import topologies
-    from jax.sharding import AxisType, Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from utils import collectives, compile_with_log, memory_per_device, memory_spaces, quiet
 
 
 @pytest.fixture(scope="module")
-def chips():
-    """The 8 chips of a TPU v5e-8, in the order the topology lists them."""
-    with quiet():
-        return list(topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices)
+def chips(tpu_devices):
+    """The 8 chips of a TPU v5e-8, in the order the topology lists them (libtpu is loaded here, when a test first
+    asks for them, not when pytest collects this file; skips with the reason where libtpu is missing)."""
+    return list(tpu_devices)
 
 
 def tpu_mesh(chips, shape, names, order=None, axis_type=None):
@@ -319,7 +315,7 @@ print("warned:", "Involuntary full rematerialization" in compile_with_log(direct
 """
 
 
-def test_05_libtpu_prints_the_rematerialization_warning_when_asked():
+def test_05_libtpu_prints_the_rematerialization_warning_when_asked(tpu_devices):
     # Notebook 05's prose: libtpu logs the warning too, but shows it on stderr only with TPU_STDERR_LOG_LEVEL=1.
     env = {**os.environ, "TPU_STDERR_LOG_LEVEL": "1", "JAX_PLATFORMS": "cpu"}
     run = subprocess.run([sys.executable, "-c", REMATERIALIZING_ON_TPU], env=env, capture_output=True, text=True,
@@ -598,6 +594,7 @@ def test_11_two_d_activations_over_model_gradients_over_data(transformer):
     assert grad_bytes <= sum(op.result_bytes for op in over_data) <= grad_bytes + 16
 
 
+@pytest.mark.slow
 def test_11_fsdp_gathers_weights_and_needs_the_activation_constraint(transformer):
     nb, setups, steps = transformer
     assert "all-gather" in collectives(steps["FSDP"]).kinds
@@ -636,13 +633,9 @@ def test_11_rules_are_read_while_tracing(chips):
 
 @functools.cache
 def notebook_12():
-    """Notebook 12's model, layouts and steps: its cells from `D, H = ...` to `def abstract`, executed here."""
-    source = (REPO / "notebooks" / "12_training_memory.py").read_text()
-    start = source.index("D, H = 128, 512")
-    end = source.index("# %% [markdown]", source.index("def abstract("))
-    names = {"jax": jax, "jnp": jnp, "np": np, "nnx": nnx, "optax": optax, "NamedSharding": NamedSharding, "P": P}
-    exec(compile(source[start:end], "12_training_memory.py", "exec"), names)  # definitions only
-    return type("Notebook12", (), names)
+    """Notebook 12's wide model, its layouts and steps: the notebook's own definitions (``from_notebook``)."""
+    return from_notebook("12", "D", "WIDE", "TOKENS", "Block", "Stack", "create", "loss_fn", "param_grad", "ZERO",
+                         "layout", "pin", "make_step", "create_sharded", "abstract")
 
 
 @pytest.fixture(scope="module")
@@ -651,8 +644,15 @@ def zero_mesh(chips):
 
 
 def compile_wide(mesh, stage="ZeRO-3", layers=2, donate=True, grad=None, **options):
-    """The notebook's wide step for ``mesh``, at the least compiler effort, as the notebook compiles it."""
-    nb = notebook_12()
+    """The notebook's wide step for ``mesh``, at the least compiler effort, as the notebook compiles it. Compiled
+    once per distinct program: the default ZeRO-3 step serves four tests (donation, the scan's gathers, the nnx
+    gradient, the ZeRO stages)."""
+    return _compile_wide(mesh, stage, layers, donate, grad, tuple(sorted(options.items())))
+
+
+@functools.cache
+def _compile_wide(mesh, stage, layers, donate, grad, options):
+    nb, options = notebook_12(), dict(options)
     data = struct((nb.TOKENS, nb.WIDE["width"]), mesh, P("data"))
     lowered = nb.make_step(stage, mesh, donate, grad or nb.param_grad).lower(
         *nb.abstract(stage, mesh, layers=layers, **nb.WIDE, **options), data, data)
@@ -745,70 +745,34 @@ def test_12_zero_stages_need_less_hbm_at_each_stage(zero_mesh):
 
 
 def test_13_tensor_parallel_block_all_reduces_the_residual_stream(chips):
-    mesh = tpu_mesh(chips, (8,), ("model",))
+    mesh, nb = tpu_mesh(chips, (8,), ("model",)), from_notebook("13", "block", "param_specs")
     b, s, d, f = 4, 128, 64, 256
-
-    def block(params, x):  # notebook 13's block with the activations between the regions replicated
-        def pin(a, spec):
-            return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
-
-        x = pin(x, P())
-        normed = pin(jax.nn.standardize(x, axis=-1) * params["scale"], P())
-        hidden = pin(jax.nn.gelu(normed @ params["up"]), P(None, None, "model"))
-        return pin(x + hidden @ params["down"], P()), normed
-
-    params = {"scale": struct((d,), mesh, P()), "up": struct((d, f), mesh, P(None, "model")),
-              "down": struct((f, d), mesh, P("model", None))}
-    compiled = compile_tpu(block, params, struct((b, s, d), mesh, P()))
+    shapes = {"scale": (d,), "up": (d, f), "down": (f, d)}
+    params = {name: struct(shape, mesh, nb.param_specs[name]) for name, shape in shapes.items()}
+    # the notebook's block with the activations between the regions replicated (its TP layout)
+    compiled = compile_tpu(partial(nb.block, between=P(), mesh=mesh), params, struct((b, s, d), mesh, P()))
     # notebook 13 shows the TPU's kinds, and the sequence-parallel block's shapes; these are the TP shapes
     assert [(kind, shapes) for kind, shapes, _ in summary(compiled)] == [("all-reduce", ((b, s, d),))]
 
 
-def test_13_micro_batch_splits_in_hbm_at_a_real_size(chips):
-    """Notebook 13 section 2 at its TPU size (MLP 2048 -> 16384 -> 2048, 32,768 examples): in HBM, not VMEM,
-    strided micro-batches need less than the whole batch, and consecutive ones more (the notebook compiles
-    only the first two for TPU, to keep within its time budget)."""
-    mesh = tpu_mesh(chips, (8,), ("data",))
-    n, micro, sizes = 32768, 8, (2048, 16384, 2048)
-
-    mlp = from_notebook("13", "MLP").MLP  # with sizes=: the notebook's own wide copy
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: mlp(nnx.Rngs(0), sizes)))
-    tx = optax.sgd(0.1)
-
-    def loss_fn(params, x, y):
-        return optax.softmax_cross_entropy(nnx.merge(graphdef, params)(x), jax.nn.one_hot(y, sizes[2])).mean()
-
-    def big_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def accumulating_step(params, opt_state, x, y, *, split):
-        def one(total, batch):
-            loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
-            return jax.tree.map(jnp.add, total, grads), loss
-
-        total, losses = jax.lax.scan(one, jax.tree.map(jnp.zeros_like, params), (split(x), split(y)))
-        updates, opt_state = tx.update(jax.tree.map(lambda g: g / micro, total), opt_state)
-        return optax.apply_updates(params, updates), opt_state, losses.mean()
-
-    def strided(a):
-        return a.reshape(-1, micro, *a.shape[1:]).swapaxes(0, 1)
-
-    def consecutive(a):
-        return a.reshape(micro, -1, *a.shape[1:])
-
-    state = jax.tree.map(lambda a: struct(a.shape, mesh, P(), a.dtype), (params, jax.eval_shape(tx.init, params)))
+@pytest.mark.slow
+def test_13_consecutive_micro_batches_need_more_hbm_than_the_whole_batch(chips):
+    """Notebook 13 section 2 at its TPU size (MLP 2048 -> 16384 -> 2048, 32,768 examples), with the notebook's
+    own steps: in HBM, consecutive micro-batches need more than the whole batch. (The notebook compiles the
+    whole batch and the strided split for TPU and asserts that strided needs less; it leaves consecutive out
+    to keep within its time budget, so this one compiles only the whole batch and consecutive.)"""
+    nb = from_notebook("13", "MLP", "cross_entropy", "N", "tx", "make_steps", "consecutive")
+    mesh, n, sizes = tpu_mesh(chips, (8,), ("data",)), 32768, (2048, 16384, 2048)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: nb.MLP(nnx.Rngs(0), sizes)))
+    big_step, accumulating_step = nb.make_steps(graphdef)
+    state = jax.tree.map(lambda a: struct(a.shape, mesh, P(), a.dtype), (params, jax.eval_shape(nb.tx.init, params)))
     batch = (struct((n, sizes[0]), mesh, P("data")), struct((n,), mesh, P("data"), jnp.int32))
     hbm = {}
-    for name, step in (("whole", big_step), ("strided", partial(accumulating_step, split=strided)),
-                       ("consecutive", partial(accumulating_step, split=consecutive))):
+    for name, step in (("whole", big_step), ("consecutive", partial(accumulating_step, split=nb.consecutive))):
         with quiet():
-            lowered = jax.jit(step, donate_argnums=(0, 1)).lower(*state, *batch)
-            spaces = memory_spaces(lowered)
-        hbm[name] = spaces["default"]
+            hbm[name] = memory_spaces(jax.jit(step, donate_argnums=(0, 1)).lower(*state, *batch))["default"]
     hidden = n // 8 * sizes[1] * 4  # one chip's hidden activation for its whole share of the batch
-    assert hbm["strided"] < hbm["whole"] - hidden // 4 < hbm["whole"] < hbm["consecutive"]
+    assert hbm["consecutive"] > hbm["whole"] > hidden
 
 
 def test_13_explicit_mesh_train_step_talks_along_rows_and_columns(chips):
@@ -849,60 +813,50 @@ def test_13_expert_context_and_pipeline_collectives(chips):
 
 # --- 14 choosing a mesh shape --------------------------------------------------------------------------
 
-LAYOUTS_ON_V5E_8X8 = """
-import json, sys
-import jax
-source = open(sys.argv[1]).read()
-sizes, names = json.loads(sys.argv[2]), json.loads(sys.argv[3])
-head = source[:source.index("compiled, states = {}")]
-toy = "D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF, VOCAB, SEQ, BATCH = 512, 1, 8, 2048, 512, 32, 64"
-assert toy in head
-if sizes:  # a real width instead of the notebook's toy one (its parameter count assert no longer applies)
-    head = head.replace(toy, "D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF, VOCAB, SEQ, BATCH = " + ", ".join(map(str, sizes)))
-    head = head.replace("assert n_params == n_split + n_embed_only == 3_689_472", "")
-    jax.config.update("jax_optimization_level", "O0")  # minutes at the default effort for 64 chips
-exec(head)
-exec(source[source.index("def state_bytes"):source.index("memory = {name")])
-with quiet():
-    topo = topologies.get_topology_desc(topology_name="v5e:8x8", platform="tpu")
-out = {}
-for name in names:
-    shape, rules = LAYOUTS[name]
-    with quiet():
-        program, state = compile_for(shape, rules, devices=topo.devices)
-    out[name] = [memory_per_device(program).footprint, state_bytes(state)]
-    del program
-print("RESULT", json.dumps(out))
-"""
+def _layouts_on_v5e_8x8(tpu_pod, names, sizes=None):
+    """Notebook 14's layouts, its own ``compile_for``, compiled for v5e:8x8: {name: (HBM per chip, state bytes per
+    chip)}. ``sizes``: a real width instead of the notebook's toy one (D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF,
+    VOCAB, SEQ, BATCH), compiled at the least effort (minutes at the default for 64 chips)."""
+    from notebooks.models import MyTransformer
+
+    size_names = ("D_MODEL", "NUM_LAYERS", "NUM_HEADS", "D_FF", "VOCAB", "SEQ", "BATCH")
+    given = {"MyTransformer": MyTransformer, **dict(zip(size_names, sizes or (), strict=False))}
+    nb = from_notebook("14", *(() if sizes else ("D_MODEL",)), "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS",
+                       "FAST_COMPILE", "make_step", "compile_for", "state_bytes", given=given)
+    if sizes:
+        jax.config.update("jax_optimization_level", "O0")
+    found = {}
+    try:
+        for name in names:
+            shape, rules = nb.LAYOUTS[name]
+            with quiet():
+                program, state = nb.compile_for(shape, rules, devices=tpu_pod)
+            found[name] = (memory_per_device(program).footprint, nb.state_bytes(state))
+            del program
+    finally:
+        jax.config.update("jax_optimization_level", "UNKNOWN")
+    return found
 
 
-def _layouts_on_v5e_8x8(sizes, names):
-    """Notebook 14's layouts compiled for v5e:8x8: {name: (HBM per chip, state bytes per chip)}."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0"}
-    run = subprocess.run([sys.executable, "-c", LAYOUTS_ON_V5E_8X8, "notebooks/14_mesh_shape.py", json.dumps(sizes),
-                          json.dumps(names)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    line = next((line for line in run.stdout.splitlines() if line.startswith("RESULT ")), None)
-    assert line, run.stdout[-2000:] + run.stderr[-2000:]
-    return json.loads(line[len("RESULT "):])
-
-
-def test_14_five_layouts_in_tpu_hbm_at_the_notebooks_size():
+@pytest.mark.slow
+def test_14_five_layouts_in_tpu_hbm_at_the_notebooks_size(tpu_pod):
     """At the notebook's toy size, in HBM: data parallelism needs the most, FSDP less than 1/8 of it.
 
     Between the model-parallel layouts the toy size says little (much of it sits in VMEM): see below."""
-    found = _layouts_on_v5e_8x8([], ["data", "2-D", "tensor", "FSDP", "FSDP x TP"])
+    found = _layouts_on_v5e_8x8(tpu_pod, ["data", "2-D", "tensor", "FSDP", "FSDP x TP"])
     hbm = {name: footprint for name, (footprint, _) in found.items()}
     state = {name: held for name, (_, held) in found.items()}
     assert max(hbm, key=hbm.get) == "data" and min(state, key=state.get) == "FSDP"
     assert 8 * hbm["FSDP"] < hbm["data"]
 
 
-def test_14_model_parallel_layouts_in_tpu_hbm_at_a_real_width():
+@pytest.mark.slow
+def test_14_model_parallel_layouts_in_tpu_hbm_at_a_real_width(tpu_pod):
     """d_model 4096, d_ff 16384, 32 heads, 32,768 tokens of vocabulary, 64 sequences of 512 (472 million
     parameters): in TPU HBM, tensor parallelism needs more than 2-D and FSDP x TP the least, the order
     notebook 14 reads from the CPU compiler at its toy size. (Pure data parallelism and FSDP take longer
     to compile at this width and are left out.)"""
-    found = _layouts_on_v5e_8x8([4096, 1, 32, 16384, 32768, 512, 64], ["2-D", "tensor", "FSDP x TP"])
+    found = _layouts_on_v5e_8x8(tpu_pod, ["2-D", "tensor", "FSDP x TP"], sizes=(4096, 1, 32, 16384, 32768, 512, 64))
     hbm = {name: footprint for name, (footprint, _) in found.items()}
     assert hbm["tensor"] > hbm["2-D"] > hbm["FSDP x TP"] > 512 * 2**20  # well above the chip's 128 MiB of VMEM
 

@@ -2,7 +2,8 @@
 
 Put this folder first on ``PYTHONPATH``: Python imports ``sitecustomize`` at start-up, and from then on
 ``importlib.util.find_spec("libtpu")`` is ``None`` and ``import libtpu`` fails, in that process and in
-every Python process it starts with the same environment. Used by ``tests/test_without_libtpu.py``.
+every Python process it starts with the same environment. Used by ``tests/test_device_order.py``
+(through ``tests/tpu_host_without_libtpu``).
 """
 
 import sys
