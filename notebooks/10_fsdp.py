@@ -432,7 +432,8 @@ else:
 # notebook may take, so the cell asks for the least effort, `O0`, and every figure it prints is an O0
 # figure. The two efforts report different memory: at O0 the TPU compiler puts nothing in the on-chip
 # VMEM, and its programs can need more HBM than the default effort's. The table after the cell gives
-# the default effort's figures, which are what you will see. `footprint` is each chip's HBM:
+# the default effort's figures, which are what you will see. `footprint` is each chip's HBM (jax 0.10.2
+# does not report it, so there it is an estimate: arguments + outputs + temporaries - aliased):
 
 # %%
 class WideMLP(MLP):  # the same two layers, wider
@@ -508,7 +509,7 @@ if ok:
 # At the default effort, the one your runs use, the same programs need (compiled by the course's
 # tests, `tests/test_10_fsdp_default_effort.py`, which read this notebook's `compile_wide`):
 #
-# | TPU v5e, default effort | state | temporaries | HBM |
+# | TPU v5e, default effort (jax 0.12, libtpu 0.0.50.1) | state | temporaries | HBM |
 # |---|---|---|---|
 # | FSDP, 2 chips | 384.1 MiB | 1.3 GiB | 1.5 GiB |
 # | FSDP, 8 chips | 96.0 MiB | 723.8 MiB | 634.0 MiB |

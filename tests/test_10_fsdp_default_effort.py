@@ -44,6 +44,8 @@ def test_the_default_effort_keeps_the_notebooks_comparisons(default_effort):
 
 def test_the_default_effort_figures_in_the_notebooks_table(default_effort):
     _, memory = default_effort
+    if any(mem.allocated is None for mem in memory.values()):  # jax 0.10.2: footprint is the estimated sum
+        pytest.skip("the table holds the figures of jax 0.12 with libtpu 0.0.50.1, which reports the HBM allocated")
     table = {  # (state, temporaries, HBM) in MiB, as notebook 10's table prints them
         ("FSDP", 2): (384.1, 1.3 * 1024, 1.5 * 1024),
         ("FSDP", 8): (96.0, 723.8, 634.0),
