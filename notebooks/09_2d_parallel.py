@@ -85,9 +85,9 @@ print(mesh)
 draw_mesh(mesh)
 
 # %% [markdown]
-# Down a column (`data`, 4 devices) the devices will hold different examples; across a row (`model`,
+# Down a column (`data`, 4 devices) the devices will hold different examples, and across a row (`model`,
 # 2 devices) they will hold different halves of each weight matrix. The 2 devices of the first row share
-# examples 0 to 15; the 4 devices of a column (0, 2, 4, 6 on CPU) share the same half of every kernel.
+# examples 0 to 15, and the 4 devices of a column (0, 2, 4, 6 on CPU) share the same half of every kernel.
 #
 # The model, data and train step are notebook 07's, imported from `notebooks/models.py`: an MLP
 # `64 -> 256 -> 10` from `nnx.Rngs(0)`, a batch of 64 labelled by a fixed random teacher, cross-entropy
@@ -99,7 +99,7 @@ from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data 
 # %% [markdown]
 # One thing changes inside the MLP: the hidden activation is pinned to `P('data', 'model')`, rows
 # (examples) on `data`, hidden units on `model`. `jax.lax.with_sharding_constraint` with a bare `P`
-# reads the mesh from `jax.set_mesh`; everything else is inherited from `MLP`, so both build identical
+# reads the mesh from `jax.set_mesh`. Everything else is inherited from `MLP`, so both build identical
 # parameters from `nnx.Rngs(0)`.
 
 # %%
@@ -111,7 +111,7 @@ class MLP2D(MLP):
         return self.linear2(self.hidden(x))
 
 # %% [markdown]
-# The parameters get the column/row pairing of notebook 08, now on a 2-device `model` axis; the batch is
+# The parameters get the column/row pairing of notebook 08, now on a 2-device `model` axis, and the batch is
 # split on `data`. Neither spec mentions the other axis, so the weights are replicated down `data` and
 # the batch is replicated across `model`:
 
@@ -221,9 +221,9 @@ assert_close(matmul(a_in, w_col), x @ w)
 # | 3 | both operands, on the same axis | local partial sums, then **all-reduce** (or reduce-scatter) |
 # | 4 | neither, but `i` and `j` on the same axis | all-gather one operand: no output is sharded twice on one axis |
 #
-# The input `f32[64@data,64@model]` is sharded on `k` over `model`; the weight `f32[64,256@model]` is not
+# The input `f32[64@data,64@model]` is sharded on `k` over `model`, but the weight `f32[64,256@model]` is not
 # (its `model` axis is on the output dimension `j`). That is **case 2**. Each device holds only 32 of the
-# 64 input features of its 16 examples; the other 32 sit on its neighbour in the same mesh row, so the
+# 64 input features of its 16 examples, and the other 32 sit on its neighbour in the same mesh row, so the
 # 2 devices of each row exchange their halves. After that it is case 1, and the output comes out
 # `P('data', 'model')` with no further communication.
 #
@@ -370,10 +370,11 @@ assert_close(dw1, full_dw1["linear1"]["kernel"][...])  # the summed products are
 # - **Along `data` (groups of 4):** data parallelism's gradient all-reduce, but only for the half of
 #   the parameters this device holds, among 4 devices instead of 8.
 #
-# Each axis carries less than the 1-D strategy it comes from; in this small example the total of their
+# Each axis carries less than the 1-D strategy it comes from. In this small example the total of their
 # results lands between the two. The real gain is on big machines, whose mesh is laid out so that the
 # chatty `model` axis stays inside a node, on the fastest links, and only the once-per-step gradient
-# traffic crosses nodes (notebook 18 builds such a mesh; simulated devices have no nodes).
+# traffic crosses nodes. Simulated devices have no nodes to show this, and notebook 18 builds such a
+# mesh.
 #
 # Per device, the step's arguments are the parameters, Adam's two moments (laid out like the
 # parameters), two 4-byte counters and this device's quarter of the batch:
@@ -432,14 +433,14 @@ print("every parameter still has its 2-D layout")
 # %% [markdown]
 # ## Takeaways
 # - A 2-D mesh combines the strategies by axis: the batch on `data` (`P('data', None)`), the weights on
-#   `model` with the column/row pairing; each device holds a quarter of the batch and half of each kernel.
-# - `jax.lax.with_sharding_constraint(h, P('data', 'model'))` pins an activation to both axes; under
+#   `model` with the column/row pairing. Each device holds a quarter of the batch and half of each kernel.
+# - `jax.lax.with_sharding_constraint(h, P('data', 'model'))` pins an activation to both axes, and under
 #   `jax.set_mesh` a bare `P` is enough.
 # - In the compiled step each collective runs along one axis, visible as its group size: the activation
 #   all-reduce in groups of 2 (`model`), the gradient all-reduce in groups of 4 (`data`), each carrying
 #   less than in the 1-D strategy it comes from.
 # - `P('data', 'model') @ P(None, 'model')` needs an **all-gather** of the input (case 2), not an
-#   all-reduce; an all-reduce appears when both operands are sharded on the contracting dimension (case 3).
+#   all-reduce. An all-reduce appears when both operands are sharded on the contracting dimension (case 3).
 # - Sharding changes where numbers live, not what they are: one device, data parallel and 2-D give the
 #   same losses.
 
