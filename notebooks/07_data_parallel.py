@@ -11,9 +11,10 @@
 # (collectives in a compiled program) and 05 (Auto and Explicit axes); `jax.jit`, `jax.grad`, `jax.vmap`,
 # Flax `nnx.Module` and Optax.
 #
+# Data parallelism gives every device the whole model and its own slice of the batch.
+#
 # **You will learn**
-# - how `P('data')` on the batch and `P()` on the parameters give data parallelism (every device holds
-#   the whole model and its own slice of the batch), and how to read
+# - how `P('data')` on the batch and `P()` on the parameters give data parallelism, and how to read
 #   the global batch versus the per-device batch from shard shapes;
 # - why the gradient needs an **all-reduce**, and that its size is the size of the parameters, whatever
 #   the batch or the device count;

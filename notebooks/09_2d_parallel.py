@@ -12,9 +12,10 @@
 # step) and 08 (column- and row-parallel layers); `jax.make_mesh`, `NamedSharding`, `jax.jit`,
 # `jax.lax.with_sharding_constraint`, and `collectives` to read a compiled program.
 #
+# A 2-D mesh keeps each kind of traffic on its own, smaller axis: 8 devices as a `(4, 2)` grid, the
+# batch split 4 ways on `data` and every weight matrix 2 ways on `model`.
+#
 # **You will learn**
-# - how a 2-D mesh combines the two: 8 devices as a `(4, 2)` grid, the batch split 4 ways on `data` and
-#   every weight matrix 2 ways on `model`, so each kind of traffic stays on its own, smaller axis;
 # - how to combine `P('data', None)` for the batch with the column/row weight pairing of notebook 08;
 # - how to pin the hidden activation to `P('data', 'model')` with `jax.lax.with_sharding_constraint`;
 # - how to tell from a compiled program which mesh axis a collective runs over (its group size);

@@ -10,9 +10,10 @@
 # and its train step) and 09 (group sizes name mesh axes); `jax.tree_util.tree_map_with_path`,
 # `nnx.eval_shape`, `jax.lax.with_sharding_constraint` and `memory_analysis()`.
 #
+# FSDP splits the large parameters and their Adam moments across the data-parallel devices, and gathers
+# each weight whole just before it is used.
+#
 # **You will learn**
-# - how FSDP splits the large parameters and their Adam moments across the data-parallel devices and
-#   gathers each weight whole just before it is used;
 # - how to write the FSDP rule as `(path, leaf) -> NamedSharding`, and plan a layout on abstract state
 #   before any array exists;
 # - how to create a model and its optimizer already sharded, so that no device ever holds the whole model;
