@@ -11,9 +11,11 @@
 # collectives in a compiled program) and 05 (Auto and Explicit axes, `out_sharding=`); `jax.jit`,
 # `jax.grad`, `nnx.jit` and `nnx.Optimizer`.
 #
+# Tensor parallelism does exactly that, on a mesh axis called `model`, while every device keeps the
+# whole batch: the opposite of data parallelism.
+#
 # **You will learn**
-# - what `P(None, 'model')` does to a weight matrix, on a mesh axis called `model` that splits the weights
-#   while every device keeps the whole batch (the opposite of data parallelism);
+# - what `P(None, 'model')` does to a weight matrix;
 # - the column-parallel then row-parallel pairing, `P(None, 'model')` then `P('model', None)`, and the
 #   one all-reduce per block it needs in the forward pass;
 # - why "shard every kernel on its output dimension" fails, and what it costs where it runs;
@@ -49,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, assert_close, collectives, draw_schedule, draw_sharding, draw_shardings,
@@ -351,6 +353,27 @@ for tokens_per_step in (64, 512):
 for tokens_per_step, (tp, dp) in traffic.items():
     assert tp.kinds == {"all-reduce"} and [op.shapes for op in tp.ops] == [((tokens_per_step, 64),)] * 2
     assert dp.kinds == {"all-reduce"} and dp.result_bytes == ff_param_bytes  # the gradients, whatever the tokens
+
+# %% [markdown]
+# The second all-reduce in the course's types. The input's gradient is `dx = dh · w1ᵀ`, where `dh` is
+# the gradient at the hidden layer, split over `model` like `h`. The contracting dimension, the 256
+# hidden units, is split in both operands, so each device holds a partial sum: case 3 of the four,
+# read here from an Explicit twin of the mesh.
+
+# %%
+dh = jax.random.normal(jax.random.key(2), (64, 256))  # a gradient at the hidden layer
+with jax.set_mesh(explicit):
+    dh_e, w1_e = (jax.device_put(a, NamedSharding(explicit, P(None, "model"))) for a in (dh, ff_tp.linear1.kernel[...]))
+    dx_pending = jnp.einsum("th,ih->ti", dh_e, w1_e, out_sharding=P(None, None, unreduced={"model"}))
+    sum_over_model = jax.jit(lambda g: reshard(g, P()))
+    dx = sum_over_model(dx_pending)
+    (dx_sum,) = collectives(sum_over_model.lower(dx_pending).compile()).ops
+backward_chain = (f"dx = dh · w1ᵀ: {type_string(dh_e)} · {type_string(w1_e)}ᵀ → "
+                  f"{jax.typeof(dx_pending).str_short(short_dtypes=True)} → {dx_sum.kind}(model) → {type_string(dx)}")
+print(backward_chain)
+assert backward_chain == ("dx = dh · w1ᵀ: f32[64,256@model] · f32[64,256@model]ᵀ → f32[64,64]{U:model} → "
+                          "all-reduce(model) → f32[64,64]")
+assert_close(dx, dh @ ff_tp.linear1.kernel[...].T)
 
 # %% [markdown]
 # Tensor parallelism all-reduces two `(tokens, 64)` arrays per block, the output in the forward pass
