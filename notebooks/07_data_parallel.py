@@ -266,13 +266,18 @@ assert not np.allclose(k_one[0], k_full, atol=1e-3)  # one device's gradient alo
 # on an Explicit mesh, `out_sharding=P(None, None, unreduced={'data'})` keeps the 8 products apart as a
 # pending sum, and `reshard` to `P()` adds them, the all-reduce that section 4 finds in the compiled step:
 
+# %% tags=["save"]
+def first_layer_gradient(model, x, y):
+    """dh: the gradient of the course's loss at the MLP's first layer output (before the ReLU), on one device.
+    Notebooks 09 and 10 read their pending-sum types from it too."""
+
+    def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
+        return optax.softmax_cross_entropy_with_integer_labels(model.linear2(jax.nn.relu(h)), y).mean()
+
+    return jax.grad(loss_after_w1)(model.linear1(x))
+
 # %%
-def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
-    return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, params).linear2(jax.nn.relu(h)), y).mean()
-
-
-w1, b1 = params["linear1"]["kernel"][...], params["linear1"]["bias"][...]
-dh = jax.grad(loss_after_w1)(x @ w1 + b1)  # the gradient at the first layer's output, on one device
+dh = first_layer_gradient(nnx.merge(graphdef, params), x, y)  # the gradient at the first layer's output
 
 explicit = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
 with jax.set_mesh(explicit):

@@ -342,14 +342,10 @@ assert chain == ["f32[64@data,64]", "f32[64,256@model]", "f32[64@data,256@model]
 # apart, and `reshard` adds them up:
 
 # %%
+from notebooks.models import first_layer_gradient  # notebook 07's
+
 fresh = MLP(nnx.Rngs(0))  # the initial parameters, on one device
-
-
-def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
-    return optax.softmax_cross_entropy_with_integer_labels(fresh.linear2(jax.nn.relu(h)), y).mean()
-
-
-dh = jax.grad(loss_after_w1)(fresh.linear1(x))  # the gradient at the first layer's output
+dh = first_layer_gradient(fresh, x, y)  # the gradient at the first layer's output
 full_dw1 = nnx.grad(lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean())(fresh)
 with jax.set_mesh(explicit_mesh):
     x_rows = jax.device_put(x, NamedSharding(explicit_mesh, P("data", None)))

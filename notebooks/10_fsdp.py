@@ -323,14 +323,10 @@ assert chain == ["f32[64@fsdp,256]", "f32[64@fsdp,64]", "f32[64@fsdp,256]"]
 # the kernel's own layout, `P('fsdp', None)`, adds them up and keeps each device's block:
 
 # %%
+from notebooks.models import first_layer_gradient  # notebook 07's
+
 fresh = MLP(nnx.Rngs(0))  # the initial parameters, on one device
-
-
-def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
-    return optax.softmax_cross_entropy_with_integer_labels(fresh.linear2(jax.nn.relu(h)), y).mean()
-
-
-dh = jax.grad(loss_after_w1)(fresh.linear1(x))  # the gradient at the first layer's output
+dh = first_layer_gradient(fresh, x, y)  # the gradient at the first layer's output
 full_grads = nnx.grad(lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean())(fresh)
 explicit = jax.make_mesh((8,), ("fsdp",), axis_types=(AxisType.Explicit,))
 with jax.set_mesh(explicit):
