@@ -17,6 +17,8 @@ _STATE = {
     "w_odd": (10, 250),  # large; no dimension divides by 8 -> replicate
     "w_out": (256, 10),  # large; only dimension 0 divides by 8 (the course's linear2/kernel)
     "w_24": (24, 100),  # large; dimension 0 divides by 8 but not by 16
+    "w_12": (12, 100),  # large; both dimensions divide by 4, neither by 8 -> replicate
+    "mid": (1032,),  # large, just above 1,024 (and below 1,500): split
     "big_vec": (2048,),  # large 1-D
     "scale": (1024,),  # exactly 1,024 elements: not more than 1,024 -> replicate
     "bias": (256,),  # small
@@ -98,6 +100,13 @@ fsdp_rule = Exercise(
         # divisible by 16 instead of by the 8 devices: replicates (24, 100)
         lambda path, leaf: next((PartitionSpec(*[None] * d, "fsdp") for d, n in enumerate(leaf.shape) if n % 16 == 0),
                                 PartitionSpec()) if leaf.size > 1024 else PartitionSpec(),
+        # divisible by 4 instead of by the 8 devices: splits (12, 100), which 8 devices cannot divide evenly
+        lambda path, leaf: next((PartitionSpec(*[None] * d, "fsdp") for d, n in enumerate(leaf.shape) if n % 4 == 0),
+                                PartitionSpec()) if leaf.size > 1024 else PartitionSpec(),
+        # a threshold of 1,500 elements instead of 1,024: replicates (1032,)
+        lambda path, leaf: _solution_fsdp_spec(path, leaf) if leaf.size > 1500 else PartitionSpec(),
+        # a threshold of 2,000 elements: replicates (1032,)
+        lambda path, leaf: _solution_fsdp_spec(path, leaf) if leaf.size > 2000 else PartitionSpec(),
         # a function that fails: rejected with its error, not a crash
         lambda path, leaf: PartitionSpec("fsdp") if leaf.shape[0] % 8 == 0 else PartitionSpec(),
     ),

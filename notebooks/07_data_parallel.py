@@ -11,10 +11,7 @@
 # (collectives in a compiled program) and 05 (Auto and Explicit axes); `jax.jit`, `jax.grad`, `jax.vmap`,
 # Flax `nnx.Module` and Optax.
 #
-# Data parallelism gives every device the whole model and its own slice of the batch. In this notebook
-# you place a small Flax NNX model that way on 8 devices, find the one collective the compiler adds to
-# the train step, read its size from the compiled program, donate the model's buffers to the step, and
-# train to the same losses as a single device.
+# Data parallelism gives every device the whole model and its own slice of the batch.
 #
 # **You will learn**
 # - how `P('data')` on the batch and `P()` on the parameters give data parallelism, and how to read
@@ -22,7 +19,8 @@
 # - why the gradient needs an **all-reduce**, and that its size is the size of the parameters, whatever
 #   the batch or the device count;
 # - what `donate_argnums` does to the memory of a train step;
-# - why a plain `jax.jit` train step over NNX objects trains nothing, and the `nnx.jit` form that works.
+# - why a plain `jax.jit` train step over NNX objects trains nothing, and the `nnx.jit` form that trains
+#   to the same losses as a single device.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -81,9 +79,14 @@ from utils import (
 # - softmax cross-entropy, Adam with learning rate `1e-2`, and a train step compiled with `nnx.jit`.
 #
 # The four strategies differ in what they split. The picture places the batch `x` and the first kernel
-# `w1` as each strategy does, on the same 8 devices, one row per strategy: data parallelism (DP, this
-# notebook) splits the batch; tensor parallelism (TP, 08) splits the kernel; 2-D parallelism (09) splits
-# the batch 4 ways and the kernel 2 ways; fully sharded data parallelism (FSDP, 10) splits both 8 ways.
+# `w1` as each strategy does, on the same 8 devices, one row per strategy:
+#
+# | strategy | notebook | the batch `x` | the kernel `w1` |
+# |---|---|---|---|
+# | data parallelism (DP) | this one | split 8 ways | whole on every device |
+# | tensor parallelism (TP) | 08 | whole on every device | split 8 ways |
+# | 2-D parallelism | 09 | split 4 ways | split 2 ways |
+# | fully sharded data parallelism (FSDP) | 10 | split 8 ways | split 8 ways, gathered whole before use |
 
 # %%
 strategies = {  # name (notebook): mesh shape and axes, spec of x, spec of w1
@@ -161,10 +164,10 @@ assert param_bytes == 76_840  # 19,210 float32 parameters
 # %% [markdown]
 # ## 2. The layout: batch split on `data`, parameters replicated
 #
-# On a 1-D mesh of the 8 devices, `P('data')` splits the batch dimension of `x` 8 ways; `P()` gives
-# every device a full copy of a parameter. The **global batch** is 64 examples; the **per-device
+# On a 1-D mesh of the 8 devices, `P('data')` splits the batch dimension of `x` 8 ways, and `P()` gives
+# every device a full copy of a parameter. The **global batch** is 64 examples, so the **per-device
 # batch** is 64 / 8 = 8. In the course's types, the forward pass and the first kernel's gradient read
-# (`{U:data}` marks a sum still pending over `data`; section 3 shows why):
+# as follows, where `{U:data}` marks a sum still pending over `data` (section 3 shows why):
 #
 # ```
 # x: f32[64@data,64] · w1: f32[64,256] → h: f32[64@data,256] · w2: f32[256,10] → f32[64@data,10]
@@ -187,7 +190,7 @@ draw_mesh(mesh)
 
 # %% [markdown]
 # Each device holds 8 rows of the batch (device 3 holds rows 24 to 31). Here one process puts the
-# whole batch in place with `jax.device_put`; on several hosts each process loads only the rows of its
+# whole batch in place with `jax.device_put`. On several hosts each process loads only the rows of its
 # own devices and assembles the global array with `jax.make_array_from_process_local_data` (notebook 18).
 
 # %%
@@ -226,7 +229,7 @@ draw_shardings(nnx.state(model), ncols=4)
 # The loss is the mean over the **global** batch: $L = \frac{1}{64}\sum_{i=1}^{64} \ell_i$. Split the
 # sum by device, $L = \sum_{d=0}^{7} \frac{1}{64}\sum_{i \in \text{slice } d} \ell_i$, and take the
 # gradient: it is linear, so the full gradient is the **sum over devices** of a gradient each device
-# can compute from its own 8 examples. No device can finish alone; summing one array per device and
+# can compute from its own 8 examples. So no device can finish alone. Summing one array per device and
 # giving every device the result is what an **all-reduce** does.
 #
 # Check the algebra without any sharding: compute the 8 per-slice gradients with `jax.vmap`, add them
@@ -263,13 +266,18 @@ assert not np.allclose(k_one[0], k_full, atol=1e-3)  # one device's gradient alo
 # on an Explicit mesh, `out_sharding=P(None, None, unreduced={'data'})` keeps the 8 products apart as a
 # pending sum, and `reshard` to `P()` adds them, the all-reduce that section 4 finds in the compiled step:
 
+# %% tags=["save"]
+def first_layer_gradient(model, x, y):
+    """dh: the gradient of the course's loss at the MLP's first layer output (before the ReLU), on one device.
+    Notebooks 09 and 10 read their pending-sum types from it too."""
+
+    def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
+        return optax.softmax_cross_entropy_with_integer_labels(model.linear2(jax.nn.relu(h)), y).mean()
+
+    return jax.grad(loss_after_w1)(model.linear1(x))
+
 # %%
-def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
-    return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, params).linear2(jax.nn.relu(h)), y).mean()
-
-
-w1, b1 = params["linear1"]["kernel"][...], params["linear1"]["bias"][...]
-dh = jax.grad(loss_after_w1)(x @ w1 + b1)  # the gradient at the first layer's output, on one device
+dh = first_layer_gradient(nnx.merge(graphdef, params), x, y)  # the gradient at the first layer's output
 
 explicit = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
 with jax.set_mesh(explicit):
@@ -288,7 +296,7 @@ assert_close(dw1, k_full)  # the summed products are the full-batch gradient
 # Compile the train step for the placed model and batch and look. An `nnx.jit` function can be lowered
 # like a `jax.jit` one: `train_step.lower(model, optimizer, x_dp, y_dp).compile()` is the per-device
 # program, with the collectives the compiler inserted. `collectives` lists them with their result size
-# and group size; its last column is an **estimate** of the bytes each device sends, from the textbook
+# and group size. Its last column is an **estimate** of the bytes each device sends, from the textbook
 # ring algorithm applied to those two numbers, not a measurement.
 
 # %%
@@ -303,7 +311,7 @@ assert comm.result_bytes == param_bytes + 4  # every gradient, plus the 4-byte l
 # On the CPU backend the all-reduce runs over all 8 devices and carries `(f32[256], f32[256,64],
 # f32[10], f32[10,256], f32[])`: the four gradients and the loss, merged into one op as a tuple. The
 # kernel gradients show up transposed (`f32[256,64]` for the `(64, 256)` kernel) because XLA picked the
-# layout of the backward matmul that produces them; the bytes are the same. Other compilers combine
+# layout of the backward matmul that produces them, and the bytes are the same. Other compilers combine
 # differently (a GPU's packs the sums into one flat buffer, with no pieces to list), so the listing
 # below is the CPU program's. The HLO's own metadata says what each piece is for:
 
@@ -342,16 +350,18 @@ for name, m in (("no donation", plain), ("donate_argnums", donated)):
 assert plain.alias == 0 and donated.alias > 0
 
 # %% [markdown]
-# On the CPU backend donation aliases the whole 225.1 KiB of model and Adam state: the outputs land in
-# the arguments' buffers. The compiler spends some of the saving on larger temporaries (the TPU and GPU
-# compilers do too), so the step's total allocation (last column) falls by less than the state it no
-# longer copies. Without donation a device holds the old and the new
-# model and optimizer state side by side: for a large model, a second copy of everything it stores.
+# On the CPU compiler donation aliases the whole 225.1 KiB of model and Adam state, because the outputs
+# land in the arguments' buffers (the hidden cell below holds the CPU compiler's figures). The compiler
+# spends some of the saving on larger temporaries, and the TPU and GPU compilers do too, so the step's
+# total allocation (last column) falls by less than the state it no longer copies. Without donation a
+# device holds the old and the new model and optimizer state side by side, which for a large model is
+# a second copy of everything it stores.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: the CPU compiler's all-reduce and the step's bytes
-print(f"{'CPU' if CPU else 'this'} compiler: {comm.count()} all-reduce(s); donation aliases "
-      f"{format_bytes(donated.alias)} of {format_bytes(state_bytes)} state, saves {format_bytes(plain.total - donated.total)}")
+# @title The CPU compiler's exact figures, §4: the all-reduce and the step's bytes
+print(f"This compiler merges the step's sums into {comm.count()} all-reduce(s). Donation aliases "
+      f"{format_bytes(donated.alias)} of the {format_bytes(state_bytes)} state and saves "
+      f"{format_bytes(plain.total - donated.total)} of allocation.")
 if CPU:
     assert comm.count() == 1  # the CPU compiler merges the five sums into one all-reduce
     assert sorted(comm.ops[0].shapes) == [(), (10,), (10, 256), (256,), (256, 64)]  # four gradients and the loss
@@ -487,14 +497,26 @@ for n, global_batch, local_batch, c, _ in rows:
 assert len({mem.argument for *_, mem in rows}) == 1  # what a device stores does not depend on n
 
 # %% [markdown]
-# The global batch went 16, 32, 64; the all-reduce carried the same 76,844 bytes each time, and each
+# The global batch went 16, 32, 64, but the all-reduce carried the same 76,844 bytes each time, and each
 # device stored the same model, Adam state and 8 examples. The ring estimate creeps up with the
 # device count, as `2(N-1)/N` of the reduced bytes, towards twice the model size. The cost follows the
-# model, not the batch: data parallelism suits small models and large batches. In the picture each
-# panel is drawn at the same size; every device holds a `(8, 64)` block on every mesh:
+# model, not the batch, so data parallelism suits small models and large batches. In the picture each
+# panel is drawn at the same scale, because every device holds a `(8, 64)` block on every mesh:
 
 # %%
 draw_shardings(batches, ncols=3, show_bytes=False)
+
+# %% [markdown]
+# ## Takeaways
+# - Data parallelism is two specs: `P('data')` on the batch, `P()` on parameters and optimizer state. The
+#   global batch is split (`f32[64@data,64]`, `(8, 64)` per device), and the model is copied whole.
+# - The loss is a mean over the global batch, so its gradient is a sum over devices: the compiler inserts
+#   an **all-reduce** between the backward pass and the optimizer update, carrying every gradient
+#   (76,840 bytes here) plus the loss, whatever the batch or the device count.
+# - `nnx.jit(step, donate_argnums=(0, 1))` lets the step write the new model and Adam state into the
+#   old buffers, which `memory_analysis()` reports as aliased.
+# - Plain `jax.jit` over NNX objects with an in-place `update` trains nothing: use `nnx.jit`. Today's
+#   optimizer is `nnx.Optimizer(model, tx, wrt=nnx.Param)` with `update(model, grads)`.
 
 # %% [markdown]
 # ## Exercises
@@ -530,15 +552,4 @@ answer_3 = NOT_ANSWERED  # a pair (global batch, all-reduce bytes)
 ex.sixteen_devices.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - Data parallelism is two specs: `P('data')` on the batch, `P()` on parameters and optimizer state. The
-#   global batch is split (`f32[64@data,64]`, `(8, 64)` per device); the model is copied whole.
-# - The loss is a mean over the global batch, so its gradient is a sum over devices: the compiler inserts
-#   an **all-reduce** between the backward pass and the optimizer update, carrying every gradient
-#   (76,840 bytes here) plus the loss, whatever the batch or the device count.
-# - `nnx.jit(step, donate_argnums=(0, 1))` lets the step write the new model and Adam state into the
-#   old buffers; `memory_analysis()` reports them as aliased.
-# - Plain `jax.jit` over NNX objects with an in-place `update` trains nothing: use `nnx.jit`. Today's
-#   optimizer is `nnx.Optimizer(model, tx, wrt=nnx.Param)` with `update(model, grads)`.
-#
 # **Next:** [08 · Tensor parallelism](08_tensor_parallel.ipynb)

@@ -11,12 +11,8 @@
 # collectives in a compiled program) and 05 (Auto and Explicit axes, `out_sharding=`); `jax.jit`,
 # `jax.grad`, `nnx.jit` and `nnx.Optimizer`.
 #
-# Tensor parallelism gives every device a slice of every large weight matrix, on a mesh axis called
-# `model`, and the whole batch: the opposite of data parallelism (notebook 07). That divides parameter
-# memory by the number of devices, but the devices now have to talk in the middle of the forward and
-# the backward pass. This notebook places the course's MLP on an 8-device `model` axis, reads from the
-# compiled programs which collectives the devices run and how large they are, and estimates the batch size above which that costs more
-# than data parallelism.
+# Tensor parallelism does exactly that, on a mesh axis called `model`, while every device keeps the
+# whole batch: the opposite of data parallelism.
 #
 # **You will learn**
 # - what `P(None, 'model')` does to a weight matrix;
@@ -55,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, assert_close, collectives, draw_schedule, draw_sharding, draw_shardings,
@@ -114,7 +110,8 @@ reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded ru
 # sum still pending over `model`:
 #
 # ```
-# x: f32[64,64] · w1: f32[64,256@model] → h: f32[64,256@model] · w2: f32[256@model,10] → f32[64,10]{U:model} → all-reduce(model) → f32[64,10]
+# x: f32[64,64] · w1: f32[64,256@model] → h: f32[64,256@model] · w2: f32[256@model,10]
+#    → f32[64,10]{U:model} → all-reduce(model) → f32[64,10]
 # ```
 #
 # `create` builds a model already in its layout: the constructor runs inside `nnx.jit`, and
@@ -177,7 +174,7 @@ with jax.set_mesh(explicit):  # the type of layer 2's product, before the all-re
 chain = (f"x: {type_string(x_repl)} · w1: {type_string(model_tp.linear1.kernel[...])} → h: {type_string(hidden)} · "
          f"w2: {type_string(model_tp.linear2.kernel[...])} → {jax.typeof(pending).str_short(short_dtypes=True)}"
          f" → all-reduce(model) → {type_string(logits)}")
-print(chain)
+print(chain.replace(" → f32[64,10]{", "\n   → f32[64,10]{"))  # on two lines, as above
 assert chain == ("x: f32[64,64] · w1: f32[64,256@model] → h: f32[64,256@model] · w2: f32[256@model,10] → "
                  "f32[64,10]{U:model} → all-reduce(model) → f32[64,10]")
 
@@ -255,12 +252,14 @@ assert_close(forward_repl(ff_online, x_repl), forward_repl(ff_tp, x_repl))
 # sharded on its contracting dimension and a kernel that is not (case 2 of the four): the compiler
 # **all-gathers the whole `(64, 256)` hidden activation** on every device, and then the output columns
 # too, which `out_shardings=P()` asks for. The pairing all-reduces only the `(64, 64)` output. The ring
-# estimates in the last column (each device sends (N-1)/N of an all-gather's result and 2(N-1)/N of an
-# all-reduce's) are, on the CPU backend, 70 KiB against 28 KiB, and the gap grows with the width of the
-# hidden layer. The fix is the layout of section 2: column-parallel, then row-parallel.
+# estimates in the last column count what each device sends: (N-1)/N of an all-gather's result and
+# 2(N-1)/N of an all-reduce's. On the CPU compiler they are 70 KiB against 28 KiB (the hidden cell below
+# holds the CPU compiler's figures), and the gap grows with the width of the hidden layer, because the
+# gathered activation is as wide as that layer. The fix is the layout of section 2: column-parallel,
+# then row-parallel.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: what the CPU compiler gathers, and the ring estimates
+# @title The CPU compiler's exact figures, §3: what it gathers, and the ring estimates
 print(f"{'CPU' if CPU else 'this'} compiler: every kernel P(None, 'model') gathers "
       f"{[op.shapes for op in ff_ops_online.ops]}; ring estimates {ff_ops_online.estimated_bytes / 1024:.0f} KiB "
       f"against {ff_ops_tp.estimated_bytes / 1024:.0f} KiB for column then row")
@@ -356,6 +355,27 @@ for tokens_per_step, (tp, dp) in traffic.items():
     assert dp.kinds == {"all-reduce"} and dp.result_bytes == ff_param_bytes  # the gradients, whatever the tokens
 
 # %% [markdown]
+# The second all-reduce in the course's types. The input's gradient is `dx = dh · w1ᵀ`, where `dh` is
+# the gradient at the hidden layer, split over `model` like `h`. The contracting dimension, the 256
+# hidden units, is split in both operands, so each device holds a partial sum: case 3 of the four,
+# read here from an Explicit twin of the mesh.
+
+# %%
+dh = jax.random.normal(jax.random.key(2), (64, 256))  # a gradient at the hidden layer
+with jax.set_mesh(explicit):
+    dh_e, w1_e = (jax.device_put(a, NamedSharding(explicit, P(None, "model"))) for a in (dh, ff_tp.linear1.kernel[...]))
+    dx_pending = jnp.einsum("th,ih->ti", dh_e, w1_e, out_sharding=P(None, None, unreduced={"model"}))
+    sum_over_model = jax.jit(lambda g: reshard(g, P()))
+    dx = sum_over_model(dx_pending)
+    (dx_sum,) = collectives(sum_over_model.lower(dx_pending).compile()).ops
+backward_chain = (f"dx = dh · w1ᵀ: {type_string(dh_e)} · {type_string(w1_e)}ᵀ → "
+                  f"{jax.typeof(dx_pending).str_short(short_dtypes=True)} → {dx_sum.kind}(model) → {type_string(dx)}")
+print(backward_chain)
+assert backward_chain == ("dx = dh · w1ᵀ: f32[64,256@model] · f32[64,256@model]ᵀ → f32[64,64]{U:model} → "
+                          "all-reduce(model) → f32[64,64]")
+assert_close(dx, dh @ ff_tp.linear1.kernel[...].T)
+
+# %% [markdown]
 # Tensor parallelism all-reduces two `(tokens, 64)` arrays per block, the output in the forward pass
 # and the input's gradient in the backward pass, so its traffic grows with the tokens per step. Data
 # parallelism all-reduces the block's gradients, 33,088 floats, whatever the tokens. Both run over 8
@@ -395,20 +415,35 @@ plt.close(fig)
 fig
 
 # %% [markdown]
-# For a feed-forward block of width *d* (8*d*² weights) the crossover is about **4*d* tokens per step**;
-# for a whole transformer layer (attention adds 4*d*² weights and two more `(tokens, d)` all-reduces)
-# the same arithmetic gives about 3*d*. Real models sit far above it:
+# For a feed-forward block of width *d* (8*d*² weights) the crossover is about **4*d* tokens per step**.
+# For a whole transformer layer the same arithmetic gives about 3*d*, because attention adds 4*d*²
+# weights and two more `(tokens, d)` all-reduces.
+#
+# Which tokens count? The comparison is between two ways of using the *same 8 devices*, so the tokens
+# are those that one group of 8 processes in a step. On a single 8-device machine that is the whole
+# batch. A large run is different: it splits its global batch over many groups, for example 1,024
+# chips in 128 groups of 8, and each group sees only its share. Estimated for two real widths:
 
 # %%
+print(f"{'width d':>8}{'tokens per step':>17}{'chips':>7}{'tokens per group of 8':>23}{'x crossover 3d':>16}")
+ratio = {}
 for d in (4096, 8192):  # the width of a 7-billion- and of a 70-billion-parameter transformer
-    for batch_tokens in (10**5, 10**6):  # the tokens per step of real pre-training runs
-        print(f"d = {d}: {batch_tokens:>9,} tokens per step = {batch_tokens / (3 * d):4.0f} x the crossover 3d")
+    for batch_tokens, chips in ((10**6, 8), (10**6, 64), (10**6, 1024)):
+        group_tokens = batch_tokens / (chips // 8)  # the global batch, shared out among chips / 8 groups
+        ratio[d, chips] = group_tokens / (3 * d)
+        print(f"{d:>8}{batch_tokens:>17,}{chips:>7}{group_tokens:>23,.0f}{ratio[d, chips]:>16.2f}")
+assert ratio[4096, 8] > 80 and ratio[8192, 64] > 5  # a few groups: tensor parallelism sends more bytes
+assert 0.3 < ratio[8192, 1024] < 0.35  # 7,800 tokens per group, below 3d = 24,576: it sends fewer
 
 # %% [markdown]
-# At every real batch, tensor parallelism sends more bytes than data parallelism, 4 to 80 times the
-# crossover. It is chosen for other reasons: it divides the weights, so a model too large for one
-# device fits, and it lets more devices share a batch than there are sequences to split it into
-# (notebook 14). Two caveats make the crossover a rough estimate:
+# So the answer depends on the run. On one machine, or a few, each group holds many times the
+# crossover and tensor parallelism sends more bytes than data parallelism. On a large cluster each
+# group's share can fall below the crossover: at 1,024 chips a 70-billion-parameter model's groups see
+# about 0.3 times it, so tensor parallelism over 8 chips sends *fewer* bytes per group than the
+# gradient all-reduce it replaces. That is part of why a tensor-parallel axis of 8 inside a node is
+# cheap at scale. Bytes are not the whole reason for the choice, either. Tensor parallelism divides
+# the weights, so a model too large for one device fits, and it lets more devices share a batch than
+# there are sequences to split it into (notebook 14). Two caveats make the crossover a rough estimate:
 #
 # - These are byte **estimates** from the ring formula, applied to the compiled programs' result sizes;
 #   real links, topologies and algorithms differ.
@@ -417,24 +452,40 @@ for d in (4096, 8192):  # the width of a 7-billion- and of a 70-billion-paramete
 #   between matmuls that need their result: only splitting the matmul into pieces that overlap the
 #   transfer (collective matmul) hides them, so tensor parallelism stays on the fastest links.
 #
+# Notebook 16 turns these bytes into seconds: it sets each collective's time against the matmuls it can
+# hide behind, which is the comparison that decides a real run.
+#
 # The course MLP's first layer reads `x`, which is data: no gradient flows into it, so its train step
 # below has only the forward all-reduce.
 #
-# The block's step in scheduled order: both all-reduces run over `model`, each after the matmul whose
-# partial sums it adds (right after it, on the CPU compiler), and the backward matmuls wait for the first.
+# The block's step in scheduled order. Both all-reduces run over `model`, and each one's operand is the
+# result of a matmul scheduled before it: the matmul that made its partial sums. The HLO line of an
+# all-reduce names that operand, so the cell below follows it back. The backward matmuls then wait for
+# the first all-reduce, because they need its sum. (On the CPU compiler each sum also comes *right*
+# after its matmul: the hidden cell below, with the CPU compiler's figures, checks that.)
 
 # %%
-tp_tokens = jax.device_put(np.zeros((64, 64), np.float32), NamedSharding(mesh, P()))
-tp_steps = schedule(block_grads.lower(ff_tp, tp_tokens, tp_tokens).compile(), mesh)
+tp_compiled = block_grads.lower(ff_tp, *[jax.device_put(np.zeros((64, 64), np.float32), NamedSharding(mesh, P()))] * 2
+                                ).compile()
+tp_steps = schedule(tp_compiled, mesh)
+matmul_names = [s.name for s in tp_steps if s.kind == "matmul"]
+producers = {}  # each all-reduce -> the matmul whose result it sums
+for k, s in enumerate(tp_steps):
+    if s.kind != "matmul":
+        operands = re.search(rf"%?{re.escape(s.name)} = [^\n]*?all-reduce[^(]*\(([^)]*)\)", tp_compiled.as_text())
+        (producers[s.name],) = [n for n in re.findall(r"%?([\w.-]+)", operands.group(1)) if n in matmul_names]
+        assert producers[s.name] in [t.name for t in tp_steps[:k]]  # a matmul scheduled before the sum
+print({ar: f"sums the result of {mm} (matmul {matmul_names.index(mm) + 1} of {len(matmul_names)})"
+       for ar, mm in producers.items()})
 assert {s.axes for s in tp_steps if s.kind != "matmul"} == {("model",)}  # every collective sums over model
-assert tp_steps[0].kind == "matmul"  # after the matmul that made the first partial sums
+assert len(producers) == 2  # the output, forward, and the input's gradient, backward
 draw_schedule(tp_steps, title="feed-forward block, forward and backward, tensor parallel over 8 devices")
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §5: the CPU compiler's order
-print(" ".join("MM" if s.kind == "matmul" else f"{s.kind}({','.join(s.axes)})" for s in tp_steps))
+# @title The CPU compiler's exact figures, §5: the scheduled order
+print("scheduled order:", " ".join("MM" if s.kind == "matmul" else f"{s.kind}({','.join(s.axes)})" for s in tp_steps))
 if CPU:  # each sum is scheduled right after the matmul that made its partial sums
-    assert all(tp_steps[k - 1].kind == "matmul" for k, s in enumerate(tp_steps) if s.kind != "matmul")
+    assert all(tp_steps[k - 1].name == producers[s.name] for k, s in enumerate(tp_steps) if s.kind != "matmul")
 
 # %% [markdown]
 # ## 6. Training the tensor-parallel MLP
@@ -484,16 +535,36 @@ assert params_per_device == (64 * 32 + 32 + 32 * 10 + 10) * 4
 
 # %% [markdown]
 # The step's arguments are three copies of the per-device parameters (weights and the two Adam
-# moments), two counters and the whole replicated batch; the donated state is aliased, updated in place.
+# moments), two counters and the whole replicated batch. The donated state is aliased: it is updated in
+# place. The hidden cell below checks these bytes one by one with the CPU compiler's figures, because an
+# accelerator pads small arrays and its counts differ.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §6: the step's arguments and aliased bytes on the CPU compiler
+# @title The CPU compiler's exact figures, §6: the step's arguments and aliased bytes
 print(f"{'CPU' if CPU else 'this'} compiler: arguments {memory.argument:,} B, aliased {memory.alias:,} B; "
       f"3 x {params_per_device:,} B of parameters and moments + 8 B of counters + {x.nbytes + y.nbytes:,} B of batch")
 if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
     # parameters and Adam's two moments, two 4-byte counters, the whole replicated batch; all but x, y donated
     assert memory.argument == 3 * params_per_device + 8 + x.nbytes + y.nbytes
     assert memory.alias == 3 * params_per_device + 8
+
+# %% [markdown]
+# ## Takeaways
+# - Tensor parallelism shards weights on a `model` axis and keeps the batch whole: `P(None, 'model')`
+#   gives each of 8 devices a `(512, 64)` block of a `(512, 512)` kernel, one eighth of the memory.
+# - Pair the layers: column-parallel `P(None, 'model')`, then row-parallel `P('model', None)`. The forward
+#   pass needs one all-reduce per block, of the block's *output*; two column-parallel layers instead
+#   all-gather the wide hidden activation. A spec must also divide the dimension it shards.
+# - Attention heads fall naturally on the `model` axis: query, key and value column-parallel, output
+#   projection row-parallel, one all-reduce per attention block.
+# - Per block, tensor parallelism all-reduces the output forward and the input's gradient backward, both
+#   growing with the tokens. Data parallelism all-reduces the gradients once. The estimated crossover is
+#   about 4*d* tokens per group of 8 devices for a feed-forward block and 3*d* for a transformer layer.
+# - Count the tokens of one group, not the global batch. One machine sits far above the crossover, so
+#   tensor parallelism sends more bytes there. A large cluster's groups can sit below it (0.3 times at
+#   1,024 chips for *d* = 8192). Data parallelism's all-reduce also overlaps the backward pass easily,
+#   while tensor parallelism's needs collective matmul to hide, which is why its axis stays on the
+#   fastest links. Notebook 16 turns these bytes into seconds.
 
 # %% [markdown]
 # ## Exercises
@@ -529,19 +600,4 @@ answer_3 = NOT_ANSWERED  # a whole number of bytes
 ex.tp_allreduce_bytes.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - Tensor parallelism shards weights on a `model` axis and keeps the batch whole: `P(None, 'model')`
-#   gives each of 8 devices a `(512, 64)` block of a `(512, 512)` kernel, one eighth of the memory.
-# - Pair the layers: column-parallel `P(None, 'model')`, then row-parallel `P('model', None)`. The forward
-#   pass needs one all-reduce per block, of the block's *output*; two column-parallel layers instead
-#   all-gather the wide hidden activation. A spec must also divide the dimension it shards.
-# - Attention heads fall naturally on the `model` axis: query, key and value column-parallel, output
-#   projection row-parallel, one all-reduce per attention block.
-# - Per block, tensor parallelism all-reduces the output forward and the input's gradient backward, both
-#   growing with the tokens; data parallelism all-reduces the gradients once. Estimated crossover: about
-#   4*d* tokens for a feed-forward block, 3*d* for a transformer layer, before counting that data
-#   parallelism's all-reduce overlaps the backward pass easily, while tensor parallelism's needs
-#   collective matmul to hide. Real batches are far above it: tensor parallelism is for memory and
-#   the per-device batch floor, not for bytes.
-#
 # **Next:** [09 · 2-D parallelism](09_2d_parallel.ipynb)

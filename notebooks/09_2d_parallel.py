@@ -3,18 +3,17 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/09_2d_parallel.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/09_2d_parallel.ipynb)
 #
-# Tensor parallelism on 8 devices sums activations for the whole batch among all 8: for the course
-# MLP, an all-reduce of its `f32[64,10]` logits every step. Data parallelism on 8 keeps every weight
-# whole on each device and all-reduces 76,844 bytes (every gradient, and the loss) among all 8.
+# Tensor parallelism and data parallelism each put all 8 devices on one axis, so every collective runs
+# among all 8. For the course MLP that means an all-reduce of the whole batch's `f32[64,10]` logits
+# every step (tensor parallelism), or of all 76,844 bytes of gradients (data parallelism), over links
+# that at scale cross the slowest part of the machine.
 #
 # **You need:** notebooks 04 (the four matmul cases), 07 (data parallelism, the course MLP and its train
 # step) and 08 (column- and row-parallel layers); `jax.make_mesh`, `NamedSharding`, `jax.jit`,
 # `jax.lax.with_sharding_constraint`, and `collectives` to read a compiled program.
 #
-# A 2-D mesh combines data and tensor parallelism: 8 devices form a `(4, 2)` grid, the batch split 4 ways on `data` and
-# every weight matrix 2 ways on `model`, so each kind of traffic stays on its own, smaller axis. You build
-# that layout for the course MLP, read from the compiled train step which collective runs over which
-# axis, and predict the collective of a sharded matmul from the four matmul cases.
+# A 2-D mesh keeps each kind of traffic on its own, smaller axis: 8 devices as a `(4, 2)` grid, the
+# batch split 4 ways on `data` and every weight matrix 2 ways on `model`.
 #
 # **You will learn**
 # - how to combine `P('data', None)` for the batch with the column/row weight pairing of notebook 08;
@@ -24,8 +23,8 @@
 # - how the row-parallel matmul is written on Explicit axes, with `out_sharding=`;
 # - that the 2-D train step gives the same losses as one device and as data parallelism.
 #
-# The strategy on one line, forward, then a weight's gradient (`{U:axis}`: partial sums still to be added
-# over that axis; section 4 checks each type):
+# The strategy in the course's types, forward, then a weight's gradient (`{U:axis}`: partial sums still
+# to be added over that axis). Section 4 reads each type from JAX and checks it:
 #
 # ```
 # x: f32[64@data,64] · w1: f32[64,256@model] → h: f32[64@data,256@model] · w2: f32[256@model,10]
@@ -59,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 from utils import (
@@ -87,9 +86,9 @@ print(mesh)
 draw_mesh(mesh)
 
 # %% [markdown]
-# Down a column (`data`, 4 devices) the devices will hold different examples; across a row (`model`,
+# Down a column (`data`, 4 devices) the devices will hold different examples, and across a row (`model`,
 # 2 devices) they will hold different halves of each weight matrix. The 2 devices of the first row share
-# examples 0 to 15; the 4 devices of a column (0, 2, 4, 6 on CPU) share the same half of every kernel.
+# examples 0 to 15, and the 4 devices of a column (0, 2, 4, 6 on CPU) share the same half of every kernel.
 #
 # The model, data and train step are notebook 07's, imported from `notebooks/models.py`: an MLP
 # `64 -> 256 -> 10` from `nnx.Rngs(0)`, a batch of 64 labelled by a fixed random teacher, cross-entropy
@@ -101,7 +100,7 @@ from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data 
 # %% [markdown]
 # One thing changes inside the MLP: the hidden activation is pinned to `P('data', 'model')`, rows
 # (examples) on `data`, hidden units on `model`. `jax.lax.with_sharding_constraint` with a bare `P`
-# reads the mesh from `jax.set_mesh`; everything else is inherited from `MLP`, so both build identical
+# reads the mesh from `jax.set_mesh`. Everything else is inherited from `MLP`, so both build identical
 # parameters from `nnx.Rngs(0)`.
 
 # %%
@@ -113,7 +112,7 @@ class MLP2D(MLP):
         return self.linear2(self.hidden(x))
 
 # %% [markdown]
-# The parameters get the column/row pairing of notebook 08, now on a 2-device `model` axis; the batch is
+# The parameters get the column/row pairing of notebook 08, now on a 2-device `model` axis, and the batch is
 # split on `data`. Neither spec mentions the other axis, so the weights are replicated down `data` and
 # the batch is replicated across `model`:
 
@@ -223,9 +222,9 @@ assert_close(matmul(a_in, w_col), x @ w)
 # | 3 | both operands, on the same axis | local partial sums, then **all-reduce** (or reduce-scatter) |
 # | 4 | neither, but `i` and `j` on the same axis | all-gather one operand: no output is sharded twice on one axis |
 #
-# The input `f32[64@data,64@model]` is sharded on `k` over `model`; the weight `f32[64,256@model]` is not
+# The input `f32[64@data,64@model]` is sharded on `k` over `model`, but the weight `f32[64,256@model]` is not
 # (its `model` axis is on the output dimension `j`). That is **case 2**. Each device holds only 32 of the
-# 64 input features of its 16 examples; the other 32 sit on its neighbour in the same mesh row, so the
+# 64 input features of its 16 examples, and the other 32 sit on its neighbour in the same mesh row, so the
 # 2 devices of each row exchange their halves. After that it is case 1, and the output comes out
 # `P('data', 'model')` with no further communication.
 #
@@ -268,8 +267,9 @@ assert [(op.kind, op.shapes, op.group_size) for op in explicit_ops.ops] == [
 assert_close(row_parallel(a_explicit, w_explicit), x @ w)
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: the gathered block's type
-print(f"gathered block: {gather.result_type} (CPU compiler: f32[16,64]; TPU v5e: bf16[2,32,16])")
+# @title The CPU compiler's exact figures, §3: the gathered block's type
+print(f"This compiler gathers {gather.result_type}. The CPU compiler gathers f32[16,64]; the TPU v5e compiler "
+      "gathers bf16[2,32,16] (tests/test_tpu_side.py checks the TPU program).")
 if CPU:  # the CPU compiler gathers the f32 block as it is; the TPU compiler gathers it as bf16[2,32,16]
     assert gather.result_type == "f32[16,64]"
 
@@ -332,7 +332,34 @@ with jax.set_mesh(mesh):  # the typed chain of the opening, read from the real a
 chain = [type_string(a) for a in (x_2d, model_2d.linear1.kernel[...], h, model_2d.linear2.kernel[...], logits)]
 print(" · ".join(chain))
 assert chain == ["f32[64@data,64]", "f32[64,256@model]", "f32[64@data,256@model]", "f32[256@model,10]",
-                 "f32[64@data,10]"]  # {U:model} and {U:data}: the two all-reduces just above
+                 "f32[64@data,10]"]  # {U:model}: the all-reduce along model just above
+
+# %% [markdown]
+# The gradient line of the opening has a pending sum over `data`, which an Auto mesh never shows as a
+# type. An Explicit twin of the mesh does. The kernel's gradient is `xᵀ·dh`, where `dh` is the gradient
+# at the hidden layer (`f32[64@data,256@model]`, like `h`). Each device multiplies its 16 examples, so
+# `out_sharding=P(None, 'model', unreduced={'data'})` keeps the 4 partial products of each mesh column
+# apart, and `reshard` adds them up:
+
+# %%
+from notebooks.models import first_layer_gradient  # notebook 07's
+
+fresh = MLP(nnx.Rngs(0))  # the initial parameters, on one device
+dh = first_layer_gradient(fresh, x, y)  # the gradient at the first layer's output
+full_dw1 = nnx.grad(lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean())(fresh)
+with jax.set_mesh(explicit_mesh):
+    x_rows = jax.device_put(x, NamedSharding(explicit_mesh, P("data", None)))
+    dh_blocks = jax.device_put(dh, NamedSharding(explicit_mesh, P("data", "model")))
+    dw1_pending = jnp.einsum("bi,bh->ih", x_rows, dh_blocks, out_sharding=P(None, "model", unreduced={"data"}))
+    sum_over_data = jax.jit(lambda g: reshard(g, P(None, "model")))
+    dw1 = sum_over_data(dw1_pending)
+    summed_by = collectives(sum_over_data.lower(dw1_pending).compile())
+gradient_chain = (f"xᵀ·dh: {jax.typeof(dw1_pending).str_short(short_dtypes=True)} → "
+                  f"{summed_by.ops[0].kind}(data) → {type_string(dw1)}")
+print(gradient_chain)
+assert gradient_chain == "xᵀ·dh: f32[64,256@model]{U:data} → all-reduce(data) → f32[64,256@model]"
+assert [op.group_size for op in summed_by.ops] == [4]  # a mesh column: the data axis
+assert_close(dw1, full_dw1["linear1"]["kernel"][...])  # the summed products are the full-batch gradient
 
 # %% [markdown]
 # - **Along `model` (groups of 2):** the all-reduce of notebook 08's pairing, but only for this device's
@@ -340,10 +367,11 @@ assert chain == ["f32[64@data,64]", "f32[64,256@model]", "f32[64@data,256@model]
 # - **Along `data` (groups of 4):** data parallelism's gradient all-reduce, but only for the half of
 #   the parameters this device holds, among 4 devices instead of 8.
 #
-# Each axis carries less than the 1-D strategy it comes from; in this small example the total of their
+# Each axis carries less than the 1-D strategy it comes from. In this small example the total of their
 # results lands between the two. The real gain is on big machines, whose mesh is laid out so that the
 # chatty `model` axis stays inside a node, on the fastest links, and only the once-per-step gradient
-# traffic crosses nodes (notebook 18 builds such a mesh; simulated devices have no nodes).
+# traffic crosses nodes. Simulated devices have no nodes to show this, and notebook 18 builds such a
+# mesh.
 #
 # Per device, the step's arguments are the parameters, Adam's two moments (laid out like the
 # parameters), two 4-byte counters and this device's quarter of the batch:
@@ -358,8 +386,9 @@ assert params_per_device == half_params * 4
 assert memory.alias >= 3 * params_per_device  # model and Adam state donated, updated in place
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: the step's arguments, byte for byte
-print(f"arguments {memory.argument} B, aliased {memory.alias} B (CPU compiler; accelerators pad small arrays)")
+# @title The CPU compiler's exact figures, §4: the step's arguments, byte for byte
+print(f"This compiler's step takes {memory.argument:,} B of arguments and aliases {memory.alias:,} B of them. "
+      "On the CPU compiler these are exact sums; accelerators pad small arrays.")
 if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
     assert memory.argument == 3 * params_per_device + 8 + 16 * 64 * 4 + 16 * 4
     assert memory.alias == 3 * params_per_device + 8  # model and Adam state donated, updated in place
@@ -399,6 +428,20 @@ for name, leaf in nnx.to_flat_state(nnx.state(model_2d)):
 print("every parameter still has its 2-D layout")
 
 # %% [markdown]
+# ## Takeaways
+# - A 2-D mesh combines the strategies by axis: the batch on `data` (`P('data', None)`), the weights on
+#   `model` with the column/row pairing. Each device holds a quarter of the batch and half of each kernel.
+# - `jax.lax.with_sharding_constraint(h, P('data', 'model'))` pins an activation to both axes, and under
+#   `jax.set_mesh` a bare `P` is enough.
+# - In the compiled step each collective runs along one axis, visible as its group size: the activation
+#   all-reduce in groups of 2 (`model`), the gradient all-reduce in groups of 4 (`data`), each carrying
+#   less than in the 1-D strategy it comes from.
+# - `P('data', 'model') @ P(None, 'model')` needs an **all-gather** of the input (case 2), not an
+#   all-reduce. An all-reduce appears when both operands are sharded on the contracting dimension (case 3).
+# - Sharding changes where numbers live, not what they are: one device, data parallel and 2-D give the
+#   same losses.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -432,17 +475,4 @@ answer_3 = NOT_ANSWERED  # a string such as 'all-gather'
 ex.replicated_input_collective.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - A 2-D mesh combines the strategies by axis: the batch on `data` (`P('data', None)`), the weights on
-#   `model` with the column/row pairing; each device holds a quarter of the batch and half of each kernel.
-# - `jax.lax.with_sharding_constraint(h, P('data', 'model'))` pins an activation to both axes; under
-#   `jax.set_mesh` a bare `P` is enough.
-# - In the compiled step each collective runs along one axis, visible as its group size: the activation
-#   all-reduce in groups of 2 (`model`), the gradient all-reduce in groups of 4 (`data`), each carrying
-#   less than in the 1-D strategy it comes from.
-# - `P('data', 'model') @ P(None, 'model')` needs an **all-gather** of the input (case 2), not an
-#   all-reduce; an all-reduce appears when both operands are sharded on the contracting dimension (case 3).
-# - Sharding changes where numbers live, not what they are: one device, data parallel and 2-D give the
-#   same losses.
-#
 # **Next:** [10 · FSDP](10_fsdp.ipynb)

@@ -11,20 +11,20 @@
 # `nnx.eval_shape`, `jax.lax.with_sharding_constraint` and `memory_analysis()`.
 #
 # FSDP splits the large parameters and their Adam moments across the data-parallel devices, and gathers
-# each weight whole just before it is used. You write its rule, create the model already sharded, and
-# measure what it divides and what it costs.
+# each weight whole just before it is used.
 #
 # **You will learn**
 # - how to write the FSDP rule as `(path, leaf) -> NamedSharding`, and plan a layout on abstract state
 #   before any array exists;
 # - how to create a model and its optimizer already sharded, so that no device ever holds the whole model;
-# - what FSDP divides by the device count (the stored state) and what it does not (the step's
-#   temporaries), on the CPU and in a TPU's HBM at a real size;
+# - what FSDP divides by the device count (the stored state) and what shrinks far more slowly (the
+#   step's temporaries), on the CPU and in a TPU's HBM at a real size;
 # - which collectives the FSDP step contains, and why FSDP saves memory, not communication;
 # - hybrid sharding (HSDP): FSDP inside a group, data parallelism across groups;
 # - that FSDP gives the same losses as data parallelism and as a single device.
 #
-# The strategy on one line (`{U:fsdp}`: partial sums still to be added over `fsdp`; section 5 checks it):
+# The strategy in the course's types (`{U:fsdp}`: partial sums still to be added over `fsdp`). Section 5
+# reads each type from JAX and checks it:
 #
 # ```
 # w1: f32[64@fsdp,256] → all-gather(fsdp) → f32[64,256];  x: f32[64@fsdp,64] · w1 → h: f32[64@fsdp,256]
@@ -61,7 +61,7 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import topologies
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, assert_close, collectives, draw_schedule, draw_shardings, format_bytes,
@@ -175,8 +175,8 @@ for name, sharding in by_name(shardings).items():
 
 # %% [markdown]
 # The plan covers the model (`0/...`) and the optimizer (`1/...`). Adam's moments `mu` and `nu` have the
-# shapes of the parameters, so the rule splits them the same way; the biases and the two step counters
-# stay replicated.
+# shapes of the parameters, so the rule splits them the same way. The biases and the two step counters
+# are too small to split, so they stay replicated.
 #
 # ## 3. Create it sharded: no device ever holds the whole model
 #
@@ -279,17 +279,23 @@ for name, mem in [(f"FSDP, {n} devices", m) for n, m in mems.items()] + [("data 
 assert mems[2].argument > mems[4].argument > mems[8].argument  # the stored state shrinks with n
 
 # %% [markdown]
-# The arguments, what a device stores between steps (its share of the state, donated and so aliased,
-# plus its examples), shrink as devices are added. On the CPU backend the temporaries, what the step
-# allocates while it runs, do not: about twice the model on every mesh, as large as data parallelism's,
-# because each device gathers every kernel whole (section 5) and receives the whole summed gradient. A
-# compiler that reduce-scatters the gradient need not hold that sum (section 5 compiles for a TPU). To
-# hold one layer's gathered weights at a time, a deep model scans over its layers with rematerialisation
-# (`jax.lax.scan`, `jax.checkpoint`); notebook 12 measures one.
+# The arguments are what a device stores between steps: its share of the state (donated, and so
+# aliased) plus its examples. They shrink as devices are added. The temporaries are what the step
+# allocates while it runs, and on the CPU compiler they do not shrink at all. They stay about twice the
+# model on every mesh, as large as data parallelism's, because each device gathers every kernel whole
+# (section 5) and receives the whole summed gradient. The hidden cell below holds the CPU compiler's
+# figures.
+#
+# That is the CPU compiler's behaviour, not a law. A TPU compiler reduce-scatters the gradient, so it
+# need not hold the whole sum, and its temporaries do shrink with the chip count, though far more slowly
+# than the state: section 5 compiles the step for 2 and 8 TPU chips at a real size. To hold only one
+# layer's gathered weights at a time, a deep model scans over its layers with rematerialisation
+# (`jax.lax.scan`, `jax.checkpoint`). Notebook 12 measures one.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: the CPU compiler's temporaries
-print(f"temporaries / parameters: FSDP on 8 {mems[8].temp / param_bytes:.2f}, data parallel {dp_mem.temp / param_bytes:.2f}")
+# @title The CPU compiler's exact figures, §4: the step's temporaries
+print(f"This compiler's temporaries, in units of the parameters' bytes: FSDP on 2, 4 and 8 devices "
+      f"{', '.join(f'{mems[n].temp / param_bytes:.2f}' for n in mems)}; data parallel on 8 {dp_mem.temp / param_bytes:.2f}.")
 if CPU:  # the CPU compiler's temporaries
     assert min(mems[n].temp for n in mems) > param_bytes  # the step's working memory: more than the whole model ...
     assert max(mems[n].temp for n in mems) < 1.05 * min(mems[n].temp for n in mems)  # ... whatever n is
@@ -308,6 +314,37 @@ h = jax.jit(lambda model, x: model.linear1(x))(model, x_fsdp)  # the opening's c
 chain = [type_string(a) for a in (model.linear1.kernel[...], x_fsdp, h)]
 print(" | ".join(chain))
 assert chain == ["f32[64@fsdp,256]", "f32[64@fsdp,64]", "f32[64@fsdp,256]"]
+
+# %% [markdown]
+# The gradient line of the opening has a pending sum over `fsdp`, which an Auto mesh never shows as a
+# type. An Explicit twin of the mesh does. The kernel's gradient is `xᵀ·dh`, where `dh` is the gradient
+# at the first layer's output. Each device multiplies its own 8 examples, so
+# `out_sharding=P(None, None, unreduced={'fsdp'})` keeps the 8 partial products apart, and `reshard` to
+# the kernel's own layout, `P('fsdp', None)`, adds them up and keeps each device's block:
+
+# %%
+from notebooks.models import first_layer_gradient  # notebook 07's
+
+fresh = MLP(nnx.Rngs(0))  # the initial parameters, on one device
+dh = first_layer_gradient(fresh, x, y)  # the gradient at the first layer's output
+full_grads = nnx.grad(lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean())(fresh)
+explicit = jax.make_mesh((8,), ("fsdp",), axis_types=(AxisType.Explicit,))
+with jax.set_mesh(explicit):
+    x_rows, dh_rows = (jax.device_put(a, NamedSharding(explicit, P("fsdp"))) for a in (x, dh))
+    dw1_pending = jnp.einsum("bi,bh->ih", x_rows, dh_rows, out_sharding=P(None, None, unreduced={"fsdp"}))
+    scatter = jax.jit(lambda g: reshard(g, P("fsdp", None)))
+    dw1 = scatter(dw1_pending)
+    scattered_by = collectives(scatter.lower(dw1_pending).compile())
+gradient_chain = f"xᵀ·dh: {jax.typeof(dw1_pending).str_short(short_dtypes=True)} → {type_string(dw1)}"
+print(gradient_chain, "| the compiler's collective:", [op.kind for op in scattered_by.ops])
+assert gradient_chain == "xᵀ·dh: f32[64,256]{U:fsdp} → f32[64@fsdp,256]"
+assert shard_table(dw1).shard_shapes == {(8, 256)}  # each device keeps its block of the sum
+assert_close(dw1, full_grads["linear1"]["kernel"][...])  # the summed products are the full-batch gradient
+
+# %% [markdown]
+# The types are the opening's. How the compiler adds the sum depends on the backend: the CPU compiler
+# all-reduces the whole `f32[64,256]` and slices it, and the TPU compiler reduce-scatters, as the
+# compiled train step below shows.
 
 # %% [markdown]
 # The CPU compiler's FSDP table, from the top:
@@ -329,7 +366,9 @@ print("dynamic-slice results in the FSDP step:", slices)
 # **The TPU program.** You need no TPU to see what the TPU compiler does with the same step: JAX
 # compiles ahead of time for a TPU topology, here a v5e with 8 chips (`v5e:2x4`, notebook 15). The state
 # becomes `jax.ShapeDtypeStruct`s placed by the same rule on a mesh of TPU chips,
-# and a function that `nnx.merge`s them calls the same `train_step`. Nothing is allocated, nothing runs:
+# and a function that `nnx.merge`s them calls the same `train_step`. Nothing is allocated, nothing runs.
+# This small program compiles quickly at the compiler's default effort, the one `jax.jit` uses when you
+# run, so its figures are the ones you would see:
 
 # %%
 ok, why = tpu_compiler_available()
@@ -377,68 +416,123 @@ else:
 # gradient is not: the compiler merged it with the biases and the loss into one all-reduce and slices
 # it, as the CPU does. And the all-gathers move **bf16**, half the bytes: a float32 matmul on TPU
 # multiplies in bf16 by default, so the operands are converted before gathering. This libtpu chooses
-# array by array; another version may choose otherwise.
+# array by array, and another version may choose otherwise.
 
 # %% [markdown]
 # **The memory on a TPU, at a real size.** A 75 KiB program lives mostly in a TPU's on-chip VMEM
-# (128 MiB on a v5e), so its figures say little about HBM. Widen the two layers to
+# (128 MiB on a v5e), so its figures say little about HBM. So widen the two layers to
 # `2048 -> 16384 -> 2048` (256 MiB of float32 weights, 768 MiB with Adam's moments), take a global
-# batch of 16,384, and compile the FSDP and the data-parallel step at the compiler's least effort
-# (`O0`; its default takes ten times longer and gives data parallelism smaller temporaries).
-# `footprint` is each chip's HBM:
+# batch of 16,384, and compile the FSDP step for 2 and 8 chips and the data-parallel step for 8.
+#
+# **Which compiler effort?** When you run a step, `jax.jit` compiles it at the compiler's default
+# effort. At that effort each of these programs takes several times longer to compile than this whole
+# notebook may take, so the cell asks for the least effort, `O0`, and every figure it prints is an O0
+# figure. The two efforts report different memory: at O0 the TPU compiler puts nothing in the on-chip
+# VMEM, and its programs can need more HBM than the default effort's. The table after the cell gives
+# the default effort's figures, which are what you will see. `footprint` is each chip's HBM (jax 0.10.2
+# does not report it, so there it is an estimate: arguments + outputs + temporaries - aliased):
 
 # %%
-if ok:
-    class WideMLP(MLP):  # the same two layers, wider
-        def __init__(self, rngs):
-            self.linear1 = nnx.Linear(2048, 16384, rngs=rngs)
-            self.linear2 = nnx.Linear(16384, 2048, rngs=rngs)
+class WideMLP(MLP):  # the same two layers, wider
+    def __init__(self, rngs):
+        self.linear1 = nnx.Linear(2048, 16384, rngs=rngs)
+        self.linear2 = nnx.Linear(16384, 2048, rngs=rngs)
 
-    def create_wide():
-        model = WideMLP(nnx.Rngs(0))
-        return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
+def create_wide():
+    model = WideMLP(nnx.Rngs(0))
+    return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+
+WIDE_PARAM_BYTES = 4 * (2 * 2048 * 16384 + 16384 + 2048)
+
+
+def compile_wide(strategy, chips, effort="O0"):
+    """The wide train step compiled for `chips` (TPU devices of a topology), its state placed by `strategy`
+    ('FSDP': this notebook's rule; 'data parallel': replicated) and the batch split; `effort` 'O0' is the
+    compiler's least effort, None its default."""
+    wide_mesh = jax.make_mesh((len(chips),), ("fsdp",), axis_types=(AxisType.Auto,), devices=chips)
     wide_graphdef, wide_state = nnx.split(nnx.eval_shape(create_wide))
-    wide_param_bytes = 4 * (2 * 2048 * 16384 + 16384 + 2048)
+    plan = (jax.tree_util.tree_map_with_path(partial(fsdp_rule, mesh=wide_mesh), wide_state) if strategy == "FSDP"
+            else jax.tree.map(lambda _: NamedSharding(wide_mesh, P()), wide_state))
 
     def wide_step(state, x, y):
         model, optimizer = nnx.merge(wide_graphdef, state)
         loss = train_step(model, optimizer, x, y)
         return nnx.state((model, optimizer)), loss
 
-    wide_batch = [jax.ShapeDtypeStruct(shape, dtype, sharding=tpu_batch)
-                  for shape, dtype in (((16384, 2048), jnp.float32), ((16384,), jnp.int32))]
-    wide_plans = {"FSDP": jax.tree_util.tree_map_with_path(partial(fsdp_rule, mesh=tpu_mesh), wide_state),
-                  "data parallel": jax.tree.map(lambda _: NamedSharding(tpu_mesh, P()), wide_state)}
+    structs = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), wide_state, plan)
+    batch = [jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(wide_mesh, P("fsdp")))
+             for shape, dtype in (((16384, 2048), jnp.float32), ((16384,), jnp.int32))]
+    lowered = jax.jit(wide_step, donate_argnums=0, out_shardings=(plan, NamedSharding(wide_mesh, P()))).lower(
+        structs, *batch)
+    jax.config.update("jax_optimization_level", effort or "UNKNOWN")  # UNKNOWN: the compiler's default
+    try:
+        return lowered.compile()
+    finally:
+        jax.config.update("jax_optimization_level", "UNKNOWN")  # back to the default for anything later
+
+
+if ok:
     wide = {}
-    for name, plan in wide_plans.items():
-        structs = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), wide_state, plan)
-        jax.config.update("jax_optimization_level", "O0")  # the compiler's least effort: 1 s, not 10 s
-        try:
-            program = jax.jit(wide_step, donate_argnums=0, out_shardings=(plan, NamedSharding(tpu_mesh, P()))).lower(
-                structs, *wide_batch).compile()
-        finally:
-            jax.config.update("jax_optimization_level", "UNKNOWN")  # back to the default
-        wide[name] = memory_per_device(program)
+    for strategy, n in (("FSDP", 2), ("FSDP", 8), ("data parallel", 8)):
+        program = compile_wide(strategy, topo.devices[:n])
+        wide[strategy, n] = memory_per_device(program)
+        if (strategy, n) == ("FSDP", 8):
+            wide_comm = collectives(program)
         del program  # free each compiled program before the next
-    print(f"TPU v5e, 8 chips{'':<3}{'state':>11}{'temporaries':>13}{'HBM':>11}")
-    for name, mem in wide.items():
-        print(f"{name:<19}{format_bytes(mem.alias):>11}{format_bytes(mem.temp):>13}{format_bytes(mem.footprint):>11}")
-    assert 6 * wide["FSDP"].alias < wide["data parallel"].alias  # the stored state (donated): about 1/8
-    assert wide["FSDP"].temp > wide_param_bytes  # the working memory: more than the whole float32 model ...
-    assert wide["FSDP"].temp > wide["data parallel"].temp  # ... and more than data parallelism's
-    assert wide["FSDP"].footprint < wide["data parallel"].footprint  # in all, still less HBM
+    print(f"TPU v5e, O0 effort{'':<9}{'state':>11}{'temporaries':>13}{'HBM':>11}")
+    for (strategy, n), mem in wide.items():
+        print(f"{strategy + f', {n} chips':<27}{format_bytes(mem.alias):>11}{format_bytes(mem.temp):>13}"
+              f"{format_bytes(mem.footprint):>11}")
+    fsdp_wide, dp_wide = wide["FSDP", 8], wide["data parallel", 8]
+    assert 6 * fsdp_wide.alias < dp_wide.alias  # the stored state (donated): about 1/8
+    assert fsdp_wide.temp > WIDE_PARAM_BYTES  # the working memory: more than the whole float32 model ...
+    assert fsdp_wide.temp > dp_wide.temp  # ... and more than data parallelism's
+    assert fsdp_wide.footprint < dp_wide.footprint  # in all, still less HBM
+    state_ratio, temp_ratio = wide["FSDP", 2].alias / fsdp_wide.alias, wide["FSDP", 2].temp / fsdp_wide.temp
+    print(f"from 2 to 8 chips: state / {state_ratio:.1f}, temporaries / {temp_ratio:.2f}")
+    assert 3.9 < state_ratio < 4.1  # the state is divided by 4 ...
+    assert 1 < temp_ratio < 2  # ... the temporaries shrink too, far more slowly
 
 # %% [markdown]
-# FSDP stores about 1/8 of data parallelism's state (the donated parameters and Adam moments). Its
-# temporaries are not divided: larger than the whole float32 model and than data parallelism's, since
-# each chip rebuilds every weight whole. In all FSDP still needs less HBM per chip here, because data
-# parallelism's copies of the state dominate.
+# At O0, FSDP stores about 1/8 of data parallelism's state (the donated parameters and Adam moments).
+# Its temporaries are larger than the whole float32 model and than data parallelism's, because each
+# chip rebuilds every weight whole. In all FSDP still needs less HBM per chip, because data
+# parallelism's copies of the state dominate. From 2 to 8 chips the state is divided by 4, but the
+# temporaries shrink by far less: the gathered float32 weights (256 MiB) are the same on every mesh,
+# while the activations of the fixed global batch are divided among more chips.
+#
+# At the default effort, the one your runs use, the same programs need (compiled by the course's
+# tests, `tests/test_10_fsdp_default_effort.py`, which read this notebook's `compile_wide`):
+#
+# | TPU v5e, default effort (jax 0.12, libtpu 0.0.50.1) | state | temporaries | HBM |
+# |---|---|---|---|
+# | FSDP, 2 chips | 384.1 MiB | 1.3 GiB | 1.5 GiB |
+# | FSDP, 8 chips | 96.0 MiB | 723.8 MiB | 634.0 MiB |
+# | data parallel, 8 chips | 768.2 MiB | 256.9 MiB | 1.0 GiB |
+#
+# The comparisons hold at both efforts: FSDP stores an eighth, its temporaries are larger than data
+# parallelism's, and its HBM is smaller. The default effort gives data parallelism much smaller
+# temporaries than O0 does (257 against 416 MiB), and FSDP less HBM on 8 chips (634 against 673 MiB).
+# Its FSDP temporaries shrink faster with the chip count, too, from 1.3 GiB on 2 chips to 724 MiB on 8.
+#
+# The wide program also shows something the toy one does not. Its collectives include
+# collective-permutes inside loops: the TPU compiler has split a matmul into pieces that each overlap
+# one transfer, the **collective matmul** that notebook 08 describes. And at this size the weights are
+# gathered in float32, not bf16, so the toy program's bf16 gathers are a choice this libtpu makes for
+# small arrays, not a rule:
+
+# %%
+if ok:
+    print(wide_comm)
+    assert any(op.kind == "collective-permute" and op.in_loop for op in wide_comm.ops)  # a collective matmul
+    assert any(op.kind == "all-gather" and op.result_type.startswith("f32[") for op in wide_comm.ops)
 
 # %% [markdown]
 # A reduce-scatter delivers only each device's block of the sum. `jax.lax.psum_scatter` inside
-# `jax.shard_map` writes one by hand, for 8 partial gradients shaped like the `(64, 256)` kernel; next to
-# it, the CPU compiler's form, `psum` and a slice:
+# `jax.shard_map` writes one by hand, for 8 partial gradients shaped like the `(64, 256)` kernel. Next to
+# it is the CPU compiler's form, `psum` and a slice:
 
 # %%
 partial_grads = jax.random.normal(jax.random.key(1), (8 * 64, 256))  # 8 stacked (64, 256) partial gradients
@@ -464,25 +558,29 @@ assert_close(jax.jit(by_reduce_scatter)(partial_grads), partial_grads.reshape(8,
 
 # %% [markdown]
 # The same numbers, but the reduce-scatter's result is an `(8, 256)` block where the all-reduce's is the
-# whole `(64, 256)` sum; the ring formula estimates half the bytes sent for it.
+# whole `(64, 256)` sum, so the ring formula estimates half the bytes sent for it.
 #
 # Does FSDP then communicate less than data parallelism? No. A ring all-reduce *is* a reduce-scatter
-# followed by an all-gather. Data parallelism does both on the gradients; FSDP reduce-scatters the
-# gradients and all-gathers the weights: the same volume at best, about 1.5 times as much when a large
-# model gathers its weights again in the backward pass. On the CPU backend, where the reduce-scatter
-# stays a full all-reduce, FSDP's ring estimate is above data parallelism's:
+# followed by an all-gather. Data parallelism does both on the gradients. FSDP reduce-scatters the
+# gradients and all-gathers the weights, which is the same volume at best, and about 1.5 times as much
+# when a large model gathers its weights again in the backward pass. On the CPU compiler, where the
+# reduce-scatter stays a full all-reduce, FSDP's ring estimate is above data parallelism's (the hidden
+# cell at the end of this section checks it with the CPU compiler's figures):
 
 # %%
 print(f"FSDP {format_bytes(comm.estimated_bytes)}, data parallel {format_bytes(dp_comm.estimated_bytes)}"
       " per device per step (ring estimates from the compiled programs)")
 
 # %% [markdown]
-# **FSDP saves memory, not communication:** the same traffic or more, counted in values. In bytes it can
-# be less on TPU, whose gathers carry bf16 (the TPU cell above asserts it).
+# **FSDP saves memory, not communication.** Counted in values, it sends the same traffic as data
+# parallelism or more. Counted in bytes it can send less on a TPU, because this libtpu gathers the small
+# program's weights in bf16 (the TPU cell above asserts it), but the wide program above gathers float32.
+# Whether those bytes cost time depends on the matmuls they can hide behind: notebook 16 turns them
+# into seconds.
 #
 # **Hybrid sharding (HSDP).** Between slices or hosts the links are slower, and gathering every weight
 # across all of them each step costs. HSDP splits the state over an `fsdp` axis inside a group and
-# replicates it over a `replica` axis across groups; the batch splits over both. On a `(2, 4)` mesh
+# replicates it over a `replica` axis across groups, and the batch splits over both. On a `(2, 4)` mesh
 # the same rule (it reads only the `fsdp` axis) gives:
 
 # %%
@@ -499,27 +597,35 @@ assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 8) == (256 +
 
 # %% [markdown]
 # Groups of 4 are the `fsdp` axis, groups of 2 the `replica` axis. The weights are gathered inside a
-# group; the kernel gradients are summed inside it, each device keeping its quarter, and only that
-# quarter is all-reduced across the 2 groups: a quarter of the kernel gradients crosses the slow links,
-# where data parallelism sends all of them. (The small replicated biases and the loss are summed over
-# all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh; notebook 18
+# group. The kernel gradients are summed inside it too, each device keeping its quarter, and only that
+# quarter is all-reduced across the 2 groups. So a quarter of the kernel gradients crosses the slow
+# links, where data parallelism sends all of them. (The small replicated biases and the loss are summed over
+# all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh, and notebook 18
 # builds multi-slice meshes.
 #
-# In order (the TPU program where libtpu is here): the kernels gathered before the first matmul, the
-# gradients reduced (scattered on TPU) after the last.
+# In order (the TPU program, at the default effort, where libtpu is here): the kernels gathered before
+# the first matmul, the gradients reduced (scattered on TPU) after the last. In between sit the backward
+# pass's own collectives, which the CPU list above explains: the logits' gradient gathered over the
+# batch (the third all-gather) and the all-to-all that turns "split over hidden units" back into "split
+# over examples".
 
 # %%
 fsdp_steps = schedule(*((tpu_fsdp, tpu_mesh) if ok else (compiled_fsdp, mesh)))
 fsdp_kinds = [s.kind for s in fsdp_steps]
 matmul_at = [i for i, kind in enumerate(fsdp_kinds) if kind == "matmul"]
-sums_at = [i for i, kind in enumerate(fsdp_kinds) if kind in ("all-reduce", "reduce-scatter")]
+sums_at = [i for i, s in enumerate(fsdp_steps)  # the gradients' sums (a scalar loss may be summed on its own)
+           if s.kind in ("all-reduce", "reduce-scatter") and not re.fullmatch(r"\w+\[\]", s.result_type)]
 assert set(fsdp_kinds[:matmul_at[0]]) == {"all-gather"}  # a weight is gathered before the first matmul
 assert matmul_at[-1] < sums_at[0]  # and the gradients are reduced after the last one
 draw_schedule(fsdp_steps, title=f"FSDP train step on 8 {'TPU v5e chips' if ok else 'devices'}")
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §5: the CPU compiler's collectives
-print(f"{dict(comm.counts)}; gradient slices {slices}")
+# @title The CPU and TPU compilers' exact figures, §5: collectives and their order
+cpu_kinds = [s.kind for s in schedule(compiled_fsdp, mesh)]
+print(f"This compiler's FSDP step: {dict(comm.counts)}. Its gradient slices: {', '.join(slices)}.")
+print("Its scheduled order:", " ".join("MM" if k == "matmul" else k for k in cpu_kinds))
+if ok:
+    print("The TPU compiler's order (default effort):", " ".join("MM" if k == "matmul" else k for k in fsdp_kinds))
 if CPU:  # what the CPU compiler inserts
     assert comm.counts == {"all-reduce": 1, "all-gather": 3, "reduce-scatter": 0, "all-to-all": 1,
                            "collective-permute": 0}
@@ -528,10 +634,14 @@ if CPU:  # what the CPU compiler inserts
     assert all_reduce.result_bytes == dp_comm.result_bytes == param_bytes + 4  # the whole gradient, + the loss
     assert {"f32[256,8]", "f32[10,32]"} <= set(slices)  # 1/8 of each kernel gradient (in its transposed layout)
     assert comm.estimated_bytes > dp_comm.estimated_bytes  # FSDP's ring estimate above data parallelism's
+    assert cpu_kinds[:2] == ["all-gather"] * 2  # both kernels, in two gathers, before the first matmul
+    assert "matmul" not in cpu_kinds[cpu_kinds.index("all-reduce"):]  # the one sum, after the last matmul
+    assert [op.kind for op in scattered_by.ops] == ["all-reduce"]  # the Explicit twin's sum: all-reduce and slice
     if ok:  # the TPU compiler gathers as often, and reduce-scatters where the CPU compiler does not
         assert comm.count("reduce-scatter") == 0 and tpu_comm.count("all-gather") == comm.count("all-gather")
+if ok:  # the TPU program of this libtpu, at the default effort
     assert fsdp_kinds[:2] == ["all-gather"] * 2  # both kernels, in two gathers, before the first matmul
-    assert "matmul" not in fsdp_kinds[fsdp_kinds.index("reduce-scatter" if ok else "all-reduce"):]
+    assert "matmul" not in fsdp_kinds[fsdp_kinds.index("reduce-scatter"):]
 
 # %% [markdown]
 # ## 6. FSDP trains like data parallelism
@@ -562,6 +672,23 @@ assert shard_table(model.linear1.kernel[...]).shard_shapes == {(8, 256)}
 for trained_leaf, ref_leaf in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                                   jax.tree.leaves(nnx.state(ref_model, nnx.Param)), strict=True):
     assert_close(trained_leaf, ref_leaf, atol=RTOL)  # gathered to the host
+
+# %% [markdown]
+# ## Takeaways
+# - Data parallelism stores 12 bytes per parameter on every device. FSDP splits the large parameters and
+#   their Adam moments across the same devices (`f32[64@fsdp,256]`), and the small biases stay replicated.
+# - Write the rule as `(path, leaf) -> NamedSharding`, map it with `jax.tree_util.tree_map_with_path`,
+#   plan on `nnx.eval_shape` state, and create the model sharded: no device holds it whole.
+# - What a device stores is divided by the device count. The step's temporaries shrink far more slowly,
+#   because each device gathers every weight whole. On the CPU compiler they do not shrink at all (about
+#   twice the model). On a TPU at a real size they fall from 960 to 721 MiB between 2 and 8 chips at
+#   `O0`, and from 1.3 GiB to 724 MiB at the default effort, while the state falls 4 times. They stay
+#   larger than data parallelism's.
+# - Say which compiler effort produced a TPU memory figure. At `O0` nothing goes to VMEM and HBM can be
+#   larger; your runs use the default effort.
+# - The step all-gathers the weights and reduce-scatters the gradients (the CPU compiler uses an
+#   all-reduce and a slice instead). That is data parallelism's traffic or more, so FSDP saves memory,
+#   not communication. HSDP sends only each group's shard of the gradients across groups.
 
 # %% [markdown]
 # ## Exercises
@@ -605,16 +732,4 @@ answer_3 = NOT_ANSWERED  # a pair (reduce-scatter bytes, all-reduce bytes)
 ex.gradient_traffic.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - Data parallelism stores 12 bytes per parameter on every device; FSDP splits the large parameters and
-#   their Adam moments across the same devices (`f32[64@fsdp,256]`); biases stay replicated.
-# - Write the rule as `(path, leaf) -> NamedSharding`, map it with `jax.tree_util.tree_map_with_path`,
-#   plan on `nnx.eval_shape` state, and create the model sharded: no device holds it whole.
-# - What a device stores shrinks with the device count; the step's temporaries do not (each device
-#   gathers every weight whole): about twice the model on the CPU backend, more than data parallelism's
-#   on a TPU at a real size.
-# - The step all-gathers the weights and reduce-scatters the gradients (on the CPU backend: an all-reduce
-#   and a slice). That is data parallelism's traffic or more: FSDP saves memory, not communication.
-#   HSDP sends only each group's shard of the gradients across groups.
-#
 # **Next:** [11 · A sharded transformer, end to end](11_transformer.ipynb)

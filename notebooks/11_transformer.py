@@ -11,12 +11,12 @@
 # modules and `nnx.Optimizer`, `nnx.eval_shape`, `jax.ShapeDtypeStruct`, and `jax.jit` with
 # `out_shardings=` and `donate_argnums=`.
 #
-# One transformer trains under four sharding strategies (data parallel, tensor parallel, 2-D and FSDP)
-# that differ only in a table of rules mapping its dimensions' **logical** names to mesh axes.
+# Annotated once with **logical** names for its dimensions instead, the model switches strategy with a
+# small table of rules that maps those names to mesh axes.
 #
 # **You will learn**
-# - how to annotate an NNX model with logical names and choose the strategy with
-#   `nnx.logical_axis_rules`;
+# - how to annotate an NNX model with logical names and choose the strategy (data parallel, tensor
+#   parallel, 2-D or FSDP) with `nnx.logical_axis_rules`;
 # - how to create the model and optimizer already sharded, and what that saves over building on one
 #   device and moving;
 # - why annotating the parameters is not enough, and why the rules must be in force while tracing;
@@ -80,7 +80,7 @@ from utils import type_string
 #
 # A name says *what* a dimension is, not how to split it. The linear layers have no biases, and the
 # residual stream `x` is constrained to `('batch', None, None)` with `with_logical_constraint` (from
-# `flax.linen`; it reads the same rules); section 4 shows why.
+# `flax.linen`, which reads the same rules). Section 4 shows why.
 
 # %% tags=["save"]
 dense_init = nnx.initializers.lecun_normal()
@@ -153,7 +153,8 @@ class MyTransformer(nnx.Module):
 # One block is enough: every block adds the same parameters and collectives. `nnx.eval_shape` runs
 # the constructor on shapes alone: every array of the model and its Adam optimizer is a
 # `jax.ShapeDtypeStruct`, with the logical names as metadata (section 3 places the arrays).
-# `FAST_COMPILE` skips optimising machine code; partitioning and buffer sizes are decided before that.
+# `FAST_COMPILE` skips optimising machine code, which is safe here because partitioning and buffer
+# sizes are decided before that stage.
 # With no rules in force, `nnx.get_partition_spec` returns the names:
 
 # %%
@@ -215,7 +216,7 @@ for name, (mesh, rules) in STRATEGIES.items():
 
 # %% [markdown]
 # Under a table, `nnx.get_named_sharding(abstract, mesh)` gives a `NamedSharding` for every array of
-# the abstract state; Adam's moments inherit their parameter's names. No array exists yet: this is
+# the abstract state, and Adam's moments inherit their parameter's names. No array exists yet: this is
 # the plan.
 
 # %%
@@ -306,8 +307,8 @@ assert one.argument == 0 and one.footprint >= whole  # device 0 holds everything
 
 # %% [markdown]
 # `footprint` (arguments + outputs + temporaries; on TPU, HBM) is what a device needs while the program
-# runs: the whole state for building on one device, about an eighth of it for FSDP's init (on the CPU
-# backend). Every sharded state holds the numbers of the one-device state (section 5's reference): with
+# runs: the whole state for building on one device, and about an eighth of it for FSDP's init (the
+# hidden cell at the end of this section checks that with the CPU compiler's figures). Every sharded state holds the numbers of the one-device state (section 5's reference): with
 # `jax_threefry_partitionable` (on by default) each device generates only its block, the same values
 # however the array is split.
 
@@ -334,9 +335,10 @@ assert blocks == {"data": {(64, 64)}, "tensor": {(64, 8)}, "2-D": {(64, 32)}, "F
 fig
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: FSDP's init program on the CPU
+# @title The CPU compiler's exact figures, §3: FSDP's init program
 fsdp_init = memory_per_device(inits["FSDP"]).footprint
-print(f"FSDP's init needs {fsdp_init / one.footprint:.3f} of the one-device footprint (CPU compiler; accelerators pad)")
+print(f"On this compiler FSDP's init needs {fsdp_init / one.footprint:.3f} of the one-device init's memory per "
+      "device. On the CPU compiler that is under 1/7; accelerators pad small arrays, so theirs is larger.")
 if CPU:  # the CPU compiler's buffer sizes (accelerators pad small arrays to their tiles)
     assert fsdp_init < one.footprint / 7  # FSDP's init: about 1/8 of it
 
@@ -345,7 +347,7 @@ if CPU:  # the CPU compiler's buffer sizes (accelerators pad small arrays to the
 #
 # The task: sequences of 17 tokens that count up from a random start with a random stride of 1, 2 or
 # 3, modulo 32 (`15, 18, 21, 24, ...`). The model reads 16 tokens and predicts each next one. The
-# first prediction is a guess; from the second on, the stride is known. A seeded NumPy generator makes
+# first prediction is a guess, but from the second on the stride is known. A seeded NumPy generator makes
 # a fresh batch of 32 for each step, and one spare.
 
 # %%
@@ -367,7 +369,7 @@ assert data.shape == (STEPS + 1, BATCH, SEQ + 1) and data.max() < VOCAB
 # The train step maps the state pytree to the new one (`nnx.merge` inside, `nnx.state` out), so it
 # can be compiled from `ShapeDtypeStruct`s that carry the plan, and the program you read is the one
 # you train with. `donate_argnums=0` lets the new state overwrite the old one's buffers (notebook 07).
-# The rules are entered *inside* the traced function (the second Gotcha shows why); the reference
+# The rules are entered *inside* the traced function (the second Gotcha shows why). The reference
 # step has no mesh and no rules.
 
 # %%
@@ -415,9 +417,10 @@ for name in STRATEGIES:
 
 # %% [markdown]
 # A collective's result shape says what it carries: `[32,16,...]` (batch, sequence) is an
-# **activation**; a parameter's shape is a **gradient or a weight** (`op.shapes` lists them). The GPU
-# compiler flattens merged collectives into one 1-D array (`f32[8320]`), so the checks for every backend
-# compare kinds, groups and bytes; shapes are checked on the CPU compiler's program only.
+# **activation**, and a parameter's shape is a **gradient or a weight** (`op.shapes` lists them). The
+# GPU compiler flattens merged collectives into one 1-D array (`f32[8320]`), so the checks for every
+# backend compare kinds, groups and bytes. Shapes are checked on the CPU compiler's program only, in
+# the hidden cell at the end of this section.
 
 # %%
 param_shapes = {var.get_value().shape for _, var in params}
@@ -426,7 +429,7 @@ is_activation = lambda shape, rows: shape[:2] == (rows, SEQ)  # [batch rows, seq
 
 # %% [markdown]
 # **Data parallel: the gradients, summed.** The all-reduces carry each gradient once (plus the loss
-# and accuracy scalars), whatever the batch; the CPU compiler merges them into one:
+# and accuracy scalars), whatever the batch. The CPU compiler merges them into one:
 
 # %%
 c = collectives(compiled["data"])
@@ -437,13 +440,24 @@ assert param_bytes <= c.result_bytes <= param_bytes + 16  # the gradients + 2 sc
 
 # %% [markdown]
 # **Tensor parallel: activations, several times per layer.** Wherever a split matrix hands back a
-# partial residual stream, `f32[32,16,64]{U:model}` (the full batch), it is all-reduced. Forward: after
-# the vocabulary-parallel token embedding (each device holds 4 of its 32 rows), the attention output and
-# the MLP down projection. Backward: the input gradients of the head, the MLP up projection and the
-# q, k, v projections. The loss sums `[32,16]` maxima and totals over the split vocabulary, and the
-# accuracy's argmax all-gathers each device's best score and its index (`[32,16,8]`). No gradient
-# crosses devices: each device owns its slice of every split matrix. The CPU compiler sums the q, k
-# and v input gradients separately (8 residual sums), the TPU compiler adds them first (6).
+# partial residual stream, `f32[32,16,64]{U:model}` (the full batch), it is all-reduced. The loss and the
+# accuracy need collectives too, because the vocabulary is split. In one step of this one-layer model:
+#
+# | collective | what it carries | pass |
+# |---|---|---|
+# | all-reduce | the token embedding's output: vocabulary-parallel, each device holds 4 of its 32 rows | forward |
+# | all-reduce | the attention output projection's output | forward |
+# | all-reduce | the MLP down projection's output | forward |
+# | all-reduce | the loss's `[32,16]` maxima and totals over the split vocabulary | forward |
+# | all-gather | the accuracy's argmax: each device's best score and its index, `[32,16,8]` | forward |
+# | all-reduce | the input gradient of the head | backward |
+# | all-reduce | the input gradient of the MLP up projection | backward |
+# | all-reduce | the input gradients of the q, k and v projections | backward |
+#
+# No gradient of a parameter crosses devices, because each device owns its slice of every split
+# matrix. The compilers differ in one row: the CPU compiler sums the q, k and v input gradients
+# separately (8 residual sums in all), while the TPU compiler adds them up first (6). The hidden cell
+# at the end of this section holds the CPU compiler's shapes.
 
 # %%
 c = collectives(compiled["tensor"])
@@ -455,7 +469,7 @@ assert tensor_sums >= 4 * NUM_LAYERS * residual_bytes  # 2 forward, 2 back, merg
 
 # %% [markdown]
 # **2-D: both patterns, each on its own axis.** Activations over `model` (groups of 2), now with 32/4
-# = 8 rows each, so their sums carry a quarter of tensor parallel's bytes; gradients over `data`
+# = 8 rows each, so their sums carry a quarter of tensor parallel's bytes. Gradients go over `data`
 # (groups of 4), half of data parallel's, because the split matrices are halved over `model`.
 
 # %%
@@ -473,8 +487,8 @@ assert grad_bytes_2d <= sum(op.result_bytes for op in over_data) <= grad_bytes_2
 # %% [markdown]
 # **FSDP: weights gathered before use, gradients summed.** Every all-gather rebuilds a whole parameter
 # from its 8 slices before it is used. Each device needs only its slice of the gradients, pending sums
-# `{U:fsdp}`: a reduce-scatter; on the CPU backend it is an **all-reduce** of their full size, after
-# which each device keeps its slice (notebook 10).
+# `{U:fsdp}`, so the natural collective is a reduce-scatter. The CPU compiler uses an **all-reduce** of
+# their full size instead, after which each device keeps its slice (notebook 10).
 
 # %%
 c = collectives(compiled["FSDP"])
@@ -486,8 +500,8 @@ assert "all-gather" in c.kinds
 # ### Gotcha: annotating the parameters is not enough
 #
 # Drop the `with_logical_constraint` lines and FSDP stops being FSDP. The parameters say "split
-# `embed`", the batch says "split `batch`", and nothing says what the activations should be; the
-# compiler follows the weights, splits activations along `embed`, and moves whole activations instead
+# `embed`", the batch says "split `batch`", and nothing says what the activations should be. So the
+# compiler follows the weights: it splits activations along `embed` and moves whole activations instead
 # of weights. Compile just the loss, with the rules inside the trace and without them (then
 # `with_logical_constraint` does nothing):
 
@@ -543,10 +557,11 @@ assert [no_mesh, first, again, fixed] == [False, False, False, True]
 # the wrong strategy. The reference step, with no mesh, skips the constraints.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: the CPU compiler's collectives, shape by shape
+# @title The CPU compiler's exact figures, §4: the collectives, shape by shape
 ops_of = {name: collectives(compiled[name]) for name in STRATEGIES}
 residual_sums = sum(s == (BATCH, SEQ, D_MODEL) for op in ops_of["tensor"].ops for s in op.shapes)
-print(f"residual-stream sums in tensor parallel: {residual_sums} (CPU compiler: 2 + 6 per layer; TPU: 2 + 4)")
+print(f"This compiler's tensor-parallel step sums the residual stream {residual_sums} times. The CPU compiler "
+      "sums it 2 + 6 times per layer, the TPU compiler 2 + 4 (tests/test_tpu_side.py checks the TPU program).")
 if CPU:  # the CPU compiler's program keeps every array's shape
     assert ops_of["data"].count() == 1  # all gradients merged into one all-reduce
     assert all(is_activation(s, BATCH) for op in ops_of["tensor"].ops for s in op.shapes)  # nothing but activations
@@ -646,21 +661,23 @@ for name in STRATEGIES:
 assert expected["data"] == 655_880  # parameters and Adam state, whole on every device
 
 # %% [markdown]
-# - **State.** Data parallel keeps everything on every device; FSDP exactly 1/8 (every parameter has an
-#   `'embed'` dimension); tensor parallel splits only the matrices with a `'heads'`, `'mlp'` or
-#   `'vocab'` dimension; 2-D splits those 2 ways.
-# - **What the step needs** follows another order: tensor parallel and FSDP hold the full batch or full
-#   weights at times, so their temporaries are larger (on the CPU backend).
-# - **Communication.** Data parallel sums the gradients once per step, whatever the batch; tensor
+# - **State.** Data parallel keeps everything on every device. FSDP keeps exactly 1/8, because every
+#   parameter has an `'embed'` dimension. Tensor parallel splits only the matrices with a `'heads'`,
+#   `'mlp'` or `'vocab'` dimension, and 2-D splits those 2 ways.
+# - **What the step needs** follows another order. Tensor parallel and FSDP hold the full batch or full
+#   weights at times, so on the CPU compiler their temporaries are larger than data parallel's (the
+#   hidden cell below checks it with the CPU compiler's figures).
+# - **Communication.** Data parallel sums the gradients once per step, whatever the batch. Tensor
 #   parallel sums activations several times per layer, in proportion to batch x sequence x `d_model`,
-#   here more than the gradients. FSDP gathers each weight; the CPU compiler then sums the full
+#   which here is more than the gradients. FSDP gathers each weight. The CPU compiler then sums the full
 #   gradients, where the TPU and GPU compilers reduce-scatter some or all of them.
 #
 # Notebook 14 scales this comparison to 64 devices.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §6: the CPU compiler's bytes
-print("temporaries:", ", ".join(f"{name} {format_bytes(memory[name].temp)}" for name in STRATEGIES))
+# @title The CPU compiler's exact figures, §6: the bytes of each strategy's step
+print("This compiler's temporaries per device:", ", ".join(f"{name} {format_bytes(memory[name].temp)}"
+                                                             for name in STRATEGIES) + ".")
 if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
     for name in STRATEGIES:
         batch_bytes = max(shard_table(jax.device_put(data[0], batch_sharding[name])).bytes_per_device.values())
@@ -672,7 +689,7 @@ if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
 # ## 7. Save under FSDP, restore as tensor parallel
 #
 # A checkpoint should not pin the layout. Orbax's `StandardCheckpointer` writes each array's shards
-# from the devices that hold them; to restore, give it the target as `ShapeDtypeStruct`s **with the
+# from the devices that hold them. To restore, give it the target as `ShapeDtypeStruct`s **with the
 # shardings you want now** (the tensor-parallel `structs`), and each device reads just its slice.
 
 # %%
@@ -703,6 +720,18 @@ _, loss_one, _ = reference_step(trained["one device"], data[STEPS])
 print(f"step {STEPS + 1}: tensor parallel from the FSDP checkpoint {float(loss_tensor):.5f}, "
       f"FSDP {float(loss_fsdp):.5f}, one device {float(loss_one):.5f}")
 assert_close([float(loss_tensor), float(loss_fsdp)], [float(loss_one)] * 2)
+
+# %% [markdown]
+# ## Takeaways
+# - Annotate once with logical names (`nnx.with_partitioning(init, ('embed', 'mlp'))`); a strategy is a
+#   rule table in `nnx.logical_axis_rules`. All four train to the single-device losses and weights.
+# - Create the state sharded: plan with `nnx.eval_shape` and `nnx.get_named_sharding`, then
+#   `jax.jit(init, out_shardings=plan)`; building on one device needs the whole state there first.
+# - Give every logical name a rule, and constrain the activations too: without it FSDP moved whole
+#   activations. Enter the rules inside the function you `jit`, with a mesh in context.
+# - Data parallel holds everything and sums gradients once per step; tensor parallel sums activations
+#   several times per layer; FSDP holds 1/8 and gathers weights.
+# - Checkpoints are layout-free: restore with Orbax into `ShapeDtypeStruct`s with the new shardings.
 
 # %% [markdown]
 # ## Exercises
@@ -741,15 +770,4 @@ answer_3 = NOT_ANSWERED  # (group_size, bytes)
 ex.residual_allreduce.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - Annotate once with logical names (`nnx.with_partitioning(init, ('embed', 'mlp'))`); a strategy is a
-#   rule table in `nnx.logical_axis_rules`. All four train to the single-device losses and weights.
-# - Create the state sharded: plan with `nnx.eval_shape` and `nnx.get_named_sharding`, then
-#   `jax.jit(init, out_shardings=plan)`; building on one device needs the whole state there first.
-# - Give every logical name a rule, and constrain the activations too: without it FSDP moved whole
-#   activations. Enter the rules inside the function you `jit`, with a mesh in context.
-# - Data parallel holds everything and sums gradients once per step; tensor parallel sums activations
-#   several times per layer; FSDP holds 1/8 and gathers weights.
-# - Checkpoints are layout-free: restore with Orbax into `ShapeDtypeStruct`s with the new shardings.
-#
 # **Next:** [12 · Training memory](12_training_memory.ipynb)

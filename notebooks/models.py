@@ -40,6 +40,17 @@ def step(model, optimizer, x, y):
 train_step = nnx.jit(step, donate_argnums=(0, 1))  # model and optimizer are updated in place
 
 
+# --- from notebooks/07_data_parallel.py
+def first_layer_gradient(model, x, y):
+    """dh: the gradient of the course's loss at the MLP's first layer output (before the ReLU), on one device.
+    Notebooks 09 and 10 read their pending-sum types from it too."""
+
+    def loss_after_w1(h):  # the rest of the network: ReLU, linear2 and the loss
+        return optax.softmax_cross_entropy_with_integer_labels(model.linear2(jax.nn.relu(h)), y).mean()
+
+    return jax.grad(loss_after_w1)(model.linear1(x))
+
+
 # --- from notebooks/08_tensor_parallel.py
 def param_name(path):  # (DictKey('linear1'), DictKey('kernel'), GetAttrKey('value')) -> 'linear1/kernel'
     return "/".join(str(k.key) for k in path if hasattr(k, "key"))
