@@ -767,7 +767,7 @@ def draw_memory(bars: Mapping[str, Mapping[str, float]], *, title: str | None = 
                                    hatch=look, linewidth=0.8, gid="memory-segment", label=category))
             if size > 0.09 * widest:
                 ax.text(start + size / 2, row, format_bytes(size), ha="center", va="center", fontsize=_GOOD_FONT,
-                        bbox=dict(_LABEL_BOX), gid="memory-label")
+                        bbox=dict(_LABEL_BOX, alpha=1.0), gid="memory-label")  # opaque: readable over hatching
             start += size
         ax.text(start + 0.01 * widest, row, format_bytes(start), ha="left", va="center", fontsize=_GOOD_FONT,
                 gid="memory-total")
@@ -778,7 +778,7 @@ def draw_memory(bars: Mapping[str, Mapping[str, float]], *, title: str | None = 
         ax.spines[side].set_visible(False)
     ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=look, label=c)
                        for c, look in zip(categories, _MEMORY_LOOKS, strict=False)],
-              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(categories), 4), fontsize=8, frameon=False)
+              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(categories), 2), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     return _finish(fig)
