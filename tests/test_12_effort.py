@@ -3,15 +3,10 @@ training run gets) does to its ZeRO steps. This checks that table on the noteboo
 notebook, not copied): O0 places nothing in VMEM, the default keeps over 100 MiB there and needs 1.07x,
 1.32x and 2.78x less HBM. Slow (three default-effort compiles, 10-15 s of CPU each), so marked slow."""
 
-import re
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from utils.tpu import tpu_compiler_available
 
-REPO = Path(__file__).resolve().parents[1]
 TPU_OK, TPU_WHY = tpu_compiler_available()
 pytestmark = [pytest.mark.skipif(not TPU_OK, reason=TPU_WHY), pytest.mark.slow]
 MiB = 2**20
@@ -19,40 +14,19 @@ MiB = 2**20
 TABLE = {"ZeRO-1": (440.1, 412.8, 1.07), "ZeRO-2": (328.1, 248.6, 1.32), "ZeRO-3": (224.1, 80.7, 2.78)}
 
 
-def notebook_12():
-    """Notebook 12's model, layouts and steps: its cells from `D, H = ...` to `def abstract`, executed here."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import nnx
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    source = (REPO / "notebooks" / "12_training_memory.py").read_text()
-    start = source.index("D, H = 128, 512")
-    end = source.index("# %% [markdown]", source.index("def abstract("))
-    names = {"jax": jax, "jnp": jnp, "np": np, "nnx": nnx, "optax": optax, "NamedSharding": NamedSharding, "P": P}
-    exec(compile(source[start:end], "12_training_memory.py", "exec"), names)  # definitions only
-    return type("Notebook12", (), names)
-
-
 def spaces(lowered, level):
     """MiB per memory space from the compiler's own report, compiled at `level`."""
     import jax
 
-    from utils import quiet
+    from utils import memory_spaces, quiet
 
     jax.config.update("jax_optimization_level", level)
     try:
-        with tempfile.TemporaryDirectory() as folder, quiet():
-            lowered.compile(compiler_options={"xla_dump_to": folder})
-            (report,) = Path(folder).glob("*memory-usage-report.txt")
-            text = report.read_text()
+        with quiet():
+            report = memory_spaces(lowered.lowered)  # nnx.jit's Lowered wraps jax's
+        return {name: size / MiB for name, size in report.items()}
     finally:
         jax.config.update("jax_optimization_level", "UNKNOWN")
-    found = re.findall(r"^Memory Space: (\w+) \(color=\d+\)\s*\nTotal bytes: (\d+)", text, re.MULTILINE)
-    return {name: int(total) / MiB for name, total in found}
 
 
 @pytest.mark.parametrize("stage", sorted(TABLE))
@@ -62,6 +36,7 @@ def test_12_o0_keeps_everything_in_hbm_and_the_default_effort_needs_less(stage):
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from tests.test_tpu_side import notebook_12  # the notebook's own definitions, read as test_tpu_side reads them
     from utils import quiet
 
     nb = notebook_12()
