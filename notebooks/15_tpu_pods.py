@@ -384,12 +384,20 @@ for name in STRATEGIES:
         assert tpu.argument == shard_bytes[name]  # the shards exactly: all shapes here are multiples of 8 x 128
 
 # %% [markdown]
-# Read `peak` as HBM and the DP step seems to need more on the TPU than on the CPU; its HBM is less, as
-# the TPU keeps some temporaries in VMEM. To see where each buffer went, have the compiler dump its work:
-# the option `xla_dump_to`, here for one compile (for a whole process, `XLA_FLAGS=--xla_dump_to=DIR`
-# before JAX starts). Its `*memory-usage-report.txt` lists buffers by memory space: `default` is HBM,
-# `vmem` VMEM (`smem` holds scalars). In the program's text, a layout ending in `S(1)` is in VMEM.
-# (`utils.memory_spaces(lowered)` does the same in one call; later notebooks use it.)
+# Read `peak` as HBM and the DP step seems to need more on the TPU than on the CPU. In fact its HBM is
+# less, because the TPU keeps some temporaries in VMEM. To see where each buffer went, have the compiler
+# dump its work with the option `xla_dump_to`, here for one compile (for a whole process, set
+# `XLA_FLAGS=--xla_dump_to=DIR` before JAX starts). Its `*memory-usage-report.txt` lists buffers by
+# memory space:
+#
+# | space | memory |
+# |---|---|
+# | `default` | HBM |
+# | `vmem` | VMEM, on the chip |
+# | `smem` | scalars |
+#
+# In the program's text, a layout ending in `S(1)` is in VMEM. `utils.memory_spaces(lowered)` does the
+# same in one call, and notebook 12 uses it on jax 0.10.
 
 # %%
 if not ok:
