@@ -10,8 +10,10 @@
 # **You need:** notebooks 07 (a train step with Flax NNX and Optax, donation) and 10 (FSDP: weights split
 # over `data`, gathered per layer); `donate_argnums`, `NamedSharding`, `jax.lax.with_sharding_constraint`.
 #
-# **You will learn** (on a stack of residual blocks that trains on 8 devices to one device's losses, and
-# a wide copy compiled for this backend and for a TPU v5e)
+# You train a stack of residual blocks on 8 devices, every variant to one device's losses, and compile a
+# wide copy of its step for this backend and for a TPU v5e.
+#
+# **You will learn**
 # - what a step without `donate_argnums` holds: two copies of the state;
 # - what `nnx.remat` saves per layer at a realistic size, what offloading to host memory saves, and why
 #   layers are scanned, not unrolled;

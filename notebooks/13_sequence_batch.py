@@ -10,6 +10,8 @@
 # **You need:** notebooks 05 (Explicit axes), 08 (column- and row-parallel layers), 09 (a `data` x `model`
 # mesh) and 10 (FSDP); `jax.lax.with_sharding_constraint`, `jax.lax.scan`, `jax.typeof`.
 #
+# Three techniques join the strategies of notebooks 07 to 11, and a map shows the ones beyond them.
+#
 # **You will learn**
 # - how `P(None, 'model', None)` on the activations between tensor-parallel regions divides their
 #   memory by the `model` axis, and turns the all-reduce into a reduce-scatter and an all-gather;

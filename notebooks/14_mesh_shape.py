@@ -11,7 +11,9 @@
 # tables; its transformer is reused here) and 12 (memory per device); `jax.ShapeDtypeStruct`,
 # `jax.jit(...).lower(...).compile()`.
 #
-# **You will learn** (from notebook 11's transformer, compiled for 64 devices under five layouts)
+# You compile notebook 11's transformer for 64 devices under five layouts and read the tables.
+#
+# **You will learn**
 # - how to compile a train step for 64 devices without allocating anything, and read its memory per
 #   device and its collectives;
 # - how state, gradients and activations scale with the `data` and `model` axes, with and without FSDP;

@@ -11,7 +11,9 @@
 # (logical axis rules) and 12 (mixed precision, `memory_per_device`); `jax.jit(f).lower(...).compile()`
 # on `jax.ShapeDtypeStruct`s, `jax.make_mesh`, `NamedSharding`, and Flax NNX's `nnx.eval_shape`.
 #
-# **You will learn** (with no TPU present, allocating nothing)
+# Everything below runs with no TPU present and allocates nothing.
+#
+# **You will learn**
 # - how to describe a TPU slice with `topologies.get_topology_desc`, and each generation's HBM;
 # - why a mesh should come from `jax.make_mesh` (through `mesh_utils.create_device_mesh`) rather than a
 #   reshape of the device list;
