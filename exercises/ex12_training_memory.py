@@ -32,8 +32,13 @@ def _check_zero_bytes(answer: object) -> None:
         f"each entry is a number of bytes; got {answer!r}"
     )
     z1, z2, z3 = answer
-    if _close(z1, 29.3125) or _close(z3, 1.75):
-        raise AssertionError("those look like gigabytes: give bytes (7e9 parameters x bytes per parameter ...)")
+    for unit, size in (("GB (10**9 bytes)", 10**9), ("GiB (2**30 bytes)", 2**30), ("MB (10**6 bytes)", 10**6),
+                       ("MiB (2**20 bytes)", 2**20)):
+        if any(_close(given * size, right) for given, right in zip(answer, (_ZERO_1, _ZERO_2, _ZERO_3), strict=True)):
+            raise AssertionError(
+                f"those look like {unit}: the question asks for bytes, so multiply by {size:,} "
+                "(or count 7e9 parameters x bytes per parameter directly)"
+            )
     assert _close(z3, _ZERO_3), (
         f"ZeRO-3: {z3:,} is not it. ZeRO-3 splits everything: (2 + 2 + 12) bytes x 7e9 parameters / 64 devices"
     )
@@ -64,7 +69,11 @@ zero_bytes = Exercise(
         (_PARAM * _PSI + _OPT * _PSI // _N, _ZERO_2, _ZERO_3),  # ZeRO-1 without the gradient
         (_ZERO_1, _PARAM * _PSI + _OPT * _PSI // _N, _ZERO_3),  # ZeRO-2 without its gradient slice
         (16 * _PSI, 16 * _PSI, 16 * _PSI // _N),  # nothing split before ZeRO-3
-        (29.3125, 15.53125, 1.75),  # gigabytes
+        (29.3125, 15.53125, 1.75),  # gigabytes (10**9 bytes)
+        (_ZERO_1 / 2**30, _ZERO_2 / 2**30, _ZERO_3 / 2**30),  # gibibytes: 27.30, 14.46, 1.63
+        (round(_ZERO_1 / 2**30, 2), round(_ZERO_2 / 2**30, 2), round(_ZERO_3 / 2**30, 2)),  # the same, as printed
+        (_ZERO_1, _ZERO_2, _ZERO_3 / 2**30),  # one entry in GiB
+        (_ZERO_1 / 10**6, _ZERO_2 / 10**6, _ZERO_3 / 10**6),  # megabytes
     ),
     hint="per device: (what a stage keeps whole) x 7e9 + (what it splits) x 7e9 / 64, with 2 + 2 + 12 bytes",
     explanation=(

@@ -10,16 +10,16 @@
 # **You need:** notebooks 07 (a train step with Flax NNX and Optax, donation) and 10 (FSDP: weights split
 # over `data`, gathered per layer); `donate_argnums`, `NamedSharding`, `jax.lax.with_sharding_constraint`.
 #
-# You train a stack of residual blocks on 8 devices, compile its step for a wide model on this backend
-# and for a TPU v5e, and cut its memory with donation, scanned layers with remat and host offload, the
-# three ZeRO stages, and mixed precision. Every variant trains to a single-device reference's losses.
+# You train a stack of residual blocks on 8 devices, every variant to one device's losses, and compile a
+# wide copy of its step for this backend and for a TPU v5e.
 #
 # **You will learn**
 # - what a step without `donate_argnums` holds: two copies of the state;
 # - what `nnx.remat` saves per layer at a realistic size, what offloading to host memory saves, and why
 #   layers are scanned, not unrolled;
 # - ZeRO-1, 2 and 3 as three sharding rules, with the memory and collectives of each compiled step;
-# - what mixed precision with float32 master weights stores per parameter (no less than float32).
+# - what mixed precision with float32 master weights stores per parameter (no less than float32);
+# - why every TPU memory figure must name the compiler effort that produced it.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -58,21 +58,29 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, format_bytes, memory_per_device, quiet, shard_table,
-                   tpu_compiler_available, type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_memory, format_bytes, memory_per_device,
+                   memory_spaces, quiet, shard_table, tpu_compiler_available, type_string)
 
 # %% [markdown]
 # ## 1. A stack of identical blocks, created sharded
 #
 # The model is `L` residual blocks, `x + relu(x @ up) @ down`. `nnx.vmap` creates the `L` blocks at once,
-# so each weight is **stacked** on a leading layer axis: `up` is one `(L, width, hidden)` array. `nnx.scan`
-# runs the blocks in a loop over that axis; `scan=False` unrolls it; `policy` wraps the block in
-# `nnx.remat` (section 3). The loss is the mean squared error to a fixed random linear map; Adam, learning
-# rate 1e-3. The gradient is `jax.value_and_grad` of the parameters split off the model (section 3 shows
-# why not `nnx.value_and_grad`).
+# so each weight is **stacked** on a leading layer axis: `up` is one `(L, width, hidden)` array. The
+# model's options choose how the blocks run:
 #
-# Two sizes: width 128 and hidden size 512 to train on 8 CPU devices, and a **wide** model (1024, 8192;
-# one layer's kernels are 64 MiB), only compiled, to measure memory at a size that matters.
+# | option | what it does | section |
+# |---|---|---|
+# | default | `nnx.scan` runs the blocks as a loop over the layer axis | 3 |
+# | `scan=False` | unrolls that loop into `L` copies of the block | 3 |
+# | `policy` | wraps the block in `nnx.remat` with that checkpoint policy (`None`: no remat) | 3 |
+#
+# The loss is the mean squared error to a fixed random linear map, trained with Adam at a learning rate
+# of 1e-3. The gradient is `jax.value_and_grad` of the parameters split off the model, for a reason
+# section 3 shows: `nnx.value_and_grad` would copy weights inside the loop.
+#
+# The model comes in two sizes. Width 128 and hidden size 512 train on 8 CPU devices, so every variant
+# can be checked against a reference. A **wide** model (width 1024, hidden 8192, so one layer's kernels
+# are 64 MiB) is only compiled, never allocated, so that memory is measured at a size that matters.
 
 # %%
 D, H = 128, 512  # width, hidden size of the model that trains
@@ -136,12 +144,16 @@ x = rng.standard_normal((512, D), dtype=np.float32)
 y = x @ rng.standard_normal((D, D), dtype=np.float32) / np.float32(D**0.5)
 
 # %% [markdown]
-# Where each array lives is a rule, as in notebook 10: a stacked kernel (the only 3-D leaves) is either
-# split on its rows over the mesh axis `data`, `P(None, 'data')`, or whole; the step counters are whole.
-# Splitting the rows, not the layer axis, gives every device a slice of every layer, so each layer can be
-# gathered when the loop reaches it. The three ZeRO stages (section 4) are three choices of what to
-# split; ZeRO-3 splits everything, which is FSDP. `make_step` pins the gradients and the new state to
-# their stage's layout with `with_sharding_constraint`, and donates the state.
+# Where each array lives is a rule, as in notebook 10. A stacked kernel (the only 3-D leaves) is either
+# split on its rows over the mesh axis `data`, `P(None, 'data')`, or kept whole, and the step counters
+# are whole. Splitting the rows rather than the layer axis gives every device a slice of every layer, so
+# each layer can be gathered when the loop reaches it.
+#
+# The three ZeRO stages (section 4) are three choices of what to split, and ZeRO-3 splits everything,
+# which is FSDP. The axis is called `data` here, not `fsdp` as in notebooks 10 and 11, because ZeRO
+# splits the state over the same devices that split the batch: one axis has both roles, and from here
+# on (notebooks 12 to 15) `data` names it. `make_step` pins the gradients and the new state to their
+# stage's layout with `with_sharding_constraint`, and donates the state.
 
 # %%
 ZERO = {  # what each stage splits over 'data': (parameters, gradients, optimizer state)
@@ -204,12 +216,29 @@ def abstract(stage, mesh, make=create, **options):
     return model, optimizer
 
 # %% [markdown]
-# The wide model is compiled for this backend's 8 devices and for a TPU v5e of 8 chips
-# (`v5e:2x4`). That needs only the TPU compiler, libtpu: a mesh of the topology's chips replaces
-# `jax.devices()`, and a step lowered from `jax.ShapeDtypeStruct`s compiles to a TPU program to read,
-# not run (notebook 15). The TPU programs use the compiler's least effort, `O0` (its default needs less
-# HBM but takes about 10 s a program). On a TPU, `footprint` is the chip's HBM: the bytes allocated
-# (jax 0.12), or an estimate from arguments, outputs and temporaries (jax 0.10); on-chip VMEM is not in it.
+# The wide model is compiled for this backend's 8 devices and for a TPU v5e of 8 chips (`v5e:2x4`).
+# That needs only the TPU compiler, libtpu. A mesh of the topology's chips replaces `jax.devices()`, and
+# a step lowered from `jax.ShapeDtypeStruct`s compiles to a TPU program that can be read but not run
+# (notebook 15 shows more).
+#
+# **Which effort the TPU figures come from.** The TPU compiler has effort levels. Its default, the one a
+# training run gets, takes 10 to 15 s of CPU time per program here, and this notebook compiles about
+# twenty. So the TPU programs below ask for the least effort, `O0`, and every TPU figure is labelled
+# "O0". This changes the figures, not only the compile time, because at O0 the compiler puts nothing in
+# VMEM, the chip's 128 MiB of fast on-chip memory. Every buffer then counts against HBM, so O0 figures are
+# upper bounds on what the default effort needs. How far above depends on the program:
+#
+# | section 4's step | HBM at O0 | HBM at the default effort | O0 / default |
+# |---|---|---|---|
+# | ZeRO-1 | 440.1 MiB | 412.8 MiB (110 MiB more in VMEM) | 1.07 |
+# | ZeRO-2 | 328.1 MiB | 248.6 MiB (106 MiB more in VMEM) | 1.32 |
+# | ZeRO-3 | 224.1 MiB | 80.7 MiB (112 MiB more in VMEM) | 2.78 |
+#
+# (The default-effort column is compiled and asserted by `tests/test_12_effort.py`, which reads this
+# notebook's own steps: too slow to repeat here.) The comparisons this notebook draws (which variant
+# needs more) hold at both efforts; the sizes do not carry over. On a TPU, `footprint` is the chip's HBM:
+# the bytes the compiler allocated (jax 0.12), or on jax 0.10 an estimate from arguments, outputs and
+# temporaries, which runs up to 32% high for these steps.
 
 # %%
 ok, why = tpu_compiler_available()
@@ -222,21 +251,35 @@ if ok:
     targets["TPU v5e"] = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
 
 
-def compile_wide(stage, target, layers=2, donate=True, grad=param_grad, make=create, dtype=jnp.float32, **options):
-    """The stage's step for the wide model, compiled for a target from abstract state; also its compile seconds."""
+def lower_wide(stage, target, layers=2, donate=True, grad=param_grad, make=create, dtype=jnp.float32, **options):
+    """The stage's step for the wide model, lowered for a target from abstract state (nothing allocated)."""
     where = targets[target]
     data = NamedSharding(where, P("data"))
     x_wide, y_wide = (jax.ShapeDtypeStruct((TOKENS, WIDE["width"]), t, sharding=data) for t in (dtype, jnp.float32))
-    lowered = make_step(stage, where, donate, grad).lower(
+    return make_step(stage, where, donate, grad).lower(
         *abstract(stage, where, make, layers=layers, **WIDE, **options), x_wide, y_wide)
-    tpu = where.devices.flat[0].platform == "tpu"
-    jax.config.update("jax_optimization_level", "O0" if tpu else "UNKNOWN")
+
+
+def at_effort(target):
+    """The compiler effort used for a target: O0 on a TPU (see above), the default elsewhere."""
+    return "O0" if target.startswith("TPU") else "UNKNOWN"
+
+
+def compile_wide(stage, target, *args, **options):
+    """`lower_wide(...)` compiled at the target's effort; also its compile seconds."""
+    lowered = lower_wide(stage, target, *args, **options)
+    jax.config.update("jax_optimization_level", at_effort(target))
     try:
         start = time.perf_counter()
         with quiet():
             return lowered.compile(), time.perf_counter() - start
     finally:
         jax.config.update("jax_optimization_level", "UNKNOWN")
+
+
+def named(target):
+    """A target's name with the effort its figures come from."""
+    return f"{target} O0" if at_effort(target) == "O0" else target
 
 
 def hbm_of(target, variant, layers=2):
@@ -293,36 +336,51 @@ for target in targets:
 wide_state = stored(abstract("ZeRO-3", mesh, layers=2, **WIDE))
 
 print(f"state: {format_bytes(wide_state)} per device")
-print(f"{'':<21}{'arguments':>11}{'outputs':>11}{'aliased':>11}{'temporaries':>13}{'at most live':>14}")
+print(f"{'':<24}{'arguments':>11}{'outputs':>11}{'aliased':>11}{'temporaries':>13}{'footprint':>11}")
 saved_by_donation = {}
 for target in targets:
     donated, plain = (memory_per_device(wide[target, v, 2][0]) for v in ("ZeRO-3", "not donated"))
     for name, m in (("donated", donated), ("not donated", plain)):
-        print(f"{target + ' ' + name:<21}{format_bytes(m.argument):>11}{format_bytes(m.output):>11}"
-              f"{format_bytes(m.alias):>11}{format_bytes(m.temp):>13}{format_bytes(m.footprint):>14}")
+        print(f"{named(target) + ' ' + name:<24}{format_bytes(m.argument):>11}{format_bytes(m.output):>11}"
+              f"{format_bytes(m.alias):>11}{format_bytes(m.temp):>13}{format_bytes(m.footprint):>11}")
     assert abs(donated.alias - wide_state) < 2**12  # the whole state updated in place (TPU pads scalars)
     assert plain.alias == 0  # no output reuses an argument: the new state in buffers of its own
     saved_by_donation[target] = plain.footprint - donated.footprint
-print("donation saves:", {t: format_bytes(b) for t, b in saved_by_donation.items()})
+print("donation saves:", {named(t): format_bytes(b) for t, b in saved_by_donation.items()})
 
 # %% [markdown]
-# Donated, the outputs alias the whole 48 MiB state. Without donation nothing aliases: the new state
-# gets buffers of its own while the caller keeps the old one, two copies at the step's end. What
-# donation saves in total depends on how the compiler spends the freed space on temporaries.
+# `footprint` is the memory the program needs per device: on the CPU backend arguments + outputs +
+# temporaries - aliased, an upper bound, and on the TPU the HBM the compiler allocated (at O0).
+#
+# Donated, the outputs alias the whole 48 MiB state, because the new state is written over the old.
+# Without donation nothing aliases: the new state gets buffers of its own while the caller keeps the
+# old one, so two copies exist at the step's end. What donation saves in total depends on how the
+# compiler spends the freed space on temporaries, so each compiler's exact saving is in the hidden cell
+# below ("The CPU and TPU compilers' exact figures, §2").
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §2: what donation saves, per compiler
+# @title The CPU and TPU compilers' exact figures, §2: what donation saves
 if CPU:  # the CPU compiler spends part of the saving on temporaries
     assert 0 < saved_by_donation["CPU"] < wide_state / 2
-tpu_hbm = ok and memory_per_device(wide["TPU v5e", "ZeRO-3", 2][0]).allocated is not None  # HBM allocated (jax 0.12)
-if tpu_hbm:
-    assert abs(saved_by_donation["TPU v5e"] - wide_state) < 2**12  # a whole copy of the state
-elif ok:  # jax 0.10's estimate: the donated step reports more temporaries than the state it saves
-    assert saved_by_donation["TPU v5e"] <= 0
-note = {"CPU": "the CPU compiler spends the rest on temporaries", "TPU v5e": "a whole copy" if tpu_hbm else
-        "jax 0.10's estimate counts more temporaries"}
-print("; ".join(f"{t}: donation saves {format_bytes(b)} of the {format_bytes(wide_state)} state ({note.get(t, '')})"
-                for t, b in saved_by_donation.items()))
+allocation_known = ok and memory_per_device(wide["TPU v5e", "ZeRO-3", 2][0]).allocated is not None  # jax 0.12
+if ok and not allocation_known:
+    # jax 0.10 reports no HBM allocation, and its estimate misses this saving: read the compiler's report
+    jax.config.update("jax_optimization_level", "O0")
+    try:
+        with quiet():
+            report = {d: memory_spaces(lower_wide("ZeRO-3", "TPU v5e", donate=d).lowered)["default"]
+                      for d in (True, False)}
+    finally:
+        jax.config.update("jax_optimization_level", "UNKNOWN")
+    saved_by_donation["TPU v5e"] = report[False] - report[True]
+if allocation_known:  # jax 0.12's TPU compiler (libtpu 0.0.50): a whole copy of the state, in HBM
+    assert abs(saved_by_donation["TPU v5e"] - wide_state) < 2**12
+elif ok:  # jax 0.10's (libtpu 0.0.42) spends most of the freed copy on temporaries, as the CPU compiler does
+    assert 0 < saved_by_donation["TPU v5e"] < wide_state / 2
+note = {"CPU": "the CPU compiler spends the rest on temporaries",
+        "TPU v5e": "a whole copy" if allocation_known else "libtpu 0.0.42 spends the rest on temporaries"}
+print("\n".join(f"{named(t)}: donation saves {format_bytes(b)} of the {format_bytes(wide_state)} state "
+                f"({note.get(t, '')})" for t, b in saved_by_donation.items()))
 
 # %% [markdown]
 # ## 3. Scan and remat: what each layer adds
@@ -377,7 +435,7 @@ print(f"one layer's kernels: {format_bytes(layer_bytes)} whole, {format_bytes(la
 MATMUL = re.compile(r" (?:dot|convolution)\(|custom_call_target=\"[^\"]*gemm")  # CPU and TPU; GPU libraries
 growth, matmuls = {}, {}
 for target in targets:
-    print(f"{target:<14}{'L = 2':>11}{'L = 4':>11}{'per layer':>11}{'matmuls':>10}{'compile s':>12}")
+    print(f"{named(target):<14}{'L = 2':>11}{'L = 4':>11}{'per layer':>11}{'matmuls':>10}{'compile s':>12}")
     for name in variants:
         (c2, s2), (c4, s4) = wide[target, name, 2], wide[target, name, 4]
         hbm = [memory_per_device(c).footprint for c in (c2, c4)]
@@ -390,13 +448,16 @@ for target in targets:
     assert matmuls[target, "unrolled"][1] >= matmuls[target, "unrolled"][0] + 2 * 4  # 2 forward, 2+ backward
 
 # %% [markdown]
-# Remat pays at this size: `nothing_saveable` saves each layer tens of MiB per device on both targets (at
-# least half a `[1024, 8192]` activation), for one more forward pass. What each layer still adds is its
-# share of the parameters and Adam's moments, its gradient slice, and its saved input.
+# Remat pays at this size. With `nothing_saveable`, each layer needs tens of MiB less per device on both
+# targets (at least half a `[1024, 8192]` activation), and the price is one more forward pass, because
+# the backward pass recomputes what was not saved. What each layer still adds is its share of the
+# parameters and Adam's moments, its gradient slice, and its saved input.
 #
-# Unrolling costs the CPU backend a whole layer's gathered kernels (64 MiB) per layer more than the scan;
-# the TPU compiler frees them sooner. The case for scanning is the program: one loop body for every
-# depth, while the unrolled program copies the block's matmuls per layer.
+# Unrolling costs memory on the CPU backend: a whole layer's gathered kernels (64 MiB) per layer more
+# than the scan, as the hidden cell at the end of this section shows. The TPU compiler frees them sooner,
+# so on a TPU the case for scanning is the program rather than memory. A scan has one loop body for every
+# depth, whereas the unrolled program repeats the block's matmuls once per layer, so it grows (and takes
+# longer to compile) with depth.
 #
 # **Host offload.** A TPU host has memory of its own. A remat policy can copy what it saves there
 # (`offload_dst="pinned_host"`) and fetch it back for the backward pass: `offload_dot_with_no_batch_dims`
@@ -412,7 +473,7 @@ if ok:
     on_host = {}
     for name in ("nothing_saveable", "dots_saveable", "offloaded dots"):
         on_host[name] = wide["TPU v5e", name, 2][0].memory_analysis().host_temp_size_in_bytes
-        print(f"{name:<17} HBM {format_bytes(hbm_of('TPU v5e', name)):>10}, host {format_bytes(on_host[name]):>9}")
+        print(f"{name:<17} HBM at O0 {format_bytes(hbm_of('TPU v5e', name)):>10}, host {format_bytes(on_host[name]):>9}")
     offloaded = wide["TPU v5e", "offloaded dots", 2][0].as_text()
     host_buffers = set(re.findall(r"f32\[2,1024,8192\]\{[^}]*S\(5\)\}", offloaded))  # memory space 5
     print("saved on the host:", host_buffers)
@@ -423,9 +484,10 @@ if ok:
     assert len(MATMUL.findall(offloaded)) == matmuls["TPU v5e", "scan"][0]  # as without remat: none recomputed
 
 # %% [markdown]
-# The offloading step keeps `dots_saveable`'s residuals, each layer's `x @ up`, in host memory (layout
-# `S(5)`): 64 MiB. Its HBM is that much below `dots_saveable`'s (more by jax 0.10's estimate), below even
-# `nothing_saveable`'s, and no matmul is recomputed. The price: 64 MiB over the host link each way.
+# The offloading step keeps `dots_saveable`'s residuals, each layer's `x @ up`, in host memory (the
+# layout `S(5)`), 64 MiB in all. So its HBM at O0 is that much below `dots_saveable`'s (more by jax
+# 0.10's estimate), and even below `nothing_saveable`'s, while no matmul is recomputed. The price is
+# 64 MiB over the host link each way, every step.
 #
 # > **Gotcha.** Differentiate the split parameter state, not the model. `nnx.value_and_grad` over a model
 # > whose scan wraps `nnx.remat` makes the forward loop carry out a copy of every layer's weight slices.
@@ -473,15 +535,19 @@ unrolled_gathers = [op for op in unrolled_comm.ops if op.kind == "all-gather"]
 assert not any(op.in_loop for op in unrolled_comm.ops) and sum(len(op.shapes) for op in unrolled_gathers) >= 4
 
 # %% [markdown]
-# `(in loop, x2)` marks a collective in a `while` loop's body: it runs once per layer, 2 times here, and the
-# total counts every run. The forward loop gathers
-# `up` and `down`; the backward loop gathers them again, because the scan saved only the slices; the
-# gradient's sum (an all-reduce on CPU) is in the backward loop too, one layer at a time.
+# `(in loop, x2)` marks a collective in a `while` loop's body, so it runs once per layer, 2 times here, and
+# the totals count every run:
+#
+# | where | collective | why |
+# |---|---|---|
+# | forward loop | all-gather `up` and `down` | each layer needs its weights whole |
+# | backward loop | all-gather them again | the scan saved only each device's slices |
+# | backward loop | the gradient's sum (an all-reduce on CPU) | one layer's gradient at a time |
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: what each compiler keeps live
+# @title The CPU and TPU compilers' exact figures, §3: what each keeps live
 print("unrolled minus scanned, per layer: " + "; ".join(
-    f"{t} {format_bytes(growth[t, 'unrolled'] - growth[t, 'scan'])}" for t in targets)
+    f"{named(t)} {format_bytes(growth[t, 'unrolled'] - growth[t, 'scan'])}" for t in targets)
     + f" (one layer's gathered kernels: {format_bytes(layer_bytes)})")
 if CPU:  # the CPU compiler keeps each layer's gathered kernels
     assert growth["CPU", "unrolled"] - growth["CPU", "scan"] >= layer_bytes
@@ -538,7 +604,7 @@ for target in targets:
         wide[target, stage, 2] = compile_wide(stage, target)
 stored_wide = {stage: stored(abstract(stage, mesh, layers=2, **WIDE)) for stage in ZERO}
 hbm = {(t, s): hbm_of(t, s) for t in targets for s in ZERO}
-print(f"{'':<8}{'stored':>11}" + "".join(f"{t:>12}" for t in targets))
+print(f"{'':<8}{'stored':>11}" + "".join(f"{named(t):>12}" for t in targets))
 for stage in ZERO:
     print(f"{stage:<8}{format_bytes(stored_wide[stage]):>11}" + "".join(f"{format_bytes(hbm[t, stage]):>12}"
                                                                        for t in targets))
@@ -562,16 +628,52 @@ for t in targets:  # memory falls from stage to stage
     assert hbm[t, "ZeRO-1"] > hbm[t, "ZeRO-2"] > hbm[t, "ZeRO-3"]
 
 # %% [markdown]
-# ZeRO-1 and 2 store the whole parameters (128 MiB) and 1/8 of Adam's moments; ZeRO-3 stores 1/8 of
-# everything. Memory falls at each stage on both targets. ZeRO-2 needs 112 MiB less than ZeRO-1 on the CPU
-# backend: ZeRO-1 holds the whole gradient until Adam has read its slice. ZeRO-1 and 2 all-gather the
-# updated parameters once per step, after the loop; ZeRO-3 gathers each layer's weights inside it. On the
-# CPU backend every gradient sum is an all-reduce (then a `dynamic-slice`); the TPU compiler fuses the
-# pair into a **reduce-scatter** wherever the gradient is split.
+# What each stage stores follows from its rule:
+#
+# | stage | parameters stored | Adam's moments stored | gradient while the step runs |
+# |---|---|---|---|
+# | ZeRO-1 | whole, 128 MiB | 1/8, 32 MiB | whole, 128 MiB |
+# | ZeRO-2 | whole, 128 MiB | 1/8, 32 MiB | 1/8, 16 MiB |
+# | ZeRO-3 | 1/8, 16 MiB | 1/8, 32 MiB | 1/8, 16 MiB |
+#
+# So memory falls at each stage, on both targets. ZeRO-2 saves over ZeRO-1 because ZeRO-1 holds the
+# whole gradient until Adam has read its slice. The hidden cell below ("The CPU and TPU compilers' exact
+# figures, §4") checks that the CPU backend's saving is exactly the whole gradient less its slice, 112 MiB.
+#
+# The collectives differ too. ZeRO-1 and 2 all-gather the updated parameters once per step, after the
+# loop, whereas ZeRO-3 gathers each layer's weights inside it. On the CPU backend every gradient sum is an
+# all-reduce followed by a `dynamic-slice`. The TPU compiler fuses that pair into one **reduce-scatter**
+# wherever the gradient is split, so it never holds the whole sum.
+#
+# The picture splits each step's memory per device into what the rules above store, the gradient, and
+# the rest: activations saved for the backward pass, gathered weights and other temporaries. It adds two
+# ZeRO-3 variants from sections 2 and 3, without donation and without remat. For the TPU these are O0
+# figures, so the rest is an upper bound: at the default effort much of it moves to VMEM, as the table
+# in section 1 shows (ZeRO-3's 224.1 MiB of HBM becomes 80.7 MiB).
+
+# %%
+shown = "TPU v5e" if ok else jax.default_backend().upper()
+REST = "the rest: activations, gathered weights, temporaries"
+variants_shown = {"ZeRO-1": "ZeRO-1", "ZeRO-2": "ZeRO-2", "ZeRO-3": "ZeRO-3", "ZeRO-3, not donated": "not donated",
+                  "ZeRO-3, no remat": "scan"}
+bars = {}
+for label, variant in variants_shown.items():
+    stage = label.split(",")[0]
+    model_shapes, optimizer_shapes = abstract(stage, mesh, layers=2, **WIDE)
+    parts = {"parameters": stored(model_shapes), "Adam mu, nu": stored(optimizer_shapes),
+             "gradient": params_bytes // 8 if ZERO[stage][1] else params_bytes}
+    parts[REST] = hbm_of(shown, variant) - sum(parts.values())
+    bars[label] = parts
+    assert parts[REST] > 0  # the compiler's figure covers what the rules store
+assert bars["ZeRO-3, no remat"][REST] > bars["ZeRO-3"][REST]  # the activations remat would recompute
+exact = memory_per_device(wide[shown, "ZeRO-3", 2][0]).allocated is not None or not ok  # jax 0.10: an estimate
+draw_memory(bars, title=f"memory per device, wide model, 2 layers: {named(shown)}"
+            + (" (HBM; O0 keeps nothing in VMEM)" if ok and exact else " (jax 0.10's estimate of HBM)" if ok else ""))
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: ZeRO-1 against ZeRO-2, per compiler
-print("ZeRO-1 minus ZeRO-2: " + "; ".join(f"{t} {format_bytes(hbm[t, 'ZeRO-1'] - hbm[t, 'ZeRO-2'])}" for t in targets)
+# @title The CPU and TPU compilers' exact figures, §4: ZeRO-1 against ZeRO-2
+print("ZeRO-1 minus ZeRO-2: " + "; ".join(f"{named(t)} {format_bytes(hbm[t, 'ZeRO-1'] - hbm[t, 'ZeRO-2'])}"
+                                         for t in targets)
       + f" (the whole gradient less its slice: {format_bytes(params_bytes - params_bytes // 8)})")
 if CPU:  # ZeRO-2 allocates the whole gradient less its slice
     assert abs(hbm["CPU", "ZeRO-1"] - hbm["CPU", "ZeRO-2"] - (params_bytes - params_bytes // 8)) < 2**10
@@ -639,8 +741,9 @@ print(f"{'total':<17}{sum(accounting.values()):>4.0f}")
 assert list(accounting.values()) == [2, 4, 8, 2]
 
 # %% [markdown]
-# 2 + 4 + 4 + 4 bytes stored, and a 2-byte gradient while the step runs: 16 bytes per parameter, the usual
-# accounting, read from the arrays themselves (the gradient from the step's traced types).
+# The step stores 2 + 4 + 4 + 4 bytes per parameter and holds a 2-byte gradient while it runs, so 16
+# bytes per parameter in all. That is the usual accounting, here read from the arrays themselves (the
+# gradient from the step's traced types).
 #
 # > **You will see this online:** "Mixed precision halves the memory of training."
 #
@@ -658,10 +761,11 @@ layer = nnx.Linear(D, H, param_dtype=jnp.float32, dtype=jnp.bfloat16, rngs=nnx.R
 assert layer.kernel[...].dtype == jnp.float32 and layer(x_bf16[:8]).dtype == jnp.bfloat16
 
 # %% [markdown]
-# The same 16 bytes: the master copy costs what the bf16 parameters and gradient save. The usual JAX way
-# is the last two lines, `param_dtype=float32, dtype=bfloat16` in every Flax layer (MaxText's
-# `weight_dtype` and `dtype`): float32 parameters and gradients, bf16 matmuls, also 16 bytes. bf16 saves
-# in what the step computes with and moves. Train the master-weight model 5 steps with the ZeRO-3 step:
+# The same 16 bytes, because the master copy costs exactly what the bf16 parameters and gradient save.
+# The usual JAX way is the last two lines: `param_dtype=float32, dtype=bfloat16` in every Flax layer
+# (MaxText calls them `weight_dtype` and `dtype`). That gives float32 parameters and gradients with bf16
+# matmuls, again 16 bytes. So bf16 saves nothing in what the step stores. It saves in what the step
+# computes with and moves. Train the master-weight model 5 steps with the ZeRO-3 step:
 
 # %%
 compiled = {"mixed": steps["ZeRO-3"].lower(mixed_model, mixed_optimizer, x_bf16, y_d).compile()}
@@ -674,9 +778,10 @@ np.testing.assert_allclose(mixed_losses, ref_losses, rtol=2e-2)  # bf16 keeps ab
 assert mixed_model.blocks.up.kernel[...].dtype == jnp.bfloat16 and mixed_losses != ref_losses
 
 # %% [markdown]
-# Within bf16's tolerance. On the CPU backend the compiler converts the bf16 gradients and weights to
-# float32 before its collectives. Compile this mixed-precision step for the TPU, at
-# the compiler's default effort, next to the float32 one:
+# The losses agree within bf16's tolerance. On the CPU backend the compiler converts the bf16 gradients
+# and weights to float32 before its collectives (the hidden cell at the end of this section shows it).
+# Compile this mixed-precision step for the TPU next to the float32 one. These are small programs, so
+# they use the compiler's default effort, and only their collectives are read, not their memory:
 
 # %%
 if ok:
@@ -699,11 +804,11 @@ if ok:
     assert 2 * scatter["mixed"].result_bytes == scatter["ZeRO-3"].result_bytes
 
 # %% [markdown]
-# The float32 step already gathers its weights in bf16: the TPU multiplies float32 at bf16 precision by
-# default, so it converts the weights before sending them. bf16 parameters save on the TPU only the
-# gradient's reduce-scatter, half the bytes. At a price: a bf16 sum rounds at every addition, and a ring
-# adds one device's share at a time, so across many devices the error grows. Many setups reduce
-# gradients in float32:
+# The float32 step already gathers its weights in bf16. The TPU multiplies float32 at bf16 precision by
+# default, so its compiler converts the weights before sending them. On the TPU, then, bf16 parameters
+# save only on the gradient's reduce-scatter, which moves half the bytes. That saving has a price: a bf16
+# sum rounds at every addition, and a ring adds one device's share at a time, so the error grows with the
+# number of devices. For that reason many setups reduce gradients in float32:
 
 # %%
 def ring_sum(values, dtype):
@@ -720,11 +825,28 @@ print(f"summed in bf16: {ring_sum(shares, jnp.bfloat16)}, in float32: {ring_sum(
 assert ring_sum(shares, np.float32) == exact and abs(ring_sum(shares, jnp.bfloat16) / exact - 1) > 0.01
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §5: the types the CPU compiler sums the bf16 step in
+# @title The CPU compiler's exact figures, §5: the types it sums the bf16 step in
 sum_types = {op.result_type.split("[")[0] for op in collectives(compiled["mixed"]).ops}
 print(f"{jax.default_backend().upper()} compiler: the mixed-precision step's collectives in {sorted(sum_types)}")
 if CPU:  # the CPU compiler sums the bf16 gradients in float32
     assert sum_types == {"f32"}
+
+# %% [markdown]
+# ## Takeaways
+# - Donate the state in every train step: without `donate_argnums` the old and the new state are both live.
+# - A scan over stacked layers is one program for every depth; it gathers one layer at a time, forward and
+#   backward. What unrolling costs in memory depends on the compiler: a whole layer per layer on the CPU.
+# - A remat policy decides which activations each layer saves: tens of MiB per layer at realistic token
+#   counts. On a TPU an offload policy keeps them in host memory instead of HBM. Differentiate the split
+#   parameters with `jax.value_and_grad`, or check the loop for copies.
+# - Measure a TPU's memory in HBM (`footprint`), and name the compiler effort with every figure. O0, fast
+#   to compile, places nothing in VMEM, so its figures are upper bounds: 1.07 to 2.78 times the default
+#   effort's HBM for the ZeRO steps here. Compare variants at one effort; the orderings held at both.
+# - ZeRO-1, 2, 3 split the optimizer state, then the gradients, then the parameters: the same losses, less
+#   memory at each stage. A TPU fuses the gradient's all-reduce and slice into a reduce-scatter.
+# - Mixed precision with float32 master weights stores 16 bytes per parameter, like float32 and Flax's
+#   `param_dtype`/`dtype` idiom. On a TPU, which gathers weights in bf16 anyway, bf16 parameters save only
+#   on the gradient's reduce-scatter, at some precision. ZeRO divides the 16.
 
 # %% [markdown]
 # ## Exercises
@@ -757,18 +879,4 @@ answer_2 = NOT_ANSWERED  # set it to zero_specs once you have written it
 ex.zero_specs.check(answer_2);
 
 # %% [markdown]
-# ## Takeaways
-# - Donate the state in every train step: without `donate_argnums` the old and the new state are both live.
-# - A scan over stacked layers is one program for every depth; it gathers one layer at a time, forward and
-#   backward. What unrolling costs in memory depends on the compiler: a whole layer per layer on the CPU.
-# - A remat policy decides which activations each layer saves: tens of MiB per layer at realistic token
-#   counts. On a TPU an offload policy keeps them in host memory instead of HBM. Differentiate the split
-#   parameters with `jax.value_and_grad`, or check the loop for copies.
-# - Measure a TPU's memory in HBM (`footprint`), at a size above its on-chip VMEM.
-# - ZeRO-1, 2, 3 split the optimizer state, then the gradients, then the parameters: the same losses, less
-#   memory at each stage. A TPU fuses the gradient's all-reduce and slice into a reduce-scatter.
-# - Mixed precision with float32 master weights stores 16 bytes per parameter, like float32 and Flax's
-#   `param_dtype`/`dtype` idiom. On a TPU, which gathers weights in bf16 anyway, bf16 parameters save only
-#   on the gradient's reduce-scatter, at some precision. ZeRO divides the 16.
-#
 # **Next:** [13 · Sequence parallelism, gradient accumulation, and what comes next](13_sequence_batch.ipynb)

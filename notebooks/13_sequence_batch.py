@@ -10,9 +10,7 @@
 # **You need:** notebooks 05 (Explicit axes), 08 (column- and row-parallel layers), 09 (a `data` x `model`
 # mesh) and 10 (FSDP); `jax.lax.with_sharding_constraint`, `jax.lax.scan`, `jax.typeof`.
 #
-# You add three techniques to the strategies of notebooks 07 to 11: sequence parallelism, gradient
-# accumulation, and training on an Explicit mesh. A map of pipeline, expert and context parallelism
-# closes it: what each splits, and the axis and collective it adds.
+# Three techniques join the strategies of notebooks 07 to 11, and a map shows the ones beyond them.
 #
 # **You will learn**
 # - how `P(None, 'model', None)` on the activations between tensor-parallel regions divides their
@@ -140,8 +138,9 @@ slices = sorted(set(re.findall(r"= (f32\[[0-9,]+\])\{[0-9,]+\} dynamic-slice\(",
 print("dynamic-slice results:", slices)
 
 # %% [markdown]
-# The TPU compiler writes it as one. Compile both blocks ahead of time for a TPU v5e with 8 chips
-# (notebook 15 explains how; only the TPU compiler, libtpu, is needed):
+# The TPU compiler writes it as one. Compile both blocks ahead of time for a TPU v5e with 8 chips, as
+# notebook 12 did (only the TPU compiler, libtpu, is needed). These small programs use the compiler's
+# default effort:
 
 # %%
 TPU_OK, why = tpu_compiler_available()
@@ -183,7 +182,7 @@ if TPU_OK:
 # to run tensor parallelism without sequence parallelism.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §1: the CPU compiler's reduce-scatter
+# @title The CPU compiler's exact figures, §1: its reduce-scatter
 print(f"{jax.default_backend().upper()} compiler, sequence parallel:", ", ".join(op.kind for op in sp_ops.ops),
       "and a dynamic-slice to", slices)
 if CPU:  # the CPU compiler's spelling of the reduce-scatter
@@ -302,7 +301,8 @@ footprint = {name: memory_per_device(c).footprint for name, c in compiled_steps.
 # %% [markdown]
 # With consecutive rows the compiler gathers the examples onto every device, and every device computes
 # every micro-batch, with no gradient all-reduce left: data parallelism is gone, and on the CPU backend
-# the step needs more memory than the whole batch. The fix is the strided split: micro-batch *m* takes
+# the step needs more memory than the whole batch (the hidden cell at the end of this section, "The CPU
+# compiler's exact figures, §2", asserts the CPU figures of this paragraph). The fix is the strided split: micro-batch *m* takes
 # rows *m*, *m* + 8, ..., so each device gives 128 of its rows to each micro-batch, the types read
 # `f32[8,1024@data,64]`, and nothing moves. Its CPU footprint is the smallest: one micro-batch's
 # activations are alive at a time.
@@ -323,7 +323,9 @@ for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params)
 # The memory figures above are the CPU compiler's, at a toy size; on a TPU a program this small lives
 # mostly in on-chip VMEM (128 MiB on a v5e). Compile for a TPU v5e at a size that matters: the MLP
 # made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768 examples (a 256 MiB hidden activation per
-# chip), nothing allocated. `footprint` is HBM:
+# chip), nothing allocated. `footprint` is HBM. These two programs are compiled at the compiler's
+# default effort, the one a training run gets, and not at the faster O0 of notebook 12, because what
+# the compiler does with the loop is the lesson here. That makes this the notebook's slowest cell.
 
 # %%
 acc_ops = collectives(compiled_steps["strided"])
@@ -395,7 +397,7 @@ if TPU_OK:
 # float32: keep it so with bf16 gradients too, as a long bf16 sum loses its low bits.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §2: the CPU compiler's accumulation step at this toy size
+# @title The CPU compiler's exact figures, §2: the accumulation step at this toy size
 print(f"{jax.default_backend().upper()} compiler: footprint "
       + ", ".join(f"{n} {format_bytes(b)}" for n, b in footprint.items())
       + f"; gradient sum {'inside' if any(op.in_loop for op in acc_ops.ops) else 'after'} the loop"
@@ -626,6 +628,22 @@ draw_permute(ring_mesh, "context", ring, title="one step of the ring: every devi
 #   `context` axes.
 
 # %% [markdown]
+# ## Takeaways
+# - Sequence parallelism (Megatron-style) pins the activations between tensor-parallel regions to
+#   `P(None, 'model', None)`: 1/8 of the bytes here, and the all-reduce becomes an all-gather and a
+#   reduce-scatter, no more traffic by the ring estimate.
+# - Gradient accumulation is a `jax.lax.scan` over micro-batches inside the jitted step: the whole
+#   batch's update, one micro-batch's activations at a time. Split strided
+#   (`reshape(-1, n, ...).swapaxes(0, 1)`); consecutive rows gather the batch and undo data
+#   parallelism. Under FSDP the TPU gathers the weights once per micro-batch; keep the accumulator
+#   sharded and float32.
+# - On an Explicit mesh, `jax.make_mesh`'s default, `jax.typeof` shows every layout while tracing and
+#   the row-parallel layer needs `out_sharding=P('data', None)`; it trains to one device's losses.
+# - Pipeline parallelism adds a `stage` axis and collective-permutes; expert parallelism an `expert`
+#   axis and all-to-alls; context parallelism a `context` axis and a ring of collective-permutes, or
+#   an all-gather of the keys and values.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -666,19 +684,4 @@ answer_3 = NOT_ANSWERED  # a PartitionSpec, e.g. P(...)
 ex.row_parallel_out.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - Sequence parallelism (Megatron-style) pins the activations between tensor-parallel regions to
-#   `P(None, 'model', None)`: 1/8 of the bytes here, and the all-reduce becomes an all-gather and a
-#   reduce-scatter, no more traffic by the ring estimate.
-# - Gradient accumulation is a `jax.lax.scan` over micro-batches inside the jitted step: the whole
-#   batch's update, one micro-batch's activations at a time. Split strided
-#   (`reshape(-1, n, ...).swapaxes(0, 1)`); consecutive rows gather the batch and undo data
-#   parallelism. Under FSDP the TPU gathers the weights once per micro-batch; keep the accumulator
-#   sharded and float32.
-# - On an Explicit mesh, `jax.make_mesh`'s default, `jax.typeof` shows every layout while tracing and
-#   the row-parallel layer needs `out_sharding=P('data', None)`; it trains to one device's losses.
-# - Pipeline parallelism adds a `stage` axis and collective-permutes; expert parallelism an `expert`
-#   axis and all-to-alls; context parallelism a `context` axis and a ring of collective-permutes, or
-#   an all-gather of the keys and values.
-#
 # **Next:** [14 · Choosing a mesh shape](14_mesh_shape.ipynb)

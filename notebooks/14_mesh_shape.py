@@ -11,9 +11,7 @@
 # tables; its transformer is reused here) and 12 (memory per device); `jax.ShapeDtypeStruct`,
 # `jax.jit(...).lower(...).compile()`.
 #
-# You compile notebook 11's transformer train step for 64 devices under five layouts, from pure data
-# parallel to pure tensor parallel, with and without FSDP, and read what each device would hold and
-# send, on the CPU compiler and for a 64-chip TPU v5e. A rule of thumb follows from the tables.
+# You compile notebook 11's transformer for 64 devices under five layouts and read the tables.
 #
 # **You will learn**
 # - how to compile a train step for 64 devices without allocating anything, and read its memory per
@@ -53,7 +51,7 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import topologies
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_schedule, draw_shardings, format_bytes,
@@ -104,7 +102,8 @@ assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing alloc
 #
 # Two of notebook 11's rule tables: **2-D** (`batch` over `data`; `heads`, `mlp` and `vocab` over
 # `model`; `embed` whole) and **FSDP x TP**, the same plus `embed` over `data`, so every parameter is
-# also split over the data axis. On a `(64, 1)` mesh the 2-D table is pure data parallelism and the
+# also split over the data axis. (FSDP shares the batch's axis here, so it is `data`, as in notebook 12,
+# where notebooks 10 and 11 gave FSDP an axis of its own, `fsdp`.) On a `(64, 1)` mesh the 2-D table is pure data parallelism and the
 # FSDP x TP table pure FSDP; on `(1, 64)` the 2-D table is pure tensor parallelism. For each layout
 # the cell gives the abstract state its `NamedSharding`s and compiles the train step, which donates
 # its state.
@@ -140,10 +139,8 @@ def make_step(rules):
 
 def compile_for(shape, rules, devices=None, batch=BATCH):
     """The train step for one layout, compiled from ShapeDtypeStructs: (compiled, state structs)."""
-    if devices is None:
-        mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    else:  # the chips of a TPU topology
-        mesh = Mesh(np.array(devices).reshape(shape), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    # devices=None: this machine's devices; else the chips of a TPU topology, laid along its links (notebook 15)
+    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=devices)
     with nnx.logical_axis_rules(rules):
         shardings = nnx.get_named_sharding(abstract, mesh)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
@@ -220,7 +217,7 @@ assert held["FSDP x TP"] == 12 * (n_split // 64 + n_embed_only // 8) + 8
 # compiler assigns its buffers differently. Only the state column is the same on every backend.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: the CPU compiler's buffers
+# @title The CPU compiler's exact figures, §3: its buffers
 print(f"{jax.default_backend().upper()} compiler: smallest footprint {min(footprint, key=footprint.get)}, largest "
       f"{max(footprint, key=footprint.get)}; FSDP temporaries {format_bytes(memory['FSDP'].temp)}, whole parameters "
       f"{format_bytes(4 * n_params)}")
@@ -302,7 +299,7 @@ assert any("data" in s.axes for s in steps_2d if s.kind != "matmul")  # and the 
 draw_schedule(steps_2d, title="2-D layout, (8, 8) mesh: one train step")
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: the CPU compiler's collectives
+# @title The CPU compiler's exact figures, §4: its collectives
 last = "after" if len(at) == 1 and max(matmuls) < at[0] else "not after"
 print(f"{jax.default_backend().upper()} compiler: data parallel has {comm['data'].count()} collective(s), its "
       f"all-reduce {last} the last matmul; the largest ring estimate: {max(comm, key=lambda n: comm[n].estimated_bytes)}")
@@ -320,10 +317,12 @@ if CPU:
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
 #
-# Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU
-# (notebook 15). Here is the FSDP x TP step for a `v5e:8x8` slice beside the CPU's (the other rows
-# would not fit the time budget). On TPU, `footprint` is each chip's HBM; what the compiler placed in
-# on-chip VMEM (128 MiB on a v5e) is not in it, and at this toy size much of the program fits there.
+# Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU, as
+# notebook 12 showed (notebook 15 goes further). Here is the FSDP x TP step for a `v5e:8x8` slice beside
+# the CPU's; the other rows would not fit the time budget. The TPU program is compiled at the compiler's
+# default effort, with only its machine-code optimisation off (`FAST_COMPILE`). On TPU, `footprint` is
+# each chip's HBM. What the compiler placed in on-chip VMEM (128 MiB on a v5e) is not in it, and at this
+# toy size much of the program fits there.
 
 # %%
 def matrix_gathers(c):
@@ -378,7 +377,7 @@ else:
 #   its real size (notebook 15).
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §5: reduce-scatters, per compiler
+# @title The CPU and TPU compilers' exact figures, §5: reduce-scatters
 if ok:
     print("reduce-scatters:", {side: col[side].count("reduce-scatter") for side in sides})
     if CPU:
@@ -404,9 +403,13 @@ assert 60 * held["FSDP"] < held["data"]
 
 # %% [markdown]
 # A data axis that also shards the parameters divides the state by 64, on any backend. On the CPU
-# compiler, past the middle, more model parallelism needed *more* memory, not less (every device
-# computes on the whole batch); on a TPU, read it from a TPU compile at your sizes. Throughput cannot
-# be measured on simulated devices.
+# compiler, past the middle, more model parallelism needed *more* memory, not less, because every device
+# of a wide `model` axis computes on the whole batch (the hidden cell below, "The CPU compiler's exact
+# figures, §6", holds the numbers). The same order holds on a TPU at a real width: with `d_model` 4096
+# on a `v5e:8x8` at O0, tensor parallelism needs 3190 MiB of HBM per chip, 2-D 1257 MiB and FSDP x TP
+# 956 MiB (`tests/test_tpu_side.py` compiles this notebook's step at that width and checks the order).
+# For your own model, read it from a TPU compile at your sizes. Throughput cannot be measured on
+# simulated devices; notebook 16 estimates it.
 # What the tables support:
 #
 # 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every
@@ -422,7 +425,7 @@ assert 60 * held["FSDP"] < held["data"]
 #    collective per step, but only fits when the whole state and a gradient fit on one device.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §6: more model parallelism, more memory on the CPU compiler
+# @title The CPU compiler's exact figures, §6: more model parallelism, more memory
 print(f"{jax.default_backend().upper()} compiler: footprint 2-D {format_bytes(footprint['2-D'])}, "
       f"tensor {format_bytes(footprint['tensor'])}")
 if CPU:
@@ -461,6 +464,24 @@ for name in ("2-D", "tensor"):
     assert bool(scores) == (m > NUM_HEADS)
     if scores:
         assert {op.group_size for op in scores} == {m // NUM_HEADS}
+
+# %% [markdown]
+# ## Takeaways
+# - Compile for many devices without allocating: `nnx.eval_shape` for the state,
+#   `jax.ShapeDtypeStruct(..., sharding=...)` for the inputs, `lower(...).compile()`, then read
+#   `memory_per_device` and `collectives`.
+# - Without FSDP only the `model` axis divides the state; with FSDP the `data` axis divides it by every
+#   device. Activations shrink with `data` and grow back when `model` takes over the whole batch.
+# - Footprints other than the state are the compiler's choices: the CPU's here, at a toy size. Shard
+#   the state over `data` first, add `model` when gathered weights or the batch per device
+#   become the limit, and keep `model` at most the number of heads.
+# - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
+#   all-reduce after the last matmul; tensor-parallel all-reduces sit between matmuls, and only a
+#   compiler that splits the matmul (collective matmul, on TPU) can overlap them.
+# - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
+#   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
+# - An axis wider than what it splits fails loudly for the batch (`IndivisibleError`) and silently
+#   costs extra collectives for attention heads.
 
 # %% [markdown]
 # ## Exercises
@@ -505,21 +526,4 @@ answer_3 = NOT_ANSWERED  # ([shapes that lower], [shapes with whole heads per de
 ex.divisibility.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - Compile for many devices without allocating: `nnx.eval_shape` for the state,
-#   `jax.ShapeDtypeStruct(..., sharding=...)` for the inputs, `lower(...).compile()`, then read
-#   `memory_per_device` and `collectives`.
-# - Without FSDP only the `model` axis divides the state; with FSDP the `data` axis divides it by every
-#   device. Activations shrink with `data` and grow back when `model` takes over the whole batch.
-# - Footprints other than the state are the compiler's choices: the CPU's here, at a toy size. Shard
-#   the state over `data` first, add `model` when gathered weights or the batch per device
-#   become the limit, and keep `model` at most the number of heads.
-# - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
-#   all-reduce after the last matmul; tensor-parallel all-reduces sit between matmuls, and only a
-#   compiler that splits the matmul (collective matmul, on TPU) can overlap them.
-# - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
-#   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
-# - An axis wider than what it splits fails loudly for the batch (`IndivisibleError`) and silently
-#   costs extra collectives for attention heads.
-#
 # **Next:** [15 · Compiling for TPU pods you don't have](15_tpu_pods.ipynb)

@@ -547,3 +547,38 @@ def test_color_by_colours_the_cards_by_a_group_of_devices():
     cards = sorted(_cards(fig.axes[0]), key=lambda c: c.get_y())
     assert [to_rgba(c.get_facecolor(), 1.0) for c in cards] == [to_rgba(device_color(i // 4), 1.0) for i in range(8)]
     assert [label.split("\n")[0] for label in tile_labels(fig)] == [f"dev {i}" for i in range(8)]  # still by device
+
+
+# --- draw_memory: stacked bars of bytes per device ------------------------------------------------------------------
+
+
+def test_draw_memory_stacks_each_variant_on_one_scale_with_hatching_not_colour():
+    from utils.drawing import draw_memory
+
+    bars = {"ZeRO-1": {"parameters": 128 * 2**20, "Adam": 32 * 2**20, "rest": 200 * 2**20},
+            "ZeRO-3": {"parameters": 16 * 2**20, "Adam": 32 * 2**20, "rest": 40 * 2**20}}
+    fig = draw_memory(bars, title="memory")
+    ax = fig.axes[0]
+    segments = [p for p in ax.patches if p.get_gid() == "memory-segment"]
+    assert len(segments) == 6
+    assert [round(p.get_width()) for p in segments[:3]] == [128 * 2**20, 32 * 2**20, 200 * 2**20]  # bytes, one scale
+    assert segments[1].get_x() == 128 * 2**20  # stacked: each segment starts where the last ended
+    assert {p.get_facecolor() for p in segments} == {(1.0, 1.0, 1.0, 1.0)}  # no colour: colour means device
+    assert len({p.get_hatch() for p in segments[:3]}) == 3  # each category its own hatch
+    totals = [t.get_text() for t in ax.texts if t.get_gid() == "memory-total"]
+    assert totals == ["360.0 MiB", "88.0 MiB"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["ZeRO-1", "ZeRO-3"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["parameters", "Adam", "rest"]
+
+
+def test_draw_memory_refuses_bad_input_with_the_fix():
+    from utils.drawing import draw_memory
+
+    with pytest.raises(TypeError, match="variant"):
+        draw_memory([1, 2])
+    with pytest.raises(ValueError, match="in that order"):
+        draw_memory({"a": {"x": 1, "y": 2}, "b": {"y": 2, "x": 1}})
+    with pytest.raises(ValueError, match="at least 0"):
+        draw_memory({"a": {"x": -1}})
+    with pytest.raises(ValueError, match="at most"):
+        draw_memory({"a": {str(i): 1 for i in range(9)}})

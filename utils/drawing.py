@@ -48,8 +48,8 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 
 _show_figures_inline()
 
-__all__ = ["device_color", "device_label", "draw_mesh", "draw_permute", "draw_schedule", "draw_sharding",
-           "draw_shardings"]
+__all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_schedule",
+           "draw_sharding", "draw_shardings"]
 
 _PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
                                                             ("tab20c", range(16))) for i in ids]
@@ -731,4 +731,54 @@ def draw_schedule(steps: Sequence[Any], *, title: str | None = None) -> Figure:
     mm = sum(s.kind == "matmul" for s in steps)
     fig.suptitle(title or f"{mm} matmuls, {len(steps) - mm} collectives "
                  f"({sum(s.asynchronous for s in steps)} asynchronous)", fontsize=10)
+    return _finish(fig)
+
+
+_MEMORY_LOOKS = ("", "///", "...", "xxx", "\\\\\\", "ooo", "---", "+++")  # one hatch per category, in order
+
+
+def draw_memory(bars: Mapping[str, Mapping[str, float]], *, title: str | None = None) -> Figure:
+    """Stacked bars of bytes per device: one bar per variant (``bars``' keys), one segment per category.
+
+    ``bars`` maps a variant to ``{category: bytes}``; every variant lists the same categories in the same
+    order. All bars share one byte scale. Colour means device everywhere in the course, and a bar here is one
+    device, so categories are told apart by hatching on white and by their names, never by colour; each
+    segment wide enough is labelled with its size, and each bar ends with its total.
+    """
+    if not isinstance(bars, Mapping) or not bars or not all(isinstance(v, Mapping) and v for v in bars.values()):
+        raise TypeError("draw_memory takes {variant: {category: bytes}}, e.g. {'ZeRO-1': {'parameters': 2**27}}")
+    categories = list(next(iter(bars.values())))
+    if len(categories) > len(_MEMORY_LOOKS):
+        raise ValueError(f"draw_memory draws at most {len(_MEMORY_LOOKS)} categories; got {len(categories)}")
+    for name, parts in bars.items():
+        if list(parts) != categories:
+            raise ValueError(f"every variant lists the categories {categories} in that order; {name!r} lists "
+                             f"{list(parts)}")
+        bad = {k: v for k, v in parts.items() if not isinstance(v, int | float | np.integer | np.floating) or v < 0}
+        if bad:
+            raise ValueError(f"{name!r}: bytes must be numbers of at least 0; got {bad}")
+    widest = max(sum(float(v) for v in parts.values()) for parts in bars.values()) or 1.0
+    fig, ax = plt.subplots(figsize=(8.0, 0.55 * len(bars) + 1.6))
+    for row, parts in enumerate(bars.values()):
+        start = 0.0
+        for category, look in zip(categories, _MEMORY_LOOKS, strict=False):
+            size = float(parts[category])
+            ax.add_patch(Rectangle((start, row - 0.35), size, 0.7, facecolor="white", edgecolor="black",
+                                   hatch=look, linewidth=0.8, gid="memory-segment", label=category))
+            if size > 0.09 * widest:
+                ax.text(start + size / 2, row, format_bytes(size), ha="center", va="center", fontsize=_GOOD_FONT,
+                        bbox=dict(_LABEL_BOX, alpha=1.0), gid="memory-label")  # opaque: readable over hatching
+            start += size
+        ax.text(start + 0.01 * widest, row, format_bytes(start), ha="left", va="center", fontsize=_GOOD_FONT,
+                gid="memory-total")
+    ax.set(xlim=(0, 1.16 * widest), ylim=(len(bars) - 0.5, -0.5), yticks=range(len(bars)), yticklabels=list(bars))
+    ax.set_xticks([])
+    ax.set_xlabel("bytes per device (one scale for every bar)", fontsize=8)
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=look, label=c)
+                       for c, look in zip(categories, _MEMORY_LOOKS, strict=False)],
+              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(categories), 2), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return _finish(fig)
