@@ -667,7 +667,9 @@ def _compile_wide(mesh, stage, layers, donate, grad, options):
 def hbm(compiled):
     memory = memory_per_device(compiled)
     assert memory.platform == "tpu"
-    return memory.footprint  # arguments + outputs + temporaries - aliased: HBM, without on-chip VMEM
+    # HBM allocated on jax 0.12; on jax 0.10 an estimate (arguments + outputs + temporaries - aliased, found 0.2-41%
+    # high). At O0 the TPU compiler puts nothing in on-chip VMEM.
+    return memory.footprint
 
 
 def test_12_the_sharded_constructor_never_holds_the_whole_state(zero_mesh):
