@@ -148,7 +148,7 @@ env-xla: $(UV)
 
 test-xla: env-xla
 	@echo ">> $(XLA_VENV): notebook 19 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
-	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/19_pytorch_xla.ipynb tests/test_exercises.py -k 19_pytorch_xla
+	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/19_pytorch_xla.ipynb tests/test_ex19_pytorch_xla.py tests/test_exercises.py -k "19_pytorch_xla or test_ex19"
 
 bench-xla: env-xla
 	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/19_pytorch_xla.ipynb
