@@ -10,10 +10,8 @@
 # **You need:** notebook 00 (a sharded array read as its type, shard table and picture); `jax.numpy`
 # and `jax.jit` on one device.
 #
-# You will build the **mesh**, the devices arranged as a grid with named axes such as `data` and
-# `model`, against which every sharding in JAX is written. You will meet the three types of mesh axis,
-# see why device order matters on real hardware while results stay the same, and make a mesh the
-# current one with `jax.set_mesh`.
+# The answer is the **mesh**: the devices arranged as a grid with named axes such as `data` and `model`.
+# Every sharding in JAX is written against one, by axis names, never by device numbers.
 #
 # **You will learn**
 # - how a mesh names the devices: `mesh.shape`, `mesh.axis_names`, `mesh.devices`, each device's

@@ -10,10 +10,8 @@
 # **You need:** notebooks 00 (shard table, `type_string`, `draw_sharding`), 01 (meshes and their axis
 # types) and 02 (`PartitionSpec`); `jax.numpy` and pytrees (`jax.tree.map`).
 #
-# You will pair a mesh with a `PartitionSpec` in a `NamedSharding` and place arrays, or whole pytrees of
-# them, with `jax.device_put`. You will read every property of the result next to the shard table and
-# the picture, count what replication costs in bytes, and shard a dict of parameters and a batch with
-# one call and a rule. Every claim is checked by an assert.
+# A `NamedSharding` pairs a mesh with a `PartitionSpec`, and it is what `jax.device_put` needs to place
+# an array, or a whole pytree of them, on the devices.
 #
 # **You will learn**
 # - what `NamedSharding(mesh, spec)` knows before any array exists: `shard_shape`, `device_set`,

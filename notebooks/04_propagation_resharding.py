@@ -176,15 +176,22 @@ draw_matmul(a, b, c)
 # **Case 3: `J` cut on both sides by the same axis.** `A` at `P(None, 'model')`, `B` at `P('model', None)`:
 # the second layer of a tensor-parallel MLP. Each device holds matching halves of `J` and computes a full
 # `(128, 512)` product of its halves: a **pending sum**, partial sums still to be added over `model`. The
-# course writes it `f32[128,512]{U:model}` (notebook 05 shows JAX writing it so). Predict one all-reduce
-# over `model` (a group of 2) and `C` replicated.
+# course writes it `f32[128,512]{U:model}`, which is how `jax.typeof` prints it: on an Explicit mesh
+# (notebook 05) you can ask the matmul for its pending sum with `unreduced=`, as the cell checks. Predict
+# one all-reduce over `model` (a group of 2) and `C` replicated.
 
 # %%
 a, b, c, col = run_case("3", P(None, "model"), P("model", None))
 assert found(col) == [("all-reduce", (128, 512), 2)]
 assert c.sharding.is_fully_replicated
 picture = draw_matmul(a, b, c)
-assert "f32[128,512]{U:model} → f32[128,512]" in picture.axes[2].get_title()  # C's title: the pending sum
+explicit = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+with jax.set_mesh(explicit):  # the same operands on an Explicit mesh, and the pending sum asked for
+    pending = jax.jit(lambda a, b: jnp.matmul(a, b, out_sharding=P(None, None, unreduced={"model"})))(
+        jax.device_put(A, P(None, "model")), jax.device_put(B, P("model", None)))
+print("jax.typeof of the pending sum:", jax.typeof(pending))
+assert str(jax.typeof(pending)) == "float32[128,512]{U:model}"  # JAX's print of the course's notation
+assert f"{type_string(pending)} → f32[128,512]" in picture.axes[2].get_title()  # ... and the picture's title
 picture
 
 # %% [markdown]
@@ -226,6 +233,9 @@ draw_matmul(a, b, c)
 # | all-gather | `(N-1)/N` × its result |
 # | all-reduce | `2(N-1)/N` × its result |
 # | reduce-scatter | `(N-1)/N` × its input |
+#
+# Bytes are not yet time. Dividing a ring estimate by the bandwidth of the links that carry it gives an
+# estimated time in seconds, and notebook 16 does exactly that for whole training steps on a TPU v5e.
 
 # %%
 print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'ring estimate':>13}")
@@ -288,11 +298,12 @@ assert "replica_groups=" in line and "to_apply=" in line
 # `to_apply=` names the little computation that combines two values, here an addition, so the reduction is a
 # sum. `replica_groups` says which devices add their values together. The numbers in it are not device ids
 # but **positions**: the program numbers its devices 0 to 7 in mesh order (`mesh.devices.flat`). XLA writes
-# the groups in one of three spellings, and a compiler may pick any of them:
+# the groups in one of several spellings, and a compiler may pick any of them:
 #
 # | spelling | example | how to read it |
 # |---|---|---|
-# | mesh axes | `mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` | the compiler's own mesh, `axis_0` = `data`, `axis_1` = `model`; devices that differ only along the axes in braces form a group |
+# | mesh axes | `mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` | the compiler's own mesh (here `axis_0` is `data` and `axis_1` is `model`). Devices that differ only along the axes in braces form a group |
+# | mesh axes, reordered | `mesh['axis_0'=1,'axis_1'=2,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_1'}` | the same, but the compiler's mesh lists the devices in the order of the iota after `device_ids` |
 # | iota | `[4,2]<=[8]` | number 0 to 7, lay them out as `[4,2]`; each row is a group |
 # | iota, transposed | `[2,4]<=[4,2]T(1,0)` | lay out 0 to 7 as `[4,2]`, transpose, then read the 2 rows of 4 |
 # | explicit | `{{0,1},{2,3},{4,5},{6,7}}` | the groups, listed |
@@ -304,11 +315,16 @@ assert "replica_groups=" in line and "to_apply=" in line
 # %%
 def read_groups(line, n=8):
     """The replica groups of one HLO line, as lists of positions in mesh order, from any of XLA's spellings."""
-    if m := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line):  # named axes
+    named = r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}"
+    if m := re.search(named, line):  # named axes, perhaps with the devices in another order
         axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
-        kept = [i for i, (name, _) in enumerate(axes) if f"'{name}'" in m.group(2)]
+        ids = np.arange(n)
+        if m.group(2):  # device_ids=([4,2]T(1,0)): the devices' order, written as an iota
+            ids = ids.reshape([int(d) for d in m.group(2).split(",")])
+            ids = ids.transpose([int(p) for p in m.group(3).split(",")]) if m.group(3) else ids
+        kept = [i for i, (name, _) in enumerate(axes) if f"'{name}'" in m.group(4)]
         others = [i for i in range(len(axes)) if i not in kept]
-        grid = np.arange(n).reshape([int(size) for _, size in axes]).transpose(others + kept)
+        grid = ids.reshape([int(size) for _, size in axes]).transpose(others + kept)
         return grid.reshape(-1, int(np.prod([int(axes[i][1]) for i in kept]))).tolist()
     if m := re.search(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", line):  # iota
         return iota_groups(m.group(1))

@@ -132,9 +132,9 @@ np.testing.assert_array_equal(fixed, 2 * X)
 draw_shardings({"1: x": x, "2: process_fixed(x)": fixed})
 
 # %% [markdown]
-# **Reading the two programs.** In the lowered program (before partitioning) the argument carries its
-# layout as `sdy.sharding`, and the request is an `sdy.sharding_constraint`; `{}` is a dimension left
-# whole. The compiled program moves `x` with a collective-permute, then an all-gather. The permute's
+# **Reading the two programs.** In the lowered program, before partitioning, the argument carries its
+# layout as `sdy.sharding`, and the request is an `sdy.sharding_constraint`. There `{}` stands for a
+# dimension left whole. The compiled program moves `x` with a collective-permute, then an all-gather. The permute's
 # `source_target_pairs` say who sends its block to whom, numbering devices by their place in the mesh
 # (`mesh.devices.flat`), not by id:
 
@@ -272,11 +272,12 @@ if COUNTS_FLOPS:
 assert_close(by_result(A, B), np.tanh(A) @ B)
 
 # %% [markdown]
-# Why, then, did `asked` above gather the product instead of computing whole rows? The operands already
-# fix the product's layout at `P('data', 'model')`, and a result sharding does not win against them: the
-# result is moved after the matmul. A constraint pins the value itself: the matmul must then produce whole rows, and needs
-# all of `w` on every device. `jax.debug.inspect_array_sharding` shows which layout the compiler gave a
-# value inside `jit` (on Auto axes `jax.typeof` does not say); its callback runs while compiling:
+# Why, then, did `asked` above gather the product instead of computing whole rows? Because the operands
+# already fix the product's layout at `P('data', 'model')`, and a result sharding does not win against
+# them, so the result is moved after the matmul. A constraint, by contrast, pins the value itself: the
+# matmul must then produce whole rows, and for that it needs all of `w` on every device. To see which
+# layout the compiler gave a value inside `jit`, use `jax.debug.inspect_array_sharding`, because on Auto
+# axes `jax.typeof` does not say. Its callback runs while compiling:
 
 # %%
 product_layout = {}
@@ -302,8 +303,9 @@ if COUNTS_FLOPS:  # whole rows are twice the work of half-rows
 assert_close(inside(x, w_cols), X @ W)
 
 # %% [markdown]
-# Same result, same layout; the constraint moves all of `w` and doubles each device's work. Use
-# `out_shardings` for what the caller gets, a constraint for a value inside, and check the program.
+# The result and its layout are the same, but the constraint moves all of `w` and doubles each device's
+# work. So use `out_shardings` for what the caller gets and a constraint for a value inside, and check
+# the program either way.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §3: the gather of the first request
@@ -513,7 +515,7 @@ assert_close(later(ae, be), A @ B)
 
 # %% [markdown]
 # **Mismatched operands.** Add an array at `P('data', None)` to one at `P(None, 'data')`. On Auto axes the
-# compiler moves one of them, silently; on Explicit axes it is a type error, and the move, if you want it,
+# compiler moves one of them, silently. On Explicit axes it is a type error, and the move, if you want it,
 # is a `jax.reshard` you write, so the cost is in the code you read. (Auto arrays are used under their own
 # mesh: `with jax.set_mesh(mesh)`, on top of the global one.)
 

@@ -3,17 +3,16 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/06_shard_map.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/06_shard_map.ipynb)
 #
-# The compiler picks every collective of a `jax.jit` program; to get a particular one, say a reduce-scatter
-# that leaves each of 4 devices a quarter of a sum, you write the program each device runs. Written by
+# The compiler picks every collective of a `jax.jit` program, so to get a particular one, say a
+# reduce-scatter that leaves each of 4 devices a quarter of a sum, you write the program each device runs. Written by
 # hand it is easy to get wrong: a forgotten `psum` can return a partial sum as the answer, and the pmap
 # habit of averaging gradients makes them 8 times too large.
 #
 # **You need:** notebooks 02 (`PartitionSpec`), 04 (the collectives the compiler inserts) and 05 (Explicit
 # meshes, `jax.typeof`); `jax.jit`, `jax.grad` and `jax.lax.scan`.
 #
-# You will write with `jax.shard_map` the collectives the compiler inserted in notebooks 04 and 05,
-# compare each result with NumPy, and find each in the compiled program with its kind, its per-device shape
-# and its group of devices. Two rings built from `ppermute` show how all-gather and reduce-scatter move data.
+# `jax.shard_map` lets you write that per-device program, with the same collectives the compiler inserted
+# in notebooks 04 and 05, and every one of them is checked against NumPy and the compiled program.
 #
 # **You will learn**
 # - what `in_specs` and `out_specs` mean, and that inside `shard_map` the mesh axes are **Manual**;
@@ -86,10 +85,15 @@ draw_mesh(mesh)
 # ## 1. The per-device program
 #
 # `jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)` runs `f` once on every device, on that device's
-# block. `in_specs` says how each argument is cut into blocks (a `PartitionSpec`, as in notebook 02);
-# `out_specs` says how the blocks `f` returns are put back together into one array. Inside `f` shapes are
-# per device, and the mesh axes are of a third type, **Manual**: the compiler adds no communication over
-# them. `jax.lax.axis_index(name)` tells a device its position along an axis.
+# block:
+#
+# | argument | what it says |
+# |---|---|
+# | `in_specs` | how each argument is cut into blocks, one `PartitionSpec` per argument (notebook 02) |
+# | `out_specs` | how the blocks that `f` returns are put back together into one array |
+#
+# Inside `f` shapes are per device, and the mesh axes are of a third type, **Manual**, which means that
+# the compiler adds no communication over them. `jax.lax.axis_index(name)` tells a device its position along an axis.
 
 # %%
 seen = {}
@@ -115,10 +119,23 @@ np.testing.assert_array_equal(positions, np.arange(8).reshape(4, 2))  # each dev
 assert collectives(compiled).count() == 0  # no device talked to another
 
 # %% [markdown]
+# In plain NumPy, `shard_map` means three steps: split the array into blocks as `in_specs` says, run `f`
+# on each block, and put the results back together as `out_specs` says. For the doubling above:
+
+# %%
+def shard_map_by_hand(f, array, rows, cols):
+    """What shard_map computes, on one machine: split into rows x cols blocks, map f, reassemble."""
+    blocks = [np.hsplit(row, cols) for row in np.vsplit(array, rows)]
+    return np.block([[f(block) for block in row] for row in blocks])
+
+
+np.testing.assert_array_equal(shard_map_by_hand(lambda b: 2 * b, X, 4, 2), doubled)  # P('data', 'model')
+
+# %% [markdown]
 # `f` is traced once, with the shapes of one block, so `seen` holds one block's view: `(4, 4)` of the
 # `(16, 8)` array. In its type, `{V:(data,model)}` says the value **varies** across both axes: each device
-# holds a different block. Both outputs are reassembled as `out_specs` says; in `positions` each device's
-# `(1, 1)` block holds the position it computed:
+# holds a different block. Both outputs are reassembled as `out_specs` says. In `positions`, for example,
+# each device's `(1, 1)` block holds the position it computed:
 
 # %%
 draw_sharding(positions, show_bytes=False, contents=lambda b: f"position {b[0, 0]}")
@@ -127,7 +144,7 @@ draw_sharding(positions, show_bytes=False, contents=lambda b: f"position {b[0, 0
 # ## 2. `psum`: add up across devices
 #
 # Column sums of `X` with rows split over `data`: each device sums its own 4 rows, and `jax.lax.psum` adds
-# the four partial sums over `data`. The partial sum varies across `data`; the total does not, so
+# the four partial sums over `data`. The partial sum varies across `data`, but the total does not, so
 # `out_specs=P()` (every device holds the whole result) is true.
 
 # %%
@@ -156,8 +173,8 @@ assert_close(sums, X.sum(axis=0))
 #
 # ## 3. `all_gather` and `psum_scatter`
 #
-# **`all_gather`** gives every device the blocks of all devices along an axis; with `tiled=True` they are
-# concatenated (without it, stacked on a new axis). `to='invarying'` states that the result is the same on
+# **`all_gather`** gives every device the blocks of all devices along an axis. With `tiled=True` they are
+# concatenated, and without it they are stacked on a new axis. `to='invarying'` states that the result is the same on
 # every device of the axis (section 9 shows why that matters). **`psum_scatter`** sums like `psum`, but
 # each device keeps only its slice of the sum: here the four `(4, 4)` row blocks of each column half are
 # added up, and each device keeps one row of the `(4, 8)` result, `X.reshape(4, 4, 8).sum(0)` in NumPy.
@@ -177,14 +194,28 @@ assert rs_op.group_size == 4 and "stablehlo.reduce_scatter" in jax.jit(scatter).
 np.testing.assert_array_equal(gathered, X)  # the same values, whole columns on every device
 assert_close(scattered, X.reshape(4, 4, 8).sum(axis=0))
 
+stacked_shape = {}
+
+
+def stack_blocks(b):  # without tiled=True the 4 blocks are stacked on a new first axis, not concatenated
+    stacked = jax.lax.all_gather(b, "data", to="invarying")
+    stacked_shape["in the body"] = stacked.shape
+    return stacked
+
+
+stacked = jax.shard_map(stack_blocks, mesh=mesh, in_specs=P("data", "model"), out_specs=P(None, None, "model"))(x)
+print("all_gather without tiled: each device's", stacked_shape["in the body"], "| assembled", stacked.shape)
+assert stacked_shape["in the body"] == (4, 4, 4)  # 4 blocks of (4, 4), one per device along data
+np.testing.assert_array_equal(stacked, X.reshape(4, 4, 8))  # block d at index d: the rows of device d
+
 draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered})
 
 # %% [markdown]
 # `psum_scatter` hands every backend's compiler a reduce-scatter (`lower(x).as_text()` shows it), and the
 # CPU compiler keeps it. Ask the compiler for the same sum instead, `a.sum(0)` with `out_shardings=P('data',
 # 'model')`, and on the CPU backend it writes an all-reduce of the whole `(4, 4)` sum, of which each
-# device then keeps one row (a `dynamic-slice`; see the CPU compiler's exact figures, in the hidden cell at the end of this section). In
-# `shard_map` you choose the collective:
+# device then keeps one row with a `dynamic-slice` (see the CPU compiler's exact figures, in the hidden
+# cell at the end of this section). In `shard_map` you choose the collective:
 
 # %%
 x3 = jax.device_put(X.reshape(4, 4, 8), NamedSharding(mesh, P("data", None, "model")))
@@ -393,8 +424,9 @@ assert sent["reduce-scatter"] == (N - 1) / N * PARTS[0].nbytes  # (N-1)/N of eac
 
 
 # %% [markdown]
-# The first `model` column after each step; a block takes the colours of the devices whose data it
-# holds, and the outlined block is sent next, along the arrow (`draw_rings` from `utils.drawing`):
+# The picture shows the first `model` column after each step, drawn by `draw_rings` from `utils.drawing`.
+# A block takes the colours of the devices whose data it holds, and the outlined block is the one sent
+# next, along the arrow:
 
 # %%
 ids = mesh.device_ids[:, 0].tolist()  # the devices along data, model=0
@@ -418,11 +450,14 @@ draw_rings(frames, ids)
 #
 # ## 7. Manual over one axis only: `axis_names=`
 #
-# `axis_names={'data'}` makes only `data` Manual; `model` stays Auto, and the compiler handles it as in
-# notebook 04. Compute the column sums of `x @ w` with `w` split by columns over `model`, writing only the
-# sum over `data`. Fully manual, `in_specs=P()` for `w` means "the whole `w` on every device", so the
-# compiler first gathers it; partly manual, `w` stays split and the compiler keeps each device to its
-# columns:
+# `axis_names={'data'}` makes only `data` Manual. `model` stays Auto, and the compiler handles it as in
+# notebook 04. For example, compute the column sums of `x @ w` with `w` split by columns over `model`,
+# writing only the sum over `data`:
+#
+# | `shard_map` over | what `in_specs=P()` means for `w` | what the compiler does |
+# |---|---|---|
+# | both axes (fully manual) | the whole `w` on every device | gathers `w` first |
+# | `data` only (partly manual) | `w` as the Auto axis `model` leaves it | keeps `w` split, each device to its columns |
 
 # %%
 W = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 100
