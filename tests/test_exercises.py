@@ -267,9 +267,11 @@ ALSO_RIGHT = {
     "ex04_propagation_resharding.read_groups": [np.arange(8).reshape(4, 2).T, ((0, 2, 4, 6), (1, 3, 5, 7))],
     "ex05_constraints_explicit.rows_matmul": [lambda a, b: jnp.einsum("ij,jk->ik", a, b, out_sharding=P("data"))],
     "ex06_shard_map.column_sums": [jax.jit(_ex["ex06_shard_map"].column_sums.solution),
-                                   _ex["ex06_shard_map"]._column_sums_pmean, _ex["ex06_shard_map"]._column_sums_both_axes],
+                                   _ex["ex06_shard_map"]._column_sums_pmean,
+                                   _ex["ex06_shard_map"]._column_sums_both_axes],
     "ex03_namedsharding.kernel_rule": [
-        lambda path, leaf: P(None, "model") if "kernel" in jax.tree_util.keystr(path) and leaf.ndim == 2 else P()],
+        lambda path, leaf: P(None, "model") if "kernel" in jax.tree_util.keystr(path) and leaf.ndim == 2
+        else P()],
     "ex05_constraints_explicit.to_columns": [_to_columns_unconstrained_waypoint],
     "ex06_shard_map.ring_source": [np.int64(0), _DEVICES[0]],
     "ex07_data_parallel.dp_specs": [[P("data"), P()], (P("data", None), P(None))],
