@@ -119,6 +119,7 @@ def _test_tree() -> dict:
             "attn": {"kernel": z((64, 192)), "bias": z((192,))},
             "heads": {"kernel": z((64, 4, 16))},  # a 3-D kernel (DenseGeneral): not 2-D, so replicated
             "mlp": {"kernel": z((64, 256)), "bias": z((256,))},
+            "out": {"kernel": z((256, 64)), "bias": z((64,))},  # the down-projection: 64 columns like the tables
             "norm": {"scale": z((64,))},
         },
         "head": {"kernel": z((64, 10)), "bias": z((10,))},
@@ -185,11 +186,21 @@ def _wrong_any_rank(path, leaf):  # the name without the rank: splits the 3-D ke
     return PartitionSpec(None, "model") if getattr(path[-1], "key", None) == "kernel" else PartitionSpec()
 
 
+def _wrong_not_64_columns(path, leaf):  # a shape test: the tables have 64 columns, but so does a down-projection
+    return PartitionSpec(None, "model") if leaf.ndim == 2 and leaf.shape[-1] != 64 else PartitionSpec()
+
+
+def _wrong_wide_and_short(path, leaf):  # a shape test: "a non-square 2-D leaf with under 100 rows"
+    wide = leaf.ndim == 2 and leaf.shape[0] != leaf.shape[1] and leaf.shape[0] < 100
+    return PartitionSpec(None, "model") if wide else PartitionSpec()
+
+
 kernel_rule = Exercise(
     title="Exercise 3: a sharding rule for tree_map_with_path",
     checker=_check_kernel_rule,
     solution=_solution_rule,
-    wrong=(_wrong_by_rank, _wrong_first_dim, _wrong_shape0_threshold, _wrong_always, _wrong_rows_64, _wrong_any_rank),
+    wrong=(_wrong_by_rank, _wrong_first_dim, _wrong_shape0_threshold, _wrong_always, _wrong_rows_64, _wrong_any_rank,
+           _wrong_not_64_columns, _wrong_wide_and_short),
     hint="the leaf's name is path[-1].key; test it and leaf.ndim, and return P(None, 'model') or P()",
     explanation=(
         "Kernels of shape (in, out) are split along 'out' over 'model'; the embedding tables are 2-D but not "

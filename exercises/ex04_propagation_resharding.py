@@ -122,28 +122,40 @@ def _iota_groups() -> set[frozenset[int]]:
 
 
 def _check_read_groups(answer: object) -> None:
-    answer = plain(answer)  # a numpy array of ids becomes a tuple of rows
+    answer = plain(answer)  # a numpy array of positions becomes a tuple of rows
     assert isinstance(answer, tuple | frozenset), (
-        f"give a list of groups of device ids, such as [{{0, 1}}, {{2, 3}}]; got {answer!r}"
+        f"give a list of groups of mesh positions (0 to 7), such as [{{0, 1}}, {{2, 3}}]; got {answer!r}"
     )
     assert all(isinstance(g, tuple | frozenset) for g in answer), (
-        f"each group is a set (or list) of device ids, such as {{0, 1}}; got {answer!r}"
+        f"each group is a set (or list) of mesh positions, such as {{0, 1}}; got {answer!r}"
     )
     assert all(isinstance(i, int) and not isinstance(i, bool) for g in answer for i in g), (
-        f"device ids are integers; got {answer!r}"
+        f"mesh positions are integers; got {answer!r}"
     )
-    groups = {frozenset(g) for g in answer}
+    groups = [frozenset(g) for g in answer]
+    assert all(len(set(g)) == len(g) for g in answer), (
+        f"a position appears twice inside one group of {answer!r}: a group lists each device once"
+    )
+    assert len(set(groups)) == len(groups), (
+        f"{sorted(sorted(g) for g in groups)} lists the same group twice: the groups split the 8 devices, so "
+        "each position is in exactly one group"
+    )
+    flat = sorted(i for g in groups for i in g)
+    assert flat == list(range(8)), (
+        f"the groups hold positions {flat}: the groups split the 8 devices, so each of 0..7 is in exactly one"
+    )
+    groups_set = set(groups)
     truth = _iota_groups()
-    if groups == {frozenset(range(4)), frozenset(range(4, 8))}:
+    if groups_set == {frozenset(range(4)), frozenset(range(4, 8))}:
         raise AssertionError(
             "that reads 0..7 straight into [2,4]; the T(1,0) says: lay 0..7 out as [4,2] first, then transpose"
         )
-    if groups == {frozenset({2 * r, 2 * r + 1}) for r in range(4)}:
+    if groups_set == {frozenset({2 * r, 2 * r + 1}) for r in range(4)}:
         raise AssertionError(
             "those are the rows of [4,2], groups over 'model'; the groups are [2,4]: 2 groups of 4, after "
             "the transpose"
         )
-    assert groups == truth, (
+    assert groups_set == truth, (
         f"{sorted(sorted(g) for g in groups)} is not it: lay 0..7 out as [4,2], transpose it, and read the rows "
         "of the [2,4] result"
     )
@@ -154,11 +166,12 @@ read_groups = Exercise(
     checker=_check_read_groups,
     solution=[{0, 2, 4, 6}, {1, 3, 5, 7}],
     wrong=([{0, 1, 2, 3}, {4, 5, 6, 7}], [{0, 1}, {2, 3}, {4, 5}, {6, 7}], [{0, 4}, {1, 5}, {2, 6}, {3, 7}],
-           [{0, 2, 4, 6}], "data"),
+           [{0, 2, 4, 6}], "data", [{0, 2, 4, 6}, {1, 3, 5, 7}, {1, 3, 5, 7}], [[0, 2, 4, 6], [1, 3, 5, 7, 7]]),
     hint="number the devices 0..7, lay them out as [4, 2], transpose to [2, 4], and read each row as a group",
     explanation=(
         "np.arange(8).reshape(4, 2).T is [[0, 2, 4, 6], [1, 3, 5, 7]]: the columns of the (4, 2) mesh, devices "
         "that share a 'model' index and differ in 'data'. So this all-gather runs over 'data', in 2 groups of 4 "
-        "(the numbers are positions in mesh order; on this mesh they are the device ids)."
+        "(the numbers are positions in the mesh's device order, mesh.devices.flat; they are device ids only "
+        "where the mesh lists the devices in id order, as it does on simulated CPU devices but not on a TPU host)."
     ),
 )

@@ -40,10 +40,16 @@ def _check_to_columns(f: Any) -> None:
         "inside jit on Auto axes jax.device_put changes nothing: ask with jax.lax.with_sharding_constraint"
     )
     assert np.array_equal(np.asarray(out), values), "the values changed: a reshard moves data, it never changes it"
-    whole = max((op.result_bytes for op in collectives(compiled).ops), default=0)
+    ops = collectives(compiled)
+    whole = max((op.result_bytes for op in ops.ops), default=0)
     assert whole < values.nbytes, (
         "the right layout, but the compiled program gathers the whole (128, 512) array on every device "
         "(XLA's 'Involuntary full rematerialization'); stop at P('data', 'model') on the way, a local slice"
+    )
+    assert ops.result_bytes < values.nbytes, (
+        f"the right layout, but the collectives return {ops.result_bytes} bytes per device in all, as much as "
+        f"the whole array ({values.nbytes} bytes): a full copy in pieces is still a full copy. Stop at "
+        "P('data', 'model') on the way, a local slice, and gather only the columns each device keeps"
     )
 
 
@@ -69,12 +75,20 @@ def _to_columns_waypoint_only(v):
     return jax.lax.with_sharding_constraint(v, NamedSharding(_mesh(AxisType.Auto), P("data", "model")))
 
 
+def _to_columns_two_halves(v):  # a full copy in two gathers of half the columns each, then a slice
+    mesh = _mesh(AxisType.Auto)
+    left = jax.lax.with_sharding_constraint(v[:, :256], NamedSharding(mesh, P()))
+    right = jax.lax.with_sharding_constraint(v[:, 256:], NamedSharding(mesh, P()))
+    return jax.lax.with_sharding_constraint(jnp.concatenate([left, right], axis=1),
+                                            NamedSharding(mesh, P(None, "model")))
+
+
 to_columns = Exercise(
     title="Exercise 1: a reshard through a waypoint",
     checker=_check_to_columns,
     solution=_to_columns_solution,
     wrong=(_to_columns_direct, _to_columns_device_put, _to_columns_reshard, _to_columns_waypoint_only,
-           lambda v: v),
+           lambda v: v, _to_columns_two_halves),
     hint="two with_sharding_constraint calls: first P('data', 'model'), then P(None, 'model')",
     explanation=(
         "P('data', 'model') is a local slice of P('data', None): no data moves. From there each device "

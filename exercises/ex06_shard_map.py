@@ -72,9 +72,21 @@ def _check_column_sums(f: Any) -> None:
     )
     with answer_errors("compiling your function with jax.jit"):
         compiled = jax.jit(f).lower(x).compile()
-    kinds = collectives(compiled).kinds
-    assert "all-gather" not in kinds, (
+    ops = collectives(compiled)
+    assert "all-gather" not in ops.kinds, (
         "the answer is right but gathers the whole array first: sum each block, then add the (8,) partial sums"
+    )
+    least = collectives(jax.jit(_column_sums_solution).lower(x).compile()).result_bytes
+    assert ops.result_bytes <= least, (
+        f"the answer is right but its collectives return {ops.result_bytes} bytes per device, where "
+        f"{least} bytes (the 8 column sums) are enough: sum each block over its rows first, then psum the "
+        "(8,) partial sums, not the whole blocks"
+    )
+    manual = last.params.get("newly_manual_axes", last.params.get("axis_names", frozenset()))
+    assert "data" in set(manual), (
+        "the rows are split over 'data', so the per-device program must see 'data' (leave axis_names at its "
+        "default, or include 'data'): here only " + ", ".join(sorted(map(str, manual))) + " is manual, so the "
+        "compiler, not your program, adds up the row blocks"
     )
 
 
@@ -121,6 +133,26 @@ def _column_sums_psum_then_sum(x):  # a psum of whole blocks, then the column su
                          out_specs=P())(x).sum(0)
 
 
+def _column_sums_psum_whole_blocks(x):  # the sum over rows after the psum: each device sends its (8, 8) block
+    return jax.shard_map(lambda b: jax.lax.psum(b, "data").sum(axis=0), mesh=_auto_mesh(),
+                         in_specs=P("data", None), out_specs=P())(x)
+
+
+def _column_sums_model_only(x):  # only 'model' is manual: the compiler, not the body, adds up the row blocks
+    return jax.shard_map(lambda b: jax.lax.psum(b.sum(axis=0), "model") / 2, mesh=_auto_mesh(),
+                         in_specs=P(None, None), out_specs=P(), axis_names={"model"})(x)
+
+
+def _column_sums_pmean(x):  # a right answer written another way: the mean of the 4 partial sums, times 4
+    return jax.shard_map(lambda b: 4 * jax.lax.pmean(b.sum(axis=0), "data"), mesh=_auto_mesh(),
+                         in_specs=P("data", None), out_specs=P())(x)
+
+
+def _column_sums_both_axes(x):  # also right: split the columns over 'model' too, and psum over 'data' only
+    return jax.shard_map(lambda b: jax.lax.psum(b.sum(axis=0), "data"), mesh=_auto_mesh(),
+                         in_specs=P("data", "model"), out_specs=P("model"))(x)
+
+
 column_sums = Exercise(
     title="Exercise 1: column sums by hand",
     checker=_check_column_sums,
@@ -135,6 +167,8 @@ column_sums = Exercise(
         _column_sums_outside,
         _column_sums_psum_then_sum,
         jax.jit(_column_sums_identity),
+        _column_sums_psum_whole_blocks,
+        _column_sums_model_only,
     ),
     hint="inside jax.shard_map each device sees an (8, 8) block; sum it over axis 0, then jax.lax.psum over 'data'",
     explanation=(

@@ -9,15 +9,14 @@
 #
 # **You need:** JAX on one device: `jax.numpy` arrays and `jax.jit`. Nothing from the course yet.
 #
-# You will place a first array on 8 devices and read its layout three ways: as a type, as a table of
-# shards and as a picture. At the end you will see how the course gets those 8 devices on a laptop, in
-# CI, on Binder, on Colab or on an 8-accelerator machine, and why the device count must be chosen
-# before JAX does anything.
+# This notebook works on any machine, because the hidden setup cell below gives it 8 devices, simulated
+# on a laptop's CPU where no accelerators exist.
 #
 # **You will learn**
 # - how `P('data', 'model')` on a `(4, 2)` mesh cuts a `(128, 512)` array into `(32, 256)` blocks,
 #   read as the type `f32[128@data,512@model]`, as a shard table, and as a picture;
 # - how many bytes each device holds, and how to check that nothing is copied;
+# - that a jitted elementwise function on a sharded array keeps its layout and moves no data;
 # - what the setup cell at the top of every notebook does, and how the course starts on Colab, on
 #   Binder and on your own machine;
 # - what happens when you ask for another device count too late, and how to recover.
@@ -56,7 +55,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import draw_mesh, draw_sharding, shard_table, type_string
+from utils import collectives, draw_mesh, draw_sharding, shard_table, type_string
 
 # Explicit axes only so that jax.typeof prints the layout in section 2; notebook 01 explains axis types.
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
@@ -67,17 +66,38 @@ draw_sharding(x)
 # %% [markdown]
 # A `PartitionSpec` says, dimension by dimension, which mesh axis splits it. `P('data', 'model')` splits
 # dimension 0 (128 rows) over `data` (4 devices), so 32 rows each, and dimension 1 (512 columns) over
-# `model` (2 devices), so 256 columns each: every device holds a `(32, 256)` block. Here is the mesh
-# (notebook 01 is all about meshes), and the check:
+# `model` (2 devices), so 256 columns each: every device holds a `(32, 256)` block. First the check:
 
 # %%
-print(mesh)
-draw_mesh(mesh)
 print("global shape:", x.shape)
 print("spec:        ", x.sharding.spec)
 print("shard shape: ", x.sharding.shard_shape(x.shape))
 assert x.sharding.shard_shape(x.shape) == (32, 256)
 assert all(s.data.shape == (32, 256) for s in x.addressable_shards)
+
+# %% [markdown]
+# Then the mesh itself (notebook 01 is all about meshes). Each cell is a device, in its own colour, at its
+# `data` and `model` position; the blocks in the picture above wear the same colours:
+
+# %%
+print(mesh)
+draw_mesh(mesh)
+
+# %% [markdown]
+# **A first computation.** Run a function on the sharded array with `jax.jit`. `jnp.sin(x) * 2` works on
+# each element on its own, so each device can compute its block of the result from its own block of `x`.
+# Because no device needs another's data, the compiled program has no **collectives** (the operations
+# that move data between devices), and the result keeps `x`'s layout: its type is `x`'s type. Notebook 04
+# builds on this ("computation follows data") and shows programs that do move data.
+
+# %%
+scaled_sin = jax.jit(lambda a: jnp.sin(a) * 2)
+compiled = scaled_sin.lower(x).compile()
+y = compiled(x)
+print("x:", jax.typeof(x), "| y = jnp.sin(x) * 2:", jax.typeof(y), "| collectives:", collectives(compiled).count())
+assert jax.typeof(y) == jax.typeof(x)  # the same shape and the same layout
+assert collectives(compiled).count() == 0  # nothing moved between devices
+np.testing.assert_allclose(np.asarray(y), np.sin(np.asarray(x)) * 2, rtol=1e-6)
 
 # %% [markdown]
 # ## 2. The same layout, three ways
@@ -224,7 +244,20 @@ else:
 # %% [markdown]
 # The fix: `jax.config.update("jax_num_cpu_devices", N)` right after `import jax` (or the course's
 # `setup_devices(N)`). Too late, it raises the error above instead of doing nothing.
-#
+
+# %% [markdown]
+# ## Takeaways
+# - `P('data', 'model')` on a `(4, 2)` mesh gives each device a `(32, 256)` block of a `(128, 512)`
+#   array: 32 KiB each, 256 KiB in total, nothing copied.
+# - A sharded array reads three ways that must agree: its type (`f32[128@data,512@model]`), its shard
+#   table (who holds which slice, how many bytes) and its picture.
+# - The device count is decided at JAX's first operation. The setup cell decides it first, the same way
+#   in every notebook: 8 real accelerators where they exist, else 8 simulated CPU devices through
+#   `jax.config.update("jax_num_cpu_devices", 8)`.
+# - Asking for another device count after JAX started raises an error (`XLA_FLAGS` set too late is
+#   silently ignored); restart the kernel.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. For the
@@ -249,15 +282,4 @@ answer_2 = NOT_ANSWERED  # a whole number of bytes
 ex.bytes_per_device.check(answer_2);
 
 # %% [markdown]
-# ## Takeaways
-# - `P('data', 'model')` on a `(4, 2)` mesh gives each device a `(32, 256)` block of a `(128, 512)`
-#   array: 32 KiB each, 256 KiB in total, nothing copied.
-# - A sharded array reads three ways that must agree: its type (`f32[128@data,512@model]`), its shard
-#   table (who holds which slice, how many bytes) and its picture.
-# - The device count is decided at JAX's first operation. The setup cell decides it first, the same way
-#   in every notebook: 8 real accelerators where they exist, else 8 simulated CPU devices through
-#   `jax.config.update("jax_num_cpu_devices", 8)`.
-# - Asking for another device count after JAX started raises an error (`XLA_FLAGS` set too late is
-#   silently ignored); restart the kernel.
-#
 # **Next:** [01 · Device meshes](01_meshes.ipynb): the grid of devices, its axis names and types.

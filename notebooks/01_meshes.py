@@ -3,19 +3,15 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/01_meshes.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/01_meshes.ipynb)
 #
-# A sharding must say which device gets which block without naming device numbers, and the same
-# 8 devices can form a row of 8, a `(4, 2)` grid giving a `(128, 512)` array `(32, 256)` blocks, or
-# a `(2, 2, 2)` cube that keeps 2 copies of each block. Where each device sits matters too: on a TPU
-# v5e board, a ring of the 8 chips in id order crosses 4 links in 2 of its 8 steps, where a good order
-# needs 1 link per step.
+# A sharding must say which device gets which block without naming device numbers. The same 8 devices
+# can form a row of 8, a `(4, 2)` grid that gives a `(128, 512)` array `(32, 256)` blocks, or a
+# `(2, 2, 2)` cube that keeps 2 copies of each block.
 #
 # **You need:** notebook 00 (a sharded array read as its type, shard table and picture); `jax.numpy`
 # and `jax.jit` on one device.
 #
-# You will build the **mesh**, the devices arranged as a grid with named axes such as `data` and
-# `model`, against which every sharding in JAX is written. You will meet the three types of mesh axis,
-# see why device order matters on real hardware while results stay the same, and make a mesh the
-# current one with `jax.set_mesh`.
+# The answer is the **mesh**: the devices arranged as a grid with named axes such as `data` and `model`.
+# Every sharding in JAX is written against one, by axis names, never by device numbers.
 #
 # **You will learn**
 # - how a mesh names the devices: `mesh.shape`, `mesh.axis_names`, `mesh.devices`, each device's
@@ -23,7 +19,7 @@
 # - the Auto, Explicit and Manual axis types, and that `jax.make_mesh` defaults to Explicit while
 #   `Mesh(...)` defaults to Auto;
 # - what the order of devices in a mesh changes (which links a collective uses) and what it does not
-#   (the results);
+#   (the results), and which board layout JAX's TPU order assumes;
 # - `jax.set_mesh`, as a context manager and as a global setting, and what replaced `with mesh:`;
 # - which mesh shapes 8 devices allow.
 
@@ -203,11 +199,14 @@ assert (str(jax.typeof(xa)), str(jax.typeof(xe))) == ("float32[16,8]", "float32[
 # each chip's position on the board and chooses the order for you.
 #
 # You can watch that without a TPU: `create_device_mesh` reads only a few attributes of each device, so
-# eight stand-ins shaped like a TPU v5e board of 4 × 2 chips are enough. Count the links between
-# neighbours along a 1-D axis (the last wraps to the first, as in a ring all-reduce). JAX's rule for eight
-# v5e chips is a fixed ring order written for a tray of 4 × 2; where libtpu is installed, the cell also
-# checks that JAX gives libtpu's own description of a v5e-8 (which numbers the chips on a 2 × 4 grid) the
-# same order:
+# eight stand-ins with a TPU v5e's name and board coordinates are enough. To judge an order, count the links
+# between neighbours along a 1-D axis (the last wraps to the first, as in a ring all-reduce), taking a
+# link to join chips next to each other on the grid. That count is a model of the wiring, not a
+# measurement.
+#
+# JAX's rule for eight v5e chips is a fixed ring order, `[0, 1, 2, 3, 7, 6, 5, 4]` in the chips' sorted
+# order. It is written for a tray of 4 × 2 chips numbered row by row, `id = x + 4y`, so the first cell
+# builds that tray:
 
 # %%
 @dataclass(frozen=True)
@@ -221,33 +220,53 @@ class StandInTpu:
     device_kind: str = "TPU v5 lite"  # how JAX names a TPU v5e chip
 
 
-board = [StandInTpu(id=x + 4 * y, coords=(x, y, 0)) for y in range(2) for x in range(4)]
-tpu_order = [d.id for d in mesh_utils.create_device_mesh((8,), devices=board)]
-position = {d.id: d.coords[:2] for d in board}
-
-
-def links(order):
-    """Board links crossed between each device and the next along the axis (the last wraps to the first)."""
+def links(order, position):
+    """Grid links crossed between each device and the next along the axis (the last wraps to the first)."""
     return [abs(position[a][0] - position[b][0]) + abs(position[a][1] - position[b][1])
             for a, b in zip(order, order[1:] + order[:1], strict=True)]
 
 
-print("id order: ", list(range(8)), "links per step:", links(list(range(8))))
-print("TPU order:", tpu_order, "links per step:", links(tpu_order))
+tray = [StandInTpu(id=x + 4 * y, coords=(x, y, 0)) for y in range(2) for x in range(4)]
+tray_position = {d.id: d.coords[:2] for d in tray}
+tpu_order = [d.id for d in mesh_utils.create_device_mesh((8,), devices=tray)]
+print("4 × 2 tray, id order: ", list(range(8)), "links per step:", links(list(range(8)), tray_position))
+print("4 × 2 tray, JAX order:", tpu_order, "links per step:", links(tpu_order, tray_position))
 assert tpu_order == [0, 1, 2, 3, 7, 6, 5, 4]
-assert links(list(range(8))) == [1, 1, 1, 4, 1, 1, 1, 4] and links(tpu_order) == [1] * 8
+assert links(list(range(8)), tray_position) == [1, 1, 1, 4, 1, 1, 1, 4]  # crosses the tray twice
+assert links(tpu_order, tray_position) == [1] * 8  # one link per step: a ring around the tray
+
+# %% [markdown]
+# On that tray, id order crosses the whole board twice (4 links, twice), and JAX's order is one link per
+# step. But the order is JAX's **assumption** about the board, not a reading of it. libtpu's own
+# description of a v5e-8 (`v5e:2x4`, the one notebook 04 compiles for) places the chips differently: on a
+# 2 × 4 grid, numbered `id = x + 2y`. The next cell reads those coordinates where libtpu is installed and
+# counts again. JAX gives the real description the same order, but on that grid the order alternates 1 and 2
+# links, and id order has one 4-link jump instead of two. JAX's order is still the better ring there
+# (a total of 12 links against 14), just not a perfect one. Which grid the physical wiring follows, the
+# coordinates alone do not say.
+
+# %%
 ok, why = tpu_compiler_available()
-if ok:  # libtpu describes a real v5e-8 (notebook 04): JAX orders it the same way
+if ok:  # libtpu describes a real v5e-8 (notebook 04)
     with quiet():
         real = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices
-    assert [d.id for d in jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=real).devices] == tpu_order
+    real_position = {d.id: tuple(d.coords[:2]) for d in real}
+    real_order = [d.id for d in jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=real).devices]
+    print("libtpu coordinates (x, y):", real_position)
+    print("libtpu grid, id order: ", list(range(8)), "links per step:", links(list(range(8)), real_position))
+    print("libtpu grid, JAX order:", real_order, "links per step:", links(real_order, real_position))
+    assert real_order == tpu_order  # the same fixed order ...
+    assert real_position == {i: (i % 2, i // 2) for i in range(8)}  # ... on a 2 × 4 grid, id = x + 2y
+    assert links(real_order, real_position) == [1, 2] * 4  # not one link per step
+    assert links(list(range(8)), real_position) == [1, 2, 1, 2, 1, 2, 1, 4]
+    assert sum(links(real_order, real_position)) < sum(links(list(range(8)), real_position))
 else:
     print(why)
 
 # %% [markdown]
-# On the 4 × 2 tray, id order crosses the whole board twice; the chosen order is one link per step. `Mesh` takes
-# any device array, so build both orders from this machine's devices and place the same `(128, 512)`
-# array, rows split over `data`, on both meshes. Rows 64:80 now live on device 7 instead of device 4:
+# Either way the order changes which device holds which block, and only that. `Mesh` takes any device
+# array, so build both orders from this machine's devices and place the same `(128, 512)` array, rows
+# split over `data`, on both meshes. Rows 64:80 now live on device 7 instead of device 4:
 
 # %%
 by_id = {d.id: d for d in jax.devices()}
@@ -270,9 +289,9 @@ assert list(holder_of_rows(b_tpu).values()) == tpu_order
 draw_shardings({"id_mesh": b_id, "tpu_mesh": b_tpu}, ncols=2, show_bytes=False)
 
 # %% [markdown]
-# The computation does not change. Sum the columns (a sum over the split dimension, so the compiler
-# inserts an all-reduce over `data`) on both meshes: the two compiled programs are the same text and the
-# results are equal. Only which device runs which position of the program differs.
+# The computation does not change. Sum the columns on both meshes. This is a sum over the split
+# dimension, so the compiler inserts an all-reduce over `data`. The two compiled programs are the same
+# text, and the results are equal: only which device runs which position of the program differs.
 
 # %%
 col_sum = jax.jit(lambda a: jnp.sum(a, axis=0))
@@ -405,6 +424,22 @@ except ValueError as err:
 assert raised == ["(n, 2)", "(3, 2)"]
 
 # %% [markdown]
+# ## Takeaways
+# - A mesh is the devices as a named grid: `mesh.shape`, `mesh.axis_names`, and `mesh.devices`, whose
+#   index is each device's coordinates. Shardings name axes, never devices. Pass the shape positionally.
+# - A collective over an axis runs among the devices along it, so device order decides which links it
+#   uses. On 8 TPU v5e chips `jax.make_mesh` uses a fixed ring order that assumes a 4 × 2 tray (one link
+#   per step there; on libtpu's 2 × 4 description, 1 and 2 links in turn). Reordering moves blocks, never
+#   results.
+# - `jax.make_mesh` gives **Explicit** axes by default, `Mesh(...)` gives **Auto**: always pass
+#   `axis_types`. On Explicit axes the layout is in the type (`float32[16@data,8]`); notebook 05 says when
+#   to use which, notebook 06 covers the Manual axes of `jax.shard_map`.
+# - `jax.set_mesh(mesh)` (a block, or global until `jax.set_mesh(None)`) makes bare `P(...)` work;
+#   `with mesh:` is deprecated, `jax.sharding.use_mesh` removed.
+# - A mesh may not need more devices than exist; `jax.make_mesh` silently uses only the first devices of
+#   a smaller shape.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -438,17 +473,4 @@ answer_3 = NOT_ANSWERED  # a set of device ids, e.g. {0, 1}
 ex.model_group.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - A mesh is the devices as a named grid: `mesh.shape`, `mesh.axis_names`, and `mesh.devices`, whose
-#   index is each device's coordinates. Shardings name axes, never devices. Pass the shape positionally.
-# - A collective over an axis runs among the devices along it, so device order decides which links it
-#   uses; `jax.make_mesh` orders for TPU boards. Reordering moves blocks, never results.
-# - `jax.make_mesh` gives **Explicit** axes by default, `Mesh(...)` gives **Auto**: always pass
-#   `axis_types`. On Explicit axes the layout is in the type (`float32[16@data,8]`); notebook 05 says when
-#   to use which, notebook 06 covers the Manual axes of `jax.shard_map`.
-# - `jax.set_mesh(mesh)` (a block, or global until `jax.set_mesh(None)`) makes bare `P(...)` work;
-#   `with mesh:` is deprecated, `jax.sharding.use_mesh` removed.
-# - A mesh may not need more devices than exist; `jax.make_mesh` silently uses only the first devices of
-#   a smaller shape.
-#
 # **Next:** [02 · PartitionSpec](02_partitionspec.ipynb)

@@ -11,12 +11,9 @@
 # mesh with axes `data` and `model`, Auto and Explicit axes, `jax.set_mesh`); `jax.numpy` and
 # `jax.jit`.
 #
-# You will read and write the `PartitionSpec`, a short list with one entry per array dimension that
-# names the mesh axes cutting that dimension. Every placement, every `jit` sharding and every constraint
-# in the rest of the course is written with one. You will compute the block each device gets and check
-# it against the devices' real shards, then learn the rules a spec must follow, how to create arrays
-# already sharded, what happens to dimensions that do not divide evenly, and how to compare two layouts
-# without being fooled.
+# A `PartitionSpec` is a short list with one entry per array dimension that names the mesh axes cutting
+# that dimension. Every placement, every `jit` sharding and every constraint in the rest of the course is
+# written with one, so this notebook checks each rule against the devices' real shards.
 #
 # **You will learn**
 # - to read a spec dimension by dimension: `P('data', 'model')` on a `(4, 2)` mesh turns a `(128, 512)`
@@ -240,9 +237,10 @@ print(f"JAX {jax.__version__}, outside jax.set_mesh: {outcome}")
 assert outcome == ("returned SingleDeviceSharding" if jax.__version_info__ >= (0, 12) else "ValueError")
 
 # %% [markdown]
-# ## 6. Uneven dimensions
+# ## 6. Uneven dimensions (optional on a first reading)
 #
-# What if a dimension does not divide by its axes? Take 10 numbers and split them over `data` (4
+# This section uses `with_sharding_constraint` (notebook 05) and counts collectives in the compiled
+# program (notebook 04), so it reads best after those. What if a dimension does not divide by its axes? Take 10 numbers and split them over `data` (4
 # devices). This section uses an Auto mesh, because it needs `with_sharding_constraint`.
 #
 # **Where an array is placed or leaves `jit`, JAX refuses.** `jax.device_put`, `jit`'s `in_shardings`
@@ -412,6 +410,23 @@ from utils import explore
 explore()
 
 # %% [markdown]
+# ## Takeaways
+# - A spec has one entry per array dimension: `None` keeps the dimension whole, a mesh axis splits it by
+#   the axis size, a tuple of axes splits it by the product. Missing trailing entries mean `None`.
+#   `sharding.shard_shape(shape)` does the arithmetic.
+# - A mesh axis the spec does not name copies the blocks across it (`P('data')` on `(4, 2)`: each block
+#   on 2 devices, 2x the memory; `P()`: 8x).
+# - In a tuple the first axis is the major one: `P(('data', 'model'))` and `P(('model', 'data'))` give the
+#   same block shapes to different devices.
+# - A repeated axis, an unknown axis and a spec longer than the array are errors.
+# - Create arrays in their layout with `out_sharding=` under `jax.set_mesh`.
+# - An uneven dimension is refused wherever an array is placed or returned, and padded by XLA only inside
+#   `jit`. Returning it from `jit` differs by line: JAX 0.10.2 silently replicates it, as its docstring
+#   says, and JAX 0.11-0.12 raise `IndivisibleError` against that docstring. Pad it yourself, or split a
+#   dimension that divides.
+# - Compare layouts with `sharding.is_equivalent_to(other, ndim)`, never with `spec ==`.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -444,19 +459,4 @@ answer_3 = NOT_ANSWERED  # a set of device ids, e.g. {0, 1}
 ex.rows_32_64.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - A spec has one entry per array dimension: `None` keeps the dimension whole, a mesh axis splits it by
-#   the axis size, a tuple of axes splits it by the product. Missing trailing entries mean `None`.
-#   `sharding.shard_shape(shape)` does the arithmetic.
-# - A mesh axis the spec does not name copies the blocks across it (`P('data')` on `(4, 2)`: each block
-#   on 2 devices, 2x the memory; `P()`: 8x).
-# - In a tuple the first axis is the major one: `P(('data', 'model'))` and `P(('model', 'data'))` give the
-#   same block shapes to different devices.
-# - A repeated axis, an unknown axis and a spec longer than the array are errors.
-# - Create arrays in their layout with `out_sharding=` under `jax.set_mesh`.
-# - An uneven dimension is refused wherever an array is placed or returned, and padded by XLA only inside
-#   `jit`; returning it from `jit` is buggy on both JAX lines. Pad it yourself, or split a dimension that
-#   divides.
-# - Compare layouts with `sharding.is_equivalent_to(other, ndim)`, never with `spec ==`.
-#
 # **Next:** [03 · NamedSharding and placing data](03_namedsharding.ipynb)

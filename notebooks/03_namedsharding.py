@@ -10,10 +10,8 @@
 # **You need:** notebooks 00 (shard table, `type_string`, `draw_sharding`), 01 (meshes and their axis
 # types) and 02 (`PartitionSpec`); `jax.numpy` and pytrees (`jax.tree.map`).
 #
-# You will pair a mesh with a `PartitionSpec` in a `NamedSharding` and place arrays, or whole pytrees of
-# them, with `jax.device_put`. You will read every property of the result next to the shard table and
-# the picture, count what replication costs in bytes, and shard a dict of parameters and a batch with
-# one call and a rule. Every claim is checked by an assert.
+# A `NamedSharding` pairs a mesh with a `PartitionSpec`, and it is what `jax.device_put` needs to place
+# an array, or a whole pytree of them, on the devices.
 #
 # **You will learn**
 # - what `NamedSharding(mesh, spec)` knows before any array exists: `shard_shape`, `device_set`,
@@ -470,6 +468,22 @@ assert tree["batch"]["x"].sharding.is_equivalent_to(shardings["data_parallel"], 
 assert tree["params"]["dense1"]["kernel"].sharding.is_fully_replicated
 
 # %% [markdown]
+# ## Takeaways
+# - `NamedSharding(mesh, spec)` is a description: it answers `shard_shape`, `device_set` (a set: sort it)
+#   and `is_fully_replicated` before any array exists, and rejects a spec that names an axis the mesh
+#   lacks.
+# - `jax.device_put(x, sharding)` returns a new array and leaves `x` as it was; onto the sharding `x`
+#   already has it returns `x` itself. On CPU a NumPy source can be shared, so do not write into it
+#   afterwards.
+# - Read a layout from both ends: `addressable_shards` / `shard_table` per device (index, replica id,
+#   shape, bytes) and the global shape, type and picture. Replica ids follow mesh order. `draw_sharding`
+#   goes where `visualize_array_sharding` stops: 3-D and beyond, bytes, and asserts.
+# - The mesh holds each block once per device along the mesh axes the spec leaves out: 8x the array
+#   replicated, 1x fully sharded, in between when partly replicated.
+# - `jax.device_put` shards a whole pytree with one sharding, a prefix tree, or a tree built by a rule.
+#   Let the rule decide only, and test the dimension it splits.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -507,19 +521,4 @@ def rule(path, leaf):
 ex.kernel_rule.check(rule);
 
 # %% [markdown]
-# ## Takeaways
-# - `NamedSharding(mesh, spec)` is a description: it answers `shard_shape`, `device_set` (a set: sort it)
-#   and `is_fully_replicated` before any array exists, and rejects a spec that names an axis the mesh
-#   lacks.
-# - `jax.device_put(x, sharding)` returns a new array and leaves `x` as it was; onto the sharding `x`
-#   already has it returns `x` itself. On CPU a NumPy source can be shared, so do not write into it
-#   afterwards.
-# - Read a layout from both ends: `addressable_shards` / `shard_table` per device (index, replica id,
-#   shape, bytes) and the global shape, type and picture. Replica ids follow mesh order. `draw_sharding`
-#   goes where `visualize_array_sharding` stops: 3-D and beyond, bytes, and asserts.
-# - The mesh holds each block once per device along the mesh axes the spec leaves out: 8x the array
-#   replicated, 1x fully sharded, in between when partly replicated.
-# - `jax.device_put` shards a whole pytree with one sharding, a prefix tree, or a tree built by a rule.
-#   Let the rule decide only, and test the dimension it splits.
-#
 # **Next:** [04 · Propagation and resharding](04_propagation_resharding.ipynb)

@@ -116,7 +116,8 @@ assert y_eager.sharding.is_equivalent_to(x.sharding, x.ndim)
 # | 4 | one mesh axis cuts both `I` and `K` | `C` cannot be cut twice by one axis: **all-gather one operand** |
 #
 # For each case: predict, compile, check the collectives (kind, per-device shape, group size), and draw
-# what device 0 holds (green), fetches (red hatching) and computes (purple).
+# what device 0 holds (solid outline), fetches (dashed, hatched) and computes (dotted outline). The fill
+# colours are the devices', as in every picture of the course.
 
 # %%
 I, J, K = 128, 256, 512  # noqa: E741  C[I, K] = A[I, J] @ B[J, K]; J is the contracting dimension
@@ -159,11 +160,11 @@ assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
 draw_matmul(a, b, c)
 
 # %% [markdown]
-# **Case 2: `J` cut on one side.** `A` at `P('data', 'model')` cuts its `J` columns over `model`; `B` at
-# `P(None, 'model')` keeps `J` whole. Each device holds half of the `J` columns of its row block, so it
-# all-gathers the other half from its `model` neighbour (a group of 2), giving a `(32, 256)` block, then
-# multiplies locally: `C` at `P('data', 'model')`. No all-reduce: nothing is a partial sum, because `B`'s
-# `J` is whole.
+# **Case 2: `J` cut on one side.** `A` at `P('data', 'model')` cuts its `J` columns over `model`, while
+# `B` at `P(None, 'model')` keeps `J` whole. Each device holds only half of the `J` columns of its row
+# block, so it all-gathers the other half from its `model` neighbour (a group of 2). That gives it a whole
+# `(32, 256)` row block, which it multiplies locally, so `C` comes out at `P('data', 'model')`. There is no
+# all-reduce, because `B`'s `J` is whole and so no device computes a partial sum.
 
 # %%
 a, b, c, col = run_case("2", P("data", "model"), P(None, "model"))
@@ -175,23 +176,31 @@ draw_matmul(a, b, c)
 # **Case 3: `J` cut on both sides by the same axis.** `A` at `P(None, 'model')`, `B` at `P('model', None)`:
 # the second layer of a tensor-parallel MLP. Each device holds matching halves of `J` and computes a full
 # `(128, 512)` product of its halves: a **pending sum**, partial sums still to be added over `model`. The
-# course writes it `f32[128,512]{U:model}` (notebook 05 shows JAX writing it so). Predict one all-reduce
-# over `model` (a group of 2) and `C` replicated.
+# course writes it `f32[128,512]{U:model}`, which is how `jax.typeof` prints it: on an Explicit mesh
+# (notebook 05) you can ask the matmul for its pending sum with `unreduced=`, as the cell checks. Predict
+# one all-reduce over `model` (a group of 2) and `C` replicated.
 
 # %%
 a, b, c, col = run_case("3", P(None, "model"), P("model", None))
 assert found(col) == [("all-reduce", (128, 512), 2)]
 assert c.sharding.is_fully_replicated
 picture = draw_matmul(a, b, c)
-assert "f32[128,512]{U:model} → f32[128,512]" in picture.axes[2].get_title()  # C's title: the pending sum
+explicit = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+with jax.set_mesh(explicit):  # the same operands on an Explicit mesh, and the pending sum asked for
+    pending = jax.jit(lambda a, b: jnp.matmul(a, b, out_sharding=P(None, None, unreduced={"model"})))(
+        jax.device_put(A, P(None, "model")), jax.device_put(B, P("model", None)))
+print("jax.typeof of the pending sum:", jax.typeof(pending))
+assert str(jax.typeof(pending)) == "float32[128,512]{U:model}"  # JAX's print of the course's notation
+assert f"{type_string(pending)} → f32[128,512]" in picture.axes[2].get_title()  # ... and the picture's title
 picture
 
 # %% [markdown]
 # **Case 3 with `C` cut.** Add `data` to `A`'s rows and fix `C` at `P('data', 'model')` with
 # `jax.jit(matmul, out_shardings=...)` (notebook 05 covers the ways to ask for a layout). Each device's
 # pending sum is `f32[128@data,512]{U:model}`, but it keeps only a `(32, 256)` block of the sum: a
-# reduce-scatter's job. The CPU backend writes it as an **all-reduce** and a local `dynamic-slice`; the TPU
-# compiler fuses the pair into one reduce-scatter (section 4).
+# reduce-scatter's job. The CPU compiler writes it as an **all-reduce** and a local `dynamic-slice` (see
+# the CPU compiler's exact figures, in the hidden cell at the end of this section). The TPU compiler fuses the pair into one reduce-scatter
+# (section 4).
 
 # %%
 a, b, c, col = run_case("3'", P("data", "model"), P("model", None), out=P("data", "model"))
@@ -215,10 +224,18 @@ assert c.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "data")), 2)
 draw_matmul(a, b, c)
 
 # %% [markdown]
-# The summary. `matmul_traffic` computes the textbook plan the pictures show; the compiled column is what
-# the programs contain. The last column is an **estimate** from the ring formulas, per device: an
-# all-gather sends `(N-1)/N x` its result, an all-reduce `2(N-1)/N x`, a reduce-scatter `(N-1)/N x` its
-# input, for a group of `N` devices.
+# The summary. The "plan" column is the textbook plan that the pictures show, computed by
+# `matmul_traffic`. The "compiled" column is what the programs contain. The last column is an
+# **estimate** of the bytes each device sends, from the ring formulas for a group of `N` devices:
+#
+# | collective | bytes each device sends, by the ring estimate |
+# |---|---|
+# | all-gather | `(N-1)/N` × its result |
+# | all-reduce | `2(N-1)/N` × its result |
+# | reduce-scatter | `(N-1)/N` × its input |
+#
+# Bytes are not yet time. Dividing a ring estimate by the bandwidth of the links that carry it gives an
+# estimated time in seconds, and notebook 16 does exactly that for whole training steps on a TPU v5e.
 
 # %%
 print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'ring estimate':>13}")
@@ -232,11 +249,12 @@ for name, (a, b, c, compiled) in cases.items():
     assert kinds == plan or (plan, kinds) == (("reduce-scatter",), ("all-reduce",))  # CPU: all-reduce + slice
 
 # %% [markdown]
-# **The table says what must move; the compiler picks how.** `A` at `P('data', None)` with `B` at
-# `P('model', None)` looks like case 2 (only `B` cuts `J`): gather `B`, ring estimate 256 KiB per device.
-# But `A`'s `J` is whole on every device, so each device can slice out, for free, the half that matches its
-# rows of `B`: case 3. The compiler does that and all-reduces a `(32, 512)` partial product (ring
-# estimate 64 KiB). Compile and count; do not guess.
+# **The table says what must move, but the compiler picks how.** For example, `A` at `P('data', None)`
+# with `B` at `P('model', None)` looks like case 2, because only `B` cuts `J`. The textbook plan gathers
+# `B`, a ring estimate of 256 KiB per device. But every device holds `A`'s `J` whole, so it can slice out,
+# for free, the half that matches its rows of `B`, and that turns the layout into case 3. The compiler
+# does exactly that and all-reduces a `(32, 512)` partial product, a ring estimate of 64 KiB. So compile
+# and count rather than guess.
 
 # %%
 a, b, c, col = run_case("2 or 3?", P("data", None), P("model", None))
@@ -245,11 +263,11 @@ assert found(col) == [("all-reduce", (32, 512), 2)]
 assert c.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §2: case 3' as the CPU compiler writes it
+# @title The CPU compiler's exact figures, §2: case 3' as an all-reduce and a slice
 compiled = cases["3'"][3]
 text, here = compiled.as_text(), found(collectives(compiled))
-print(f"case 3' on {jax.default_backend()}: {here}, dynamic-slice: "
-      f"{'dynamic-slice' in text} | TPU v5e: [('reduce-scatter', (32, 256), 2)] (section 4)")
+print(f"On {jax.default_backend()}, case 3' compiles to {', '.join(f'{k} of {s} in groups of {g}' for k, s, g in here)}, "
+      f"{'followed by' if 'dynamic-slice' in text else 'without'} a dynamic-slice. Section 4 shows the TPU's form.")
 if CPU:  # an all-reduce of the (32, 512) partial sums ...
     assert here == [("all-reduce", (32, 512), 2)]
     assert "dynamic-slice" in text  # ... and each device cuts its half out locally
@@ -258,7 +276,8 @@ if CPU:  # an all-reduce of the (32, 512) partial sums ...
 # ## 3. Reading the compiled program
 #
 # `collectives()` reads `compiled.as_text()`, the per-device HLO after partitioning. Here is the line of
-# the all-reduce of case 3', up to its metadata:
+# case 3's all-reduce, up to its metadata. Case 3 is a good one to read because it is a plain all-reduce on
+# every backend (case 3' is not: the TPU compiler fuses it into a reduce-scatter, section 4).
 
 # %%
 def hlo_line(compiled, op):
@@ -267,23 +286,53 @@ def hlo_line(compiled, op):
     return re.sub(r", (frontend_attributes|metadata|backend_config)=.*", "", line)
 
 
-compiled = cases["3'"][3]
+compiled = cases["3"][3]
 op = collectives(compiled).ops[0]
 line = hlo_line(compiled, op)
 print(line)
-assert op.group_size == mesh.shape["model"]  # groups of 2: a sum over model
+assert op.kind == "all-reduce" and op.group_size == mesh.shape["model"]  # groups of 2: a sum over model
+assert "replica_groups=" in line and "to_apply=" in line
 
 # %% [markdown]
-# Read it left to right: `f32[32,512]` is each device's result, its summed partial product;
-# `to_apply=%add.clone` makes the reduction a sum; `replica_groups` says which devices add together.
-# `[4,2]<=[8]` is XLA's compact ("iota") notation: number the program's 8 devices 0 to 7 in mesh order
-# (`mesh.devices.flat`; here, the device ids), lay them out as `[4,2]`, and each row is a group: {0,1},
-# {2,3}, {4,5}, {6,7}. Those are the mesh's rows, devices that differ only in their `model` index: a sum
-# over `model`. Groups along `data` are the mesh's columns, written with a transpose: `[2,4]<=[4,2]T(1,0)`
-# lays out 0 to 7 as `[4,2]`, transposes it, and reads 2 groups of 4: {0,2,4,6}, {1,3,5,7}. Other
-# programs name mesh axes (`mesh['axis_0'=4,'axis_1'=2] {'axis_1'}`) or list the groups.
+# Read it left to right. `f32[128,512]` is each device's result: the sum of the partial products.
+# `to_apply=` names the little computation that combines two values, here an addition, so the reduction is a
+# sum. `replica_groups` says which devices add their values together. The numbers in it are not device ids
+# but **positions**: the program numbers its devices 0 to 7 in mesh order (`mesh.devices.flat`). XLA writes
+# the groups in one of several spellings, and a compiler may pick any of them:
+#
+# | spelling | example | how to read it |
+# |---|---|---|
+# | mesh axes | `mesh['axis_0'=4,'axis_1'=2] {'axis_1'}` | the compiler's own mesh (here `axis_0` is `data` and `axis_1` is `model`). Devices that differ only along the axes in braces form a group |
+# | mesh axes, reordered | `mesh['axis_0'=1,'axis_1'=2,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_1'}` | the same, but the compiler's mesh lists the devices in the order of the iota after `device_ids` |
+# | iota | `[4,2]<=[8]` | number 0 to 7, lay them out as `[4,2]`; each row is a group |
+# | iota, transposed | `[2,4]<=[4,2]T(1,0)` | lay out 0 to 7 as `[4,2]`, transpose, then read the 2 rows of 4 |
+# | explicit | `{{0,1},{2,3},{4,5},{6,7}}` | the groups, listed |
+#
+# The decoder below reads all of them. Case 3 sums over `model`, so its groups are the mesh's rows, for
+# example positions {0,1} and {2,3}. Case 4 gathers over `data`, so its groups are the mesh's columns:
+# {0,2,4,6} and {1,3,5,7}.
 
 # %%
+def read_groups(line, n=8):
+    """The replica groups of one HLO line, as lists of positions in mesh order, from any of XLA's spellings."""
+    named = r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}"
+    if m := re.search(named, line):  # named axes, perhaps with the devices in another order
+        axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        ids = np.arange(n)
+        if m.group(2):  # device_ids=([4,2]T(1,0)): the devices' order, written as an iota
+            ids = ids.reshape([int(d) for d in m.group(2).split(",")])
+            ids = ids.transpose([int(p) for p in m.group(3).split(",")]) if m.group(3) else ids
+        kept = [i for i, (name, _) in enumerate(axes) if f"'{name}'" in m.group(4)]
+        others = [i for i in range(len(axes)) if i not in kept]
+        grid = ids.reshape([int(size) for _, size in axes]).transpose(others + kept)
+        return grid.reshape(-1, int(np.prod([int(axes[i][1]) for i in kept]))).tolist()
+    if m := re.search(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", line):  # iota
+        return iota_groups(m.group(1))
+    if m := re.search(r"replica_groups=\{((?:\{[\d,]*\},?)+)\}", line):  # listed
+        return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
+    raise ValueError(f"no replica groups in: {line}")
+
+
 def iota_groups(text):
     """XLA's iota replica groups, '[4,2]<=[8]' or '[2,4]<=[4,2]T(1,0)', as a list of groups."""
     shape, dims, perm = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text).groups()
@@ -294,15 +343,18 @@ def iota_groups(text):
 
 
 positions = np.arange(8).reshape(mesh.devices.shape)  # the program's device numbers, laid out as the mesh
-groups = re.search(r"replica_groups=(.+?), (?:use_global_device_ids|to_apply|dimensions)", line).group(1)
-print("replica_groups:", groups, "| mesh positions:", positions.tolist())
-assert iota_groups("[4,2]<=[8]") == positions.tolist()  # the mesh's rows: groups over model
-assert iota_groups("[2,4]<=[4,2]T(1,0)") == positions.T.tolist()  # its columns: groups over data
+over_model = read_groups(line)
+over_data = read_groups(hlo_line(cases["4"][3], collectives(cases["4"][3]).ops[0]))
+print("mesh positions:", positions.tolist(), "| case 3 groups:", over_model, "| case 4 groups:", over_data)
+assert over_model == positions.tolist()  # the mesh's rows: a sum over model
+assert over_data == positions.T.tolist()  # the mesh's columns: a gather over data
+assert iota_groups("[4,2]<=[8]") == over_model and iota_groups("[2,4]<=[4,2]T(1,0)") == over_data
 
 # %% [markdown]
 # The compiled program also knows each device's memory. `compiled.memory_analysis()` returns the
 # compiler's figures in bytes, per device. For case 4: the arguments are the device's blocks of `A` and
-# `B`, the output its block of `C`, and the temporaries hold the gathered `A`.
+# `B`, the output its block of `C`. The temporaries are compiler-specific: the CPU compiler keeps the
+# gathered `A` there (see the CPU compiler's exact figures, in the hidden cell at the end of this section).
 
 # %%
 compiled = cases["4"][3]
@@ -314,11 +366,15 @@ assert stats.output_size_in_bytes == 128 * 128 * 4  # C's (128, 128) block
 print(memory_per_device(compiled))  # the same fields, read by the course's helper from here on
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: the CPU compiler's groups and temporaries
-print(f"{jax.default_backend()}: replica_groups={groups}, temp {format_bytes(stats.temp_size_in_bytes)} "
-      f"(all of A: {format_bytes(A.nbytes)}) | TPU v5e: temp 0 B")
-if CPU:  # the CPU compiler writes the groups in iota form and keeps the gathered A in a temporary buffer
-    assert groups == "[4,2]<=[8]" and iota_groups(groups) == positions.tolist()
+# @title The CPU compiler's exact figures, §3: case 3' and case 4's temporaries
+line_3p = hlo_line(cases["3'"][3], collectives(cases["3'"][3]).ops[0])
+groups_3p = re.search(r"replica_groups=(\S+?), ", line_3p)
+print(f"On {jax.default_backend()}, case 3' is: {line_3p}")
+print(f"Case 4 keeps {format_bytes(stats.temp_size_in_bytes)} of temporaries per device (all of A is "
+      f"{format_bytes(A.nbytes)}).")
+if CPU:  # an all-reduce with iota groups over model, and the gathered A kept in a temporary buffer
+    assert " all-reduce(" in line_3p and "to_apply=%add" in line_3p
+    assert groups_3p and iota_groups(groups_3p.group(1)) == positions.tolist()
     assert stats.temp_size_in_bytes == A.nbytes
 
 # %% [markdown]
@@ -327,7 +383,9 @@ if CPU:  # the CPU compiler writes the groups in iota form and keeps the gathere
 # JAX compiles ahead of time for a TPU it does not have: `jax.experimental.topologies` describes a v5e-8
 # (`v5e:2x4`), you build the same mesh from its devices, describe the inputs as
 # `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`, and compile. Nothing runs, but the program can be
-# read. This needs libtpu, the TPU compiler (Linux only); notebook 15 does more with it.
+# read. This needs libtpu, the TPU compiler, which runs on Linux only. Notebook 15 does more with it. Every TPU
+# program in this notebook is compiled at the compiler's **default effort**, the one `jax.jit` uses when
+# you run on a TPU, so its memory figures are the ones you would see there.
 
 # %%
 ok, why = tpu_compiler_available()
@@ -346,10 +404,12 @@ if ok:
     print(topo.devices[0].device_kind, "x", len(topo.devices), "| compiled:", list(tpu))
 
 # %% [markdown]
-# Case 3', side by side: on the TPU the pending sums are **reduce-scattered**, and each chip receives only
-# its `(32, 256)` block. The TPU compiler writes a fusion that calls `all-reduce-scatter`; `collectives()`
-# counts it as one reduce-scatter. By the ring formulas it
-# sends half the all-reduce's bytes: `(N-1)/N` against `2(N-1)/N` times the partial products.
+# Case 3', side by side. On the TPU the pending sums are **reduce-scattered**, so each chip receives only
+# its `(32, 256)` block of the sum. The TPU compiler writes this as a fusion that calls
+# `all-reduce-scatter`, which `collectives()` counts as one reduce-scatter. This is also why section 3
+# read its groups from case 3: this line has no `replica_groups` of its own. By the ring formulas the
+# reduce-scatter sends half the all-reduce's bytes, `(N-1)/N` against `2(N-1)/N` times the partial
+# products.
 
 # %%
 if ok:
@@ -357,7 +417,7 @@ if ok:
     print(f"{jax.default_backend()}, {jax.device_count()} devices:\n{here}\n\nTPU v5e-8:\n{there}\n")
     fusion = hlo_line(tpu["3'"], there.ops[0])
     print(fusion)
-    print(memory_per_device(tpu["3'"]))
+    print("TPU v5e-8, default effort:", memory_per_device(tpu["3'"]))
     assert found(there) == [("reduce-scatter", (32, 256), 2)]
     assert "calls=%all-reduce-scatter" in fusion
 
@@ -383,15 +443,17 @@ if ok:
     assert [op.result_type for op in gathered] == ["f32[32,256]"]  # asked for full precision: f32 moves
 
 # %% [markdown]
-# The same collectives, shapes and groups, except case 3'. The TPU gathers `bf16`, though: it converts
+# The same collectives, shapes and groups, except case 3' (the CPU compiler's exact figures, hidden at the
+# end of this section, list the matching cases). The TPU gathers `bf16`, though: it converts
 # `f32` matmul operands to `bfloat16` before gathering them, half the bytes. That is its default matmul
 # precision at work: with `precision=jax.lax.Precision.HIGHEST` the same gather stays `f32`.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: the CPU programs beside the TPU programs
+# @title The CPU compiler's exact figures, §4: which cases match the TPU program
 if ok:
     same = [name for name, (*_, c) in cases.items() if found(collectives(c)) == found(collectives(tpu[name]))]
-    print(f"same kinds, shapes and groups on {jax.default_backend()} and TPU v5e-8: cases {same}")
+    print(f"The {jax.default_backend()} and TPU v5e-8 programs have the same collectives (kind, shape, group) "
+          f"in cases {', '.join(same)}.")
     if CPU:  # all but 3', which the CPU compiler writes as an all-reduce and a slice
         assert found(collectives(cases["3'"][3])) == [("all-reduce", (32, 512), 2)]
         assert same == [name for name in cases if name != "3'"]
@@ -399,8 +461,9 @@ if ok:
 # %% [markdown]
 # ## 5. When two inputs disagree, the compiler reshards
 #
-# Combine arrays sharded differently and propagation picks one sharding for the result; the partitioner
-# moves whatever does not fit it. Add `x` at `P('data', None)` to `y` in five layouts:
+# When you combine arrays that are sharded differently, propagation picks one sharding for the result,
+# and the partitioner then moves whatever does not fit it. For example, add `x` at `P('data', None)` to
+# `y` in five layouts:
 
 # %%
 x = jax.device_put(X, NamedSharding(mesh, P("data", None)))
@@ -432,14 +495,11 @@ assert results["P('model', None)"][2].kinds == {"all-gather"}  # full copies of 
 assert max(results, key=lambda spec: results[spec][2].estimated_bytes) == "P('model', None)"
 
 # %% [markdown]
-# - `P('data', 'model')`, `P()`, `P(None, 'model')`: every device already holds its block of `y`, or more,
-#   and slices it locally: nothing moves. With `P(None, 'model')` the result takes both cuts,
-#   `P('data', 'model')`; the picture below shows why.
-# - `P(None, 'data')`: `y` cuts columns where `x` cuts rows, over the same axis. One all-to-all among the 4
-#   devices of each `data` group gives each device its row block of `y`.
-# - `P('model', None)`: both cut rows, over different axes. Propagation picks neither for the result's
-#   rows: it is replicated, and both inputs are all-gathered to full copies, the costliest of the five by
-#   the ring estimate.
+# | `y` at | what happens | why |
+# |---|---|---|
+# | `P('data', 'model')`, `P()`, `P(None, 'model')` | nothing moves | every device already holds its block of `y`, or more, so it slices it locally. With `P(None, 'model')` the result takes both cuts, `P('data', 'model')` (the picture below shows why) |
+# | `P(None, 'data')` | one all-to-all | `y` cuts columns where `x` cuts rows, over the same axis, so the 4 devices of each `data` group swap pieces until each holds its row block of `y` |
+# | `P('model', None)` | two all-gathers, to full copies | both cut rows, but over different axes. Propagation picks neither for the result's rows, so the result is replicated and both inputs are gathered whole: the costliest of the five by the ring estimate |
 
 # %%
 y, s, _ = results["P(None, 'model')"]
@@ -466,9 +526,9 @@ assert len(matching) == mesh.size // 2
 
 # %% [markdown]
 # Ask for the result at `P('data', None)`, by `out_shardings` or by `with_sharding_constraint` on `y`, and
-# the tie is gone. The program becomes one **collective-permute**: each device receives at most one
-# `(32, 512)` block (group 3: blocks travel around rings of 3 devices). Ring estimate 64 KiB against
-# 320 KiB, 5 times less. Notebook 05 builds on that.
+# the tie is gone. The program becomes one **collective-permute**, in which each device receives at most
+# one `(32, 512)` block. Its group size is 3 because the blocks travel around rings of 3 devices. The ring
+# estimate is 64 KiB against 320 KiB, 5 times less. Notebook 05 builds on that.
 
 # %%
 def programs(m):
@@ -515,13 +575,40 @@ x_cols = jax.device_put(x, NamedSharding(mesh, P(None, "model")))  # the fix: mo
 assert double_by_columns(x_cols).sharding.is_equivalent_to(x_cols.sharding, 2)
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §5: the routes as the CPU compiler writes them
+# @title The CPU compiler's exact figures, §5: the routes it takes
 swap = found(results["P(None, 'data')"][2])  # y at P(None, 'data'): the all-to-all
-print(f"{jax.default_backend()}: {swap} | TPU v5e: [('all-to-all', (4, 32, 128), 4)]")
+print(f"On {jax.default_backend()}, y at P(None, 'data') is reached by "
+      f"{', '.join(f'an {k} of per-device shape {s} in groups of {g}' for k, s, g in swap)}.")
 if CPU:
     assert swap == [("all-to-all", (1, 32, 128), 4)]
     assert found(results["P('model', None)"][2]) == gathers  # x over data, y over model
     assert [found(c) for c in cols.values()] == [gathers, permute, permute]
+
+# %% [markdown]
+# ## Takeaways
+# - Shardy propagates shardings from the inputs to every value, and then XLA's SPMD partitioner writes
+#   each device's program and inserts the collectives. Computation follows data: elementwise ops keep
+#   their input's sharding, and `P('data', None) @ P(None, 'model')` gives `P('data', 'model')` with
+#   nothing moved.
+# - Where the operands of `A @ B` are cut predicts the collective:
+#
+#   | the contracting dimension `J` is | collective |
+#   |---|---|
+#   | whole in both | none |
+#   | cut in one operand | an all-gather of that operand |
+#   | cut in both, by the same axis | a pending sum `{U:axis}`, then an all-reduce (or a reduce-scatter) |
+#   | whole, but one axis cuts both `I` and `K` | an all-gather of one operand |
+#
+#   The compiler still picks the route, so compile and count.
+# - The HLO line states the kind, the per-device shape and the replica groups. The groups list mesh
+#   positions, in one of several spellings: `[4,2]<=[8]` and `mesh[...] {'axis_1'}` both mean the mesh's
+#   rows, a group over `model`. `compiled.memory_analysis()` gives bytes per device. Byte counts from the
+#   ring formulas are estimates.
+# - The CPU backend writes a reduce-scatter as an all-reduce and a slice; the TPU v5e-8 program has a
+#   reduce-scatter, and gathers `f32` matmul operands as `bf16`.
+# - When inputs disagree, the compiler reshards: free when each device holds its block, else an all-to-all
+#   or full copies. Asking for the result's layout can turn full copies into one collective-permute. A
+#   committed input that does not match `in_shardings` raises.
 
 # %% [markdown]
 # ## Exercises
@@ -551,29 +638,14 @@ ex.predict_bytes.check(answer_2);
 # %% [markdown]
 # **Exercise 3 (read the replica groups).** A program compiled on the `(4, 2)` mesh contains
 # `%all-gather = f32[64,256] all-gather(%wrapped_copy), replica_groups=[2,4]<=[4,2]T(1,0), dimensions={1}`.
-# Which devices gather together? Answer with a list of groups of device ids, e.g. `[{0, 1}, {2, 3}]`.
+# Which devices gather together? Answer with a list of groups of **mesh positions** (0 to 7, in
+# `mesh.devices.flat` order, as the program numbers them), e.g. `[{0, 1}, {2, 3}]`.
 
 # %%
-answer_3 = NOT_ANSWERED  # a list of sets of device ids
+answer_3 = NOT_ANSWERED  # a list of sets of mesh positions
 ex.read_groups.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - Shardy propagates shardings from the inputs to every value; XLA's SPMD partitioner writes each device's
-#   program and inserts the collectives. Computation follows data: elementwise ops keep their input's
-#   sharding, and `P('data', None) @ P(None, 'model')` gives `P('data', 'model')` with nothing moved.
-# - Where the operands are cut predicts the collective: `J` whole, none; cut on one side, an all-gather;
-#   on both, a pending sum `{U:axis}` and an all-reduce (or reduce-scatter); one axis on `I` and `K`, an
-#   all-gather of one operand. The compiler picks the route: compile and count.
-# - The HLO line states kind, per-device shape and replica groups (`[4,2]<=[8]`: the mesh's rows, a group
-#   over `model`); `compiled.memory_analysis()` gives bytes per device. Byte counts from the ring formulas
-#   are estimates.
-# - The CPU backend writes a reduce-scatter as an all-reduce and a slice; the TPU v5e-8 program has a
-#   reduce-scatter, and gathers `f32` matmul operands as `bf16`.
-# - When inputs disagree, the compiler reshards: free when each device holds its block, else an all-to-all
-#   or full copies. Asking for the result's layout can turn full copies into one collective-permute. A
-#   committed input that does not match `in_shardings` raises.
-#
 # Propagation decides every layout you leave open. To ask for one yourself inside `jit`, go on to 05.
 #
 # **Next:** [05 · Asking for a layout: constraints, Auto and Explicit axes](05_constraints_explicit.ipynb)

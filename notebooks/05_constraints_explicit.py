@@ -132,9 +132,9 @@ np.testing.assert_array_equal(fixed, 2 * X)
 draw_shardings({"1: x": x, "2: process_fixed(x)": fixed})
 
 # %% [markdown]
-# **Reading the two programs.** In the lowered program (before partitioning) the argument carries its
-# layout as `sdy.sharding`, and the request is an `sdy.sharding_constraint`; `{}` is a dimension left
-# whole. The compiled program moves `x` with a collective-permute, then an all-gather. The permute's
+# **Reading the two programs.** In the lowered program, before partitioning, the argument carries its
+# layout as `sdy.sharding`, and the request is an `sdy.sharding_constraint`. There `{}` stands for a
+# dimension left whole. The compiled program moves `x` with a collective-permute, then an all-gather. The permute's
 # `source_target_pairs` say who sends its block to whom, numbering devices by their place in the mesh
 # (`mesh.devices.flat`), not by id:
 
@@ -210,9 +210,11 @@ assert_close(pinned(w, batch), np.mean(np.tanh(batch @ np.asarray(w))))
 # and does a quarter of the work. A constraint never changes *what* is computed, only *where*.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §2: the CPU compiler's bytes and operations per device
-print(f"{jax.default_backend()}: arguments {memory_per_device(plain).argument:,} B unconstrained, "
-      f"{memory_per_device(pinned).argument:,} B constrained (accelerators pad small arrays)")
+# @title The CPU compiler's exact figures, §2: arguments and FLOPs per device
+flops = plain.cost_analysis()["flops"] / pinned.cost_analysis()["flops"]
+print(f"On {jax.default_backend()}, each device's arguments take {memory_per_device(plain).argument:,} B "
+      f"unconstrained and {memory_per_device(pinned).argument:,} B constrained (accelerators pad small arrays), "
+      f"and the unconstrained program counts {flops:.2f} times the FLOPs.")
 if CPU:  # exact byte counts of the CPU compiler, and its own count of operations
     assert memory_per_device(plain).argument == (128 * 256 + 256 * 16) * 4
     assert memory_per_device(pinned).argument == (32 * 256 + 256 * 16) * 4
@@ -270,11 +272,12 @@ if COUNTS_FLOPS:
 assert_close(by_result(A, B), np.tanh(A) @ B)
 
 # %% [markdown]
-# Why, then, did `asked` above gather the product instead of computing whole rows? The operands already
-# fix the product's layout at `P('data', 'model')`, and a result sharding does not win against them: the
-# result is moved after the matmul. A constraint pins the value itself: the matmul must then produce whole rows, and needs
-# all of `w` on every device. `jax.debug.inspect_array_sharding` shows which layout the compiler gave a
-# value inside `jit` (on Auto axes `jax.typeof` does not say); its callback runs while compiling:
+# Why, then, did `asked` above gather the product instead of computing whole rows? Because the operands
+# already fix the product's layout at `P('data', 'model')`, and a result sharding does not win against
+# them, so the result is moved after the matmul. A constraint, by contrast, pins the value itself: the
+# matmul must then produce whole rows, and for that it needs all of `w` on every device. To see which
+# layout the compiler gave a value inside `jit`, use `jax.debug.inspect_array_sharding`, because on Auto
+# axes `jax.typeof` does not say. Its callback runs while compiling:
 
 # %%
 product_layout = {}
@@ -300,14 +303,16 @@ if COUNTS_FLOPS:  # whole rows are twice the work of half-rows
 assert_close(inside(x, w_cols), X @ W)
 
 # %% [markdown]
-# Same result, same layout; the constraint moves all of `w` and doubles each device's work. Use
-# `out_shardings` for what the caller gets, a constraint for a value inside, and check the program.
+# The result and its layout are the same, but the constraint moves all of `w` and doubles each device's
+# work. So use `out_shardings` for what the caller gets and a constraint for a value inside, and check
+# the program either way.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: the gather as the CPU compiler writes it
+# @title The CPU compiler's exact figures, §3: the gather of the first request
 first = jax.jit(jnp.matmul, out_shardings=rows_whole).lower(x, w_cols).compile()  # the section's first request
 (op,) = collectives(first).ops
-print(f"{jax.default_backend()}: {op.kind} {op.result_type}, group {op.group_size} | TPU v5e: the same")
+print(f"On {jax.default_backend()}, the first request compiles to one {op.kind} of {op.result_type} in groups of "
+      f"{op.group_size}.")
 if CPU:
     assert (op.kind, op.result_type, op.group_size) == ("all-gather", "f32[32,256]", 2)  # a row block, whole
 
@@ -344,7 +349,8 @@ chain_plans = chosen, pinned  # their exact figures close this section
 # %% [markdown]
 # The compiler moves a weight: its all-to-all carries a device's whole slice of `w1`. Pinned, `h` is built
 # from pending sums `{U:model}` added over `model`: activations only, under half the bytes by the
-# ring-formula estimate (and on the CPU backend an eighth of the temporaries). A constraint is a request,
+# ring-formula estimate (and, with the CPU compiler, an eighth of the temporaries: see
+# the CPU compiler's exact figures, in the hidden cell at the end of this section). A constraint is a request,
 # not a speed-up: measure before you keep one.
 #
 # **A reshard with no good route.** From `P('data', None)` to `P(None, 'model')` the cut moves to the other
@@ -399,11 +405,13 @@ waypoint_layout = jax.ShapeDtypeStruct(X.shape, X.dtype, sharding=NamedSharding(
 draw_shardings({"1: x": x, "2: waypoint": waypoint_layout, "3: target": out})
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §4: the CPU compiler's bytes and its warning
+# @title The CPU compiler's exact figures, §4: the all-to-all, the temporaries and the warning
 a2a = next(op for op in collectives(chain_plans[0]).ops if op.kind == "all-to-all")
 temps = [memory_per_device(c).temp for c in chain_plans]
-print(f"{jax.default_backend()}: the all-to-all carries {a2a.result_bytes:,} B; temporaries {temps[0]:,} B "
-      f"against {temps[1]:,} B pinned; warning on stderr: {'Involuntary full rematerialization' in direct_log}")
+warned = "Involuntary full rematerialization" in direct_log
+print(f"On {jax.default_backend()}, the all-to-all carries {a2a.result_bytes:,} B per device. Temporaries take "
+      f"{temps[0]:,} B per device in the compiler's plan and {temps[1]:,} B pinned. The direct reshard "
+      f"{'printed' if warned else 'did not print'} XLA's 'Involuntary full rematerialization' warning.")
 if CPU:
     assert a2a.result_bytes == w1.sharding.shard_shape(w1.shape)[0] * 1024 * 4  # w1's whole slice: 1 MiB
     assert collectives(chain_plans[1]).kinds == {"all-reduce"}
@@ -507,7 +515,7 @@ assert_close(later(ae, be), A @ B)
 
 # %% [markdown]
 # **Mismatched operands.** Add an array at `P('data', None)` to one at `P(None, 'data')`. On Auto axes the
-# compiler moves one of them, silently; on Explicit axes it is a type error, and the move, if you want it,
+# compiler moves one of them, silently. On Explicit axes it is a type error, and the move, if you want it,
 # is a `jax.reshard` you write, so the cost is in the code you read. (Auto arrays are used under their own
 # mesh: `with jax.set_mesh(mesh)`, on top of the global one.)
 
@@ -632,6 +640,21 @@ np.testing.assert_array_equal(ya, 2 * X)
 # collectives yourself. That is notebook 06.
 
 # %% [markdown]
+# ## Takeaways
+# - Inside `jit` on Auto axes, `jax.device_put` does not reshard. `jax.lax.with_sharding_constraint` pins a
+#   value, and `jax.jit(..., out_shardings=...)` delivers the result in the layout you ask for. Both
+#   propagate backwards, but where the operands already fix a value's layout, only a constraint overrides
+#   them.
+# - A constraint changes where things are computed, never what: one constraint cut the ring-estimated bytes of a
+#   matmul chain by more than half, and a waypoint turned a full copy on every device into half of one.
+#   Check each in the compiled program.
+# - On Explicit axes the sharding is in the type (`float32[128@data,512]`), ambiguous and mismatched
+#   operations are errors while tracing, `out_sharding=` and `jax.reshard` resolve them, and
+#   `with_sharding_constraint` is only an assert.
+# - Auto for models sharded by annotations and checked in the compiled program; Explicit where the layouts
+#   are the design; `auto_axes` and `explicit_axes` to mix them. Always pass `axis_types`.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -658,18 +681,4 @@ answer_2 = NOT_ANSWERED  # a function f(a, b)
 ex.rows_matmul.check(answer_2);
 
 # %% [markdown]
-# ## Takeaways
-# - Inside `jit` on Auto axes, `jax.device_put` does not reshard. `jax.lax.with_sharding_constraint` pins a
-#   value, and `jax.jit(..., out_shardings=...)` delivers the result in the layout you ask for. Both
-#   propagate backwards, but where the operands already fix a value's layout, only a constraint overrides
-#   them.
-# - A constraint changes where things are computed, never what: one constraint cut the ring-estimated bytes of a
-#   matmul chain by more than half, and a waypoint turned a full copy on every device into half of one.
-#   Check each in the compiled program.
-# - On Explicit axes the sharding is in the type (`float32[128@data,512]`), ambiguous and mismatched
-#   operations are errors while tracing, `out_sharding=` and `jax.reshard` resolve them, and
-#   `with_sharding_constraint` is only an assert.
-# - Auto for models sharded by annotations and checked in the compiled program; Explicit where the layouts
-#   are the design; `auto_axes` and `explicit_axes` to mix them. Always pass `axis_types`.
-#
 # **Next:** [06 · shard_map: writing the per-device program](06_shard_map.ipynb)

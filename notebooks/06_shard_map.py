@@ -3,17 +3,16 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/06_shard_map.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/06_shard_map.ipynb)
 #
-# The compiler picks every collective of a `jax.jit` program; to get a particular one, say a reduce-scatter
-# that leaves each of 4 devices a quarter of a sum, you write the program each device runs. Written by
+# The compiler picks every collective of a `jax.jit` program, so to get a particular one, say a
+# reduce-scatter that leaves each of 4 devices a quarter of a sum, you write the program each device runs. Written by
 # hand it is easy to get wrong: a forgotten `psum` can return a partial sum as the answer, and the pmap
 # habit of averaging gradients makes them 8 times too large.
 #
 # **You need:** notebooks 02 (`PartitionSpec`), 04 (the collectives the compiler inserts) and 05 (Explicit
 # meshes, `jax.typeof`); `jax.jit`, `jax.grad` and `jax.lax.scan`.
 #
-# You will write with `jax.shard_map` the collectives the compiler inserted in notebooks 04 and 05,
-# compare each result with NumPy, and find each in the compiled program with its kind, its per-device shape
-# and its group of devices. Two rings built from `ppermute` show how all-gather and reduce-scatter move data.
+# `jax.shard_map` lets you write that per-device program, with the same collectives the compiler inserted
+# in notebooks 04 and 05, and every one of them is checked against NumPy and the compiled program.
 #
 # **You will learn**
 # - what `in_specs` and `out_specs` mean, and that inside `shard_map` the mesh axes are **Manual**;
@@ -52,11 +51,9 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from utils import (
     NOT_ANSWERED,
@@ -68,7 +65,7 @@ from utils import (
     draw_shardings,
     type_string,
 )
-from utils.drawing import device_color
+from utils.drawing import draw_rings
 
 
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
@@ -88,10 +85,15 @@ draw_mesh(mesh)
 # ## 1. The per-device program
 #
 # `jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)` runs `f` once on every device, on that device's
-# block. `in_specs` says how each argument is cut into blocks (a `PartitionSpec`, as in notebook 02);
-# `out_specs` says how the blocks `f` returns are put back together into one array. Inside `f` shapes are
-# per device, and the mesh axes are of a third type, **Manual**: the compiler adds no communication over
-# them. `jax.lax.axis_index(name)` tells a device its position along an axis.
+# block:
+#
+# | argument | what it says |
+# |---|---|
+# | `in_specs` | how each argument is cut into blocks, one `PartitionSpec` per argument (notebook 02) |
+# | `out_specs` | how the blocks that `f` returns are put back together into one array |
+#
+# Inside `f` shapes are per device, and the mesh axes are of a third type, **Manual**, which means that
+# the compiler adds no communication over them. `jax.lax.axis_index(name)` tells a device its position along an axis.
 
 # %%
 seen = {}
@@ -117,10 +119,23 @@ np.testing.assert_array_equal(positions, np.arange(8).reshape(4, 2))  # each dev
 assert collectives(compiled).count() == 0  # no device talked to another
 
 # %% [markdown]
+# In plain NumPy, `shard_map` means three steps: split the array into blocks as `in_specs` says, run `f`
+# on each block, and put the results back together as `out_specs` says. For the doubling above:
+
+# %%
+def shard_map_by_hand(f, array, rows, cols):
+    """What shard_map computes, on one machine: split into rows x cols blocks, map f, reassemble."""
+    blocks = [np.hsplit(row, cols) for row in np.vsplit(array, rows)]
+    return np.block([[f(block) for block in row] for row in blocks])
+
+
+np.testing.assert_array_equal(shard_map_by_hand(lambda b: 2 * b, X, 4, 2), doubled)  # P('data', 'model')
+
+# %% [markdown]
 # `f` is traced once, with the shapes of one block, so `seen` holds one block's view: `(4, 4)` of the
 # `(16, 8)` array. In its type, `{V:(data,model)}` says the value **varies** across both axes: each device
-# holds a different block. Both outputs are reassembled as `out_specs` says; in `positions` each device's
-# `(1, 1)` block holds the position it computed:
+# holds a different block. Both outputs are reassembled as `out_specs` says. In `positions`, for example,
+# each device's `(1, 1)` block holds the position it computed:
 
 # %%
 draw_sharding(positions, show_bytes=False, contents=lambda b: f"position {b[0, 0]}")
@@ -129,7 +144,7 @@ draw_sharding(positions, show_bytes=False, contents=lambda b: f"position {b[0, 0
 # ## 2. `psum`: add up across devices
 #
 # Column sums of `X` with rows split over `data`: each device sums its own 4 rows, and `jax.lax.psum` adds
-# the four partial sums over `data`. The partial sum varies across `data`; the total does not, so
+# the four partial sums over `data`. The partial sum varies across `data`, but the total does not, so
 # `out_specs=P()` (every device holds the whole result) is true.
 
 # %%
@@ -158,8 +173,8 @@ assert_close(sums, X.sum(axis=0))
 #
 # ## 3. `all_gather` and `psum_scatter`
 #
-# **`all_gather`** gives every device the blocks of all devices along an axis; with `tiled=True` they are
-# concatenated (without it, stacked on a new axis). `to='invarying'` states that the result is the same on
+# **`all_gather`** gives every device the blocks of all devices along an axis. With `tiled=True` they are
+# concatenated, and without it they are stacked on a new axis. `to='invarying'` states that the result is the same on
 # every device of the axis (section 9 shows why that matters). **`psum_scatter`** sums like `psum`, but
 # each device keeps only its slice of the sum: here the four `(4, 4)` row blocks of each column half are
 # added up, and each device keeps one row of the `(4, 8)` result, `X.reshape(4, 4, 8).sum(0)` in NumPy.
@@ -179,13 +194,28 @@ assert rs_op.group_size == 4 and "stablehlo.reduce_scatter" in jax.jit(scatter).
 np.testing.assert_array_equal(gathered, X)  # the same values, whole columns on every device
 assert_close(scattered, X.reshape(4, 4, 8).sum(axis=0))
 
+stacked_shape = {}
+
+
+def stack_blocks(b):  # without tiled=True the 4 blocks are stacked on a new first axis, not concatenated
+    stacked = jax.lax.all_gather(b, "data", to="invarying")
+    stacked_shape["in the body"] = stacked.shape
+    return stacked
+
+
+stacked = jax.shard_map(stack_blocks, mesh=mesh, in_specs=P("data", "model"), out_specs=P(None, None, "model"))(x)
+print("all_gather without tiled: each device's", stacked_shape["in the body"], "| assembled", stacked.shape)
+assert stacked_shape["in the body"] == (4, 4, 4)  # 4 blocks of (4, 4), one per device along data
+np.testing.assert_array_equal(stacked, X.reshape(4, 4, 8))  # block d at index d: the rows of device d
+
 draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered})
 
 # %% [markdown]
 # `psum_scatter` hands every backend's compiler a reduce-scatter (`lower(x).as_text()` shows it), and the
 # CPU compiler keeps it. Ask the compiler for the same sum instead, `a.sum(0)` with `out_shardings=P('data',
 # 'model')`, and on the CPU backend it writes an all-reduce of the whole `(4, 4)` sum, of which each
-# device then keeps one row (a `dynamic-slice`). In `shard_map` you choose the collective:
+# device then keeps one row with a `dynamic-slice` (see the CPU compiler's exact figures, in the hidden
+# cell at the end of this section). In `shard_map` you choose the collective:
 
 # %%
 x3 = jax.device_put(X.reshape(4, 4, 8), NamedSharding(mesh, P("data", None, "model")))
@@ -195,13 +225,15 @@ print(collectives(by_compiler_c))
 assert_close(by_compiler_c(x3), scattered)
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §3: the collectives' types on the CPU backend
-if CPU:  # TPU v5e: all-gather f32[4,4,4], and this small reduce-scatter is an all-reduce
+# @title The CPU compiler's exact figures, §3: the collectives' types
+(jit_op,) = collectives(by_compiler_c).ops
+print(f"On {jax.default_backend()}: all_gather compiles to {ag_op.kind} {ag_op.result_type}, psum_scatter to "
+      f"{rs_op.kind} {rs_op.result_type}, and jit's own sum to {jit_op.kind} {jit_op.result_type}.")
+if CPU:  # a TPU v5e writes an all-gather of f32[4,4,4], and this small reduce-scatter as an all-reduce
     assert (ag_op.result_type, rs_op.kind, rs_op.result_type) == ("f32[16,4]", "reduce-scatter", "f32[1,4]")
     (op,) = collectives(by_compiler_c).ops
     assert (op.kind, op.result_type) == ("all-reduce", "f32[4,4]")  # the compiler's sum: all of it everywhere
     assert re.search(r"f32\[1,4\]\S* dynamic-slice\(", by_compiler_c.as_text())  # then each keeps its row
-    print("CPU compiler: all-gather f32[16,4], reduce-scatter f32[1,4]; jit's sum: all-reduce f32[4,4], then a slice")
 
 # %% [markdown]
 # ## 4. `all_to_all`: switch which dimension is split
@@ -259,8 +291,8 @@ draw_shardings({"1: before": ids, "2: after ppermute": shifted}, ncols=2, show_b
 # %% [markdown]
 # ## 6. Collectives as changes of type, and the ring
 #
-# Each collective rewrites a type (notebook 03's notation; `{U:data}`: a pending sum, partials still to
-# be added over `data`):
+# Each collective rewrites a type, written in the notation of notebook 00 (`f32[16@data,8]`) with the
+# pending-sum marker of notebooks 04 and 05 (`{U:data}`):
 #
 # | collective | type in → type out |
 # |---|---|
@@ -270,27 +302,53 @@ draw_shardings({"1: before": ids, "2: after ppermute": shifted}, ncols=2, show_b
 # | `all_to_all` | `f32[16@data,8] → f32[16,8@data]` |
 # | `ppermute` | `f32[16@data,8] → f32[16@data,8]`: the type stays, the blocks move |
 #
-# An Auto mesh cannot type a pending sum, so the partials `X`, `2X`, `3X`, `4X` come in as the `(16, 8)`
-# blocks of a `(64, 8)` stack, one per device; they add up to `10X`.
+# Two markers can follow a type, and they mean different things:
+#
+# | marker | where JAX prints it | what it says about the value |
+# |---|---|---|
+# | `{V:data}`, varying | inside `shard_map`, on a block | each device along `data` holds *different* data (its own rows, say). Nothing is owed: the value is complete as it is |
+# | `{U:data}`, unreduced | on a whole array (Explicit mesh), or on an input declared `unreduced` | each device holds a *partial sum*: the value is the sum over `data` of what the devices hold, and that sum is still owed |
+#
+# So in §2, `psum` turned a varying block, `float32[8]{V:data}`, into one value that is the same on every
+# device. Here it pays a debt: it turns an unreduced value into the value it stands for. JAX types a
+# pending sum only on an Explicit mesh, so the two sums below run there. The partials `X`, `2X`, `3X`, `4X`
+# come from a matmul whose contracting dimension is cut over `data` (notebook 05's `unreduced=`), and they
+# enter `shard_map` declared as unreduced. The cell records the types JAX prints inside the body too.
 
 # %%
-partials = jax.device_put(np.concatenate([(d + 1) * X for d in range(4)]), NamedSharding(mesh, P("data", None)))
-pending = type_string(partials.addressable_shards[0].data) + "{U:data}"  # one device's partial
-rewrites = {  # collective: (per-device program, input, out_specs)
+rewrites = {  # collective: (per-device program, input, out_specs), on the Auto mesh
     "all_gather": (lambda b: jax.lax.all_gather(b, "data", tiled=True, to="invarying"), x_rows, P()),
-    "psum": (lambda b: jax.lax.psum(b, "data"), partials, P()),
-    "psum_scatter": (lambda b: jax.lax.psum_scatter(b, "data", tiled=True), partials, P("data", None)),
     "all_to_all": (lambda b: jax.lax.all_to_all(b, "data", 1, 0, tiled=True), x_rows, P(None, "data")),
     "ppermute": (lambda b: jax.lax.ppermute(b, "data", ring), x_rows, P("data", None)),
 }
-types, out = {}, {}
+types, out, inside = {}, {}, {}
 for name, (f, a, out_specs) in rewrites.items():
     out[name] = jax.shard_map(f, mesh=mesh, in_specs=P("data", None), out_specs=out_specs)(a)
-    types[name] = f"{pending if a is partials else type_string(a)} → {type_string(out[name])}"
-    print(f"{name:<13} {types[name]}")
+    types[name] = f"{type_string(a)} → {type_string(out[name])}"
+
+paying = {"psum": (lambda b: jax.lax.psum(b, "data"), P()),  # on the Explicit mesh: a typed pending sum
+          "psum_scatter": (lambda b: jax.lax.psum_scatter(b, "data", tiled=True), P("data", None))}
+pending_mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+with jax.set_mesh(pending_mesh):
+    stack = jax.device_put(np.stack([X] * 4), P("data", None, None))  # device d holds a copy of X ...
+    weights = jax.device_put(np.arange(1.0, 5.0, dtype=np.float32), P("data"))  # ... and the weight d + 1
+    partials = jax.jit(lambda w, s: jnp.einsum("d,dij->ij", w, s, out_sharding=P(None, None, unreduced={"data"})))(
+        weights, stack)  # device d's partial is (d + 1) X; the sum over data is 10 X
+    for name, (f, out_specs) in paying.items():
+        def body(block, f=f, name=name):
+            result = f(block)
+            inside[name] = f"{jax.typeof(block)} → {jax.typeof(result)}"  # what JAX prints in the body
+            return result
+        out[name] = jax.shard_map(body, in_specs=P(None, None, unreduced={"data"}), out_specs=out_specs)(partials)
+        types[name] = f"{type_string(partials)} → {type_string(out[name])}"
+for name in [*rewrites, *paying]:
+    print(f"{name:<13} {types[name]:<40} {inside.get(name, '')}")
+assert str(jax.typeof(partials)) == "float32[16,8]{U:data}"  # JAX's own print of the pending sum
 assert types == {"all_gather": "f32[16@data,8] → f32[16,8]", "psum": "f32[16,8]{U:data} → f32[16,8]",
                  "psum_scatter": "f32[16,8]{U:data} → f32[16@data,8]", "all_to_all": "f32[16@data,8] → f32[16,8@data]",
                  "ppermute": "f32[16@data,8] → f32[16@data,8]"}
+assert inside == {"psum": "float32[16,8]{U:data} → float32[16,8]",  # the debt paid, the same on every device
+                  "psum_scatter": "float32[16,8]{U:data} → float32[4,8]{V:data}"}  # paid, each keeps its rows
 for name in ("all_gather", "all_to_all"):
     np.testing.assert_array_equal(out[name], X)
 for name in ("psum", "psum_scatter"):
@@ -298,11 +356,18 @@ for name in ("psum", "psum_scatter"):
 np.testing.assert_array_equal(out["ppermute"], np.roll(X, 4, axis=0))  # each 4-row block one place on
 
 # %% [markdown]
-# The textbook model of an all-gather or a reduce-scatter is a **ring**: in each of `N - 1` steps every
-# device sends one block to the next, a `ppermute`. An all-gather passes on the block received last; a
-# reduce-scatter passes on a running sum, to which the receiver adds its own partial of that block. Both
-# rings below run along `data` and keep every buffer after each step. Device `d`'s partial of block `j` is
-# `[2**d, (j+1)·2**d]`: the bits of a sum's first entry name the contributors, the ratio the block.
+# The textbook model of an all-gather or a reduce-scatter is a **ring**. In each of `N - 1` steps every
+# device sends one block to the next device, which is one `ppermute`:
+#
+# | ring | what each device sends at each step | what the receiver does with it |
+# |---|---|---|
+# | all-gather | the block it received last (its own at the first step) | keeps it |
+# | reduce-scatter | a running sum of one block | adds its own partial of that block, then passes it on |
+#
+# Both rings below run along `data` and keep every buffer after each step, so that the picture can show
+# them. The partials are chosen so that a sum tells its own story. Device `d`'s partial of block `j` is
+# `[2**d, (j+1)·2**d]`. For example, a first entry of `1 + 4 = 5` (binary `101`) says that devices 0 and 2
+# contributed, and because the second entry is always `j + 1` times the first, their ratio names the block.
 
 # %%
 N = 4  # devices along data
@@ -359,57 +424,11 @@ assert sent["reduce-scatter"] == (N - 1) / N * PARTS[0].nbytes  # (N-1)/N of eac
 
 
 # %% [markdown]
-# The first `model` column after each step; a block takes the colours of the devices whose data it
-# holds, and the outlined block is sent next, along the arrow:
+# The picture shows the first `model` column after each step, drawn by `draw_rings` from `utils.drawing`.
+# A block takes the colours of the devices whose data it holds, and the outlined block is the one sent
+# next, along the arrow:
 
 # %%
-def draw_rings(rings, ids):
-    """Draw ring collectives frame by frame, one panel per ring. ``rings[title][f][i]`` maps each block that
-    device ``ids[i]`` holds after step ``f`` (0: the start) to the ids of the devices whose data it sums,
-    drawn as stripes in their colours. An outlined block and an arrow mark what each device sends next:
-    the block that changed on the next device in the next frame."""
-    n, w, gap = len(ids), 1.5, 0.8  # blocks are w wide and 1 high
-    band = n + 1.6  # height of one frame
-    fig, axes = plt.subplots(1, len(rings), figsize=(3.6 * len(rings), 0.3 * band * max(map(len, rings.values())) + 0.4))
-    for ax, (title, frames) in zip(np.atleast_1d(axes), rings.items(), strict=True):
-        for f, held in enumerate(frames):
-            y0 = f * band
-            ax.text(-0.2, y0 + n / 2, "start" if f == 0 else f"after\nstep {f}", ha="right", va="center", fontsize=7.5)
-            for i, dev in enumerate(ids):
-                x0 = i * (w + gap)
-                ax.text(x0 + w / 2, y0 - 0.2, f"dev {dev}", ha="center", va="bottom", fontsize=7)
-                for block in range(n):
-                    who = held[i].get(block, ())
-                    ax.add_patch(Rectangle((x0, y0 + block), w, 1, fill=False, edgecolor="0.75", linewidth=0.6))
-                    for k, d in enumerate(who):  # one stripe per contributing device
-                        ax.add_patch(Rectangle((x0 + k * w / len(who), y0 + block), w / len(who), 1,
-                                               facecolor=device_color(d), edgecolor="none", gid="ring-block"))
-                    if who:
-                        ax.text(x0 + w / 2, y0 + block + 0.5, "+".join(map(str, who)), ha="center", va="center",
-                                fontsize=6.5, gid="ring-label", bbox=dict(boxstyle="round,pad=0.1", facecolor="white",
-                                                                          alpha=0.8, linewidth=0))
-                if f + 1 == len(frames):
-                    continue
-                nxt = (i + 1) % n
-                (block,) = [b for b, who in frames[f + 1][nxt].items() if frames[f][nxt].get(b) != who]
-                ax.add_patch(Rectangle((x0, y0 + block), w, 1, fill=False, edgecolor="black", linewidth=1.5))
-                x1 = nxt * (w + gap)
-                if nxt:  # to the neighbour on the right, at the block's height
-                    ends, style = ((x0 + w, y0 + block + 0.5), (x1, y0 + block + 0.5)), "arc3"
-                else:  # the wrap: under the frame, back to the first device
-                    ends, style = ((x0 + w / 2, y0 + n), (x1 + w / 2, y0 + n)), "bar,fraction=-0.06"
-                ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=9, linewidth=1.2, shrinkA=1,
-                                             shrinkB=1, connectionstyle=style, gid="ring-arrow",
-                                             color=[0.7 * v for v in device_color(dev)[:3]],
-                                             label=f"dev {dev} -> dev {ids[nxt]}: block {block}"))
-        ax.set(xlim=(-1.3, n * (w + gap) - gap + 0.1), ylim=(len(frames) * band - 0.7, -0.6), aspect="equal")
-        ax.set_title(title, fontsize=8.5)
-        ax.axis("off")
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value
-    return fig
-
-
 ids = mesh.device_ids[:, 0].tolist()  # the devices along data, model=0
 
 
@@ -431,11 +450,14 @@ draw_rings(frames, ids)
 #
 # ## 7. Manual over one axis only: `axis_names=`
 #
-# `axis_names={'data'}` makes only `data` Manual; `model` stays Auto, and the compiler handles it as in
-# notebook 04. Compute the column sums of `x @ w` with `w` split by columns over `model`, writing only the
-# sum over `data`. Fully manual, `in_specs=P()` for `w` means "the whole `w` on every device", so the
-# compiler first gathers it; partly manual, `w` stays split and the compiler keeps each device to its
-# columns:
+# `axis_names={'data'}` makes only `data` Manual. `model` stays Auto, and the compiler handles it as in
+# notebook 04. For example, compute the column sums of `x @ w` with `w` split by columns over `model`,
+# writing only the sum over `data`:
+#
+# | `shard_map` over | what `in_specs=P()` means for `w` | what the compiler does |
+# |---|---|---|
+# | both axes (fully manual) | the whole `w` on every device | gathers `w` first |
+# | `data` only (partly manual) | `w` as the Auto axis `model` leaves it | keeps `w` split, each device to its columns |
 
 # %%
 W = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 100
@@ -463,14 +485,15 @@ assert_close(full_c(x_rows, w), (X @ W).sum(axis=0))
 
 # %% [markdown]
 # Inside, the axis types are `(Manual, Auto)`, and `w` looks whole, `(8, 16)`: over an Auto axis your code
-# sees the global view. The compiled program keeps `w` split: on the CPU backend its only collective is
-# your `psum`, of 8 floats, half the columns.
+# sees the global view. The compiled program keeps `w` split. With the CPU compiler its only collective is
+# your `psum`, of 8 floats, half the columns (see the CPU compiler's exact figures, in the hidden cell at the end of this section).
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §7: the partly manual program on the CPU backend
-if CPU:
-    assert [(op.kind, op.result_type) for op in collectives(partial_c).ops] == [("all-reduce", "f32[8]")]
-    print("CPU compiler: one all-reduce f32[8], w stays split")
+# @title The CPU compiler's exact figures, §7: the partly manual program
+partial_ops = [(op.kind, op.result_type) for op in collectives(partial_c).ops]
+print(f"On {jax.default_backend()}, the partly manual program's collectives are {partial_ops}.")
+if CPU:  # one all-reduce of the 8 column sums; w stays split
+    assert partial_ops == [("all-reduce", "f32[8]")]
 
 # %% [markdown]
 # ## 8. On an Explicit mesh, `in_specs` is a check
@@ -507,10 +530,10 @@ print("the same in_specs=P() on the Auto mesh:\n", on_auto, sep="")
 assert op.kind == "all-gather" and np.prod(op.shapes[0]) == X.size  # the whole array
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title Exact figures, §8: the gather's type on the CPU backend
-if CPU:  # the TPU's: f32[4,4,8]
+# @title The CPU compiler's exact figures, §8: the gather's type
+print(f"On {jax.default_backend()}, the gather is {op.kind} {op.result_type}.")
+if CPU:  # a TPU v5e writes it f32[4,4,8]
     assert op.result_type == "f32[16,8]"
-    print("CPU compiler: all-gather f32[16,8]; TPU v5e: f32[4,4,8]")
 
 
 # %% [markdown]
@@ -668,6 +691,24 @@ assert_close(compiled(xg), Xg.sum(axis=0), atol=1e-5)
 assert not hasattr(jax.lax, "pvary")  # the older spelling, seen online, is gone: use pcast
 
 # %% [markdown]
+# ## Takeaways
+# - `jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)` runs `f` on each device's block; inside, the
+#   axes are Manual and `{V:data}` marks values that differ across `data`.
+# - Each collective is one line and one op in the compiled program: `psum` → all-reduce, `all_gather` →
+#   all-gather, `psum_scatter` → reduce-scatter, `all_to_all` → all-to-all, `ppermute` →
+#   collective-permute; `axis_index` needs none. Each rewrites the type; ppermute only moves blocks.
+# - `N - 1` `ppermute` steps around a ring make an all-gather or a reduce-scatter: each device sends
+#   `(N-1)/N` of the result, the ring estimate.
+# - `axis_names={'data'}` goes manual over `data` only and leaves `model` to the compiler.
+# - On an Auto mesh `in_specs` reshards the input; on an Explicit mesh it must match the input's type.
+# - Keep `check_vma=True`: it refuses an `out_specs` that claims replication it cannot prove, where
+#   `check_vma=False` returns one device's partial result. Use `jax.shard_map`, not
+#   `jax.experimental.shard_map`.
+# - With the check on, the gradient of an invariant input arrives summed over the devices: differentiate
+#   the loss the program computes (`pmean` inside), do not average gradients again as `pmap` code does.
+#   `jax.lax.pcast(..., to='varying')` casts an invariant value, such as a `scan` carry, by hand.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -706,21 +747,4 @@ answer_3 = NOT_ANSWERED  # a PartitionSpec, e.g. P(...)
 ex.all_to_all_out_specs.check(answer_3);
 
 # %% [markdown]
-# ## Takeaways
-# - `jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)` runs `f` on each device's block; inside, the
-#   axes are Manual and `{V:data}` marks values that differ across `data`.
-# - Each collective is one line and one op in the compiled program: `psum` → all-reduce, `all_gather` →
-#   all-gather, `psum_scatter` → reduce-scatter, `all_to_all` → all-to-all, `ppermute` →
-#   collective-permute; `axis_index` needs none. Each rewrites the type; ppermute only moves blocks.
-# - `N - 1` `ppermute` steps around a ring make an all-gather or a reduce-scatter: each device sends
-#   `(N-1)/N` of the result, the ring estimate.
-# - `axis_names={'data'}` goes manual over `data` only and leaves `model` to the compiler.
-# - On an Auto mesh `in_specs` reshards the input; on an Explicit mesh it must match the input's type.
-# - Keep `check_vma=True`: it refuses an `out_specs` that claims replication it cannot prove, where
-#   `check_vma=False` returns one device's partial result. Use `jax.shard_map`, not
-#   `jax.experimental.shard_map`.
-# - With the check on, the gradient of an invariant input arrives summed over the devices: differentiate
-#   the loss the program computes (`pmean` inside), do not average gradients again as `pmap` code does.
-#   `jax.lax.pcast(..., to='varying')` casts an invariant value, such as a `scan` carry, by hand.
-#
 # **Next:** [07 · Data parallelism](07_data_parallel.ipynb)

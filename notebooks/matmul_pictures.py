@@ -286,7 +286,8 @@ def _matmul_shape(name: str, shape: Any) -> tuple[int, int]:
 # --- the picture -----------------------------------------------------------------------------------------------------
 
 
-_HELD, _FETCH, _OUT = "#1a7f37", "#cf222e", "#6639ba"  # green, red, purple: the roles in draw_matmul
+_HELD = _FETCH = _OUT = "black"  # the roles differ by line style (solid, dashed and hatched, dotted), not by
+# colour: in the course's pictures colour means device only
 
 
 def _matmul_operand(name: str, x: Any, mesh: Any = None) -> tuple[tuple[int, ...], Any, Any]:
@@ -321,9 +322,9 @@ def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | N
     ``NamedSharding`` or ``PartitionSpec`` (e.g. ``compiled.output_shardings``).
     The classic layout, on one scale: B above C, A to the left of C, so A's
     rows line up with C's rows and B's columns with C's columns. For
-    ``device``: its blocks of A and B are outlined in green ("held by dev 0");
-    pieces it needs but does not hold are hatched red ("fetched from dev 1":
-    an all-gather); its block of C is outlined in purple, with "pending sum
+    ``device``: its blocks of A and B are outlined with a solid black line ("held by dev 0");
+    pieces it needs but does not hold are hatched with a dashed outline ("fetched from dev 1":
+    an all-gather); its block of C is outlined with a dotted line, with "pending sum
     {U:model}" when A and B split the contracting dimension alike (an
     all-reduce, or a reduce-scatter when C is split over that axis too), and
     C's title gives the pending sum's type, e.g. ``f32[512,1024]{U:model} → ...``.
@@ -386,7 +387,8 @@ def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | N
             if traffic.partial_axes:
                 _outline(ax, traffic.computed_start, traffic.computed_stop, shape, "partial", fill=False,
                          edgecolor=_OUT, linewidth=0, hatch="//")
-            _outline(ax, traffic.out.start, traffic.out.stop, shape, "out", fill=False, edgecolor=_OUT, linewidth=3)
+            _outline(ax, traffic.out.start, traffic.out.stop, shape, "out", fill=False, edgecolor=_OUT, linewidth=3,
+                     linestyle=":")
             ax.yaxis.set_label_position("right")  # A's ylabel, on the left, names these rows too
         if name == names[1]:
             ax.xaxis.set_label_position("top")  # C's xlabel, below C, names these columns too
@@ -399,7 +401,7 @@ def draw_matmul(lhs: Any, rhs: Any, out: Any, *, device: Any = 0, title: str | N
         Patch(facecolor="none", edgecolor=_HELD, linewidth=2.5, label=f"held by dev {d}"),
         Patch(facecolor="none", edgecolor=_FETCH, hatch="xx", linewidth=2, linestyle="--",
               label=f"needed by dev {d}, held elsewhere: fetched (all-gather)"),
-        Patch(facecolor="none", edgecolor=_OUT, linewidth=2.5, label=f"dev {d}'s block of {names[2]}"),
+        Patch(facecolor="none", edgecolor=_OUT, linewidth=2.5, linestyle=":", label=f"dev {d}'s block of {names[2]}"),
         Patch(facecolor="0.93", edgecolor="0.8", label=f"not used by dev {d}"),
     ]
     if traffic.partial_axes:

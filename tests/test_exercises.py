@@ -98,6 +98,18 @@ def test_placeholder_gets_a_nudge(qualname, exercise, capsys):
     assert "not answered yet" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("qualname,exercise", EXERCISES, ids=[q for q, _ in EXERCISES])
+def test_the_hint_appears_after_a_wrong_answer_not_before(qualname, exercise, capsys):
+    assert exercise.hint, f"{qualname} has no hint to give after a wrong answer"
+    exercise.check(NOT_ANSWERED)
+    before = capsys.readouterr().out
+    assert exercise.hint not in before and "Hint" not in before, f"{qualname} shows its hint before any try"
+    exercise.check(exercise.solution)
+    assert exercise.hint not in capsys.readouterr().out
+    exercise.check(exercise.wrong[0])
+    assert f"Hint: {exercise.hint}" in capsys.readouterr().out, f"{qualname} gives no hint after a wrong answer"
+
+
 def _toy(checker) -> Exercise:
     return Exercise(title="Toy", checker=checker, solution=1, wrong=(2,), hint="think")
 
@@ -234,6 +246,13 @@ def test_plain_leaves_everything_else_alone():
 _DEVICES = {d.id: d for d in jax.devices()}
 _ex = {name: importlib.import_module(f"exercises.{name}") for name in {q.split(".")[0] for q, _ in EXERCISES}}
 
+def _to_columns_unconstrained_waypoint(v):  # the waypoint keeps rows split and leaves the columns to the compiler
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    v = jax.lax.with_sharding_constraint(v, jax.NamedSharding(mesh, P("data", P.UNCONSTRAINED)))
+    v = jax.lax.with_sharding_constraint(v, jax.NamedSharding(mesh, P("data", "model")))
+    return jax.lax.with_sharding_constraint(v, jax.NamedSharding(mesh, P(None, "model")))
+
+
 ALSO_RIGHT = {
     "ex00_setup.bytes_per_device": [np.int64(16384), 16384.0, 256 / 4 * 128 / 2 * 4],
     "ex01_meshes.device_at": [np.int64(5), 5.0],
@@ -247,7 +266,13 @@ ALSO_RIGHT = {
     "ex04_propagation_resharding.predict_bytes": [np.float64(458752.0), 448 * 1024],
     "ex04_propagation_resharding.read_groups": [np.arange(8).reshape(4, 2).T, ((0, 2, 4, 6), (1, 3, 5, 7))],
     "ex05_constraints_explicit.rows_matmul": [lambda a, b: jnp.einsum("ij,jk->ik", a, b, out_sharding=P("data"))],
-    "ex06_shard_map.column_sums": [jax.jit(_ex["ex06_shard_map"].column_sums.solution)],
+    "ex06_shard_map.column_sums": [jax.jit(_ex["ex06_shard_map"].column_sums.solution),
+                                   _ex["ex06_shard_map"]._column_sums_pmean,
+                                   _ex["ex06_shard_map"]._column_sums_both_axes],
+    "ex03_namedsharding.kernel_rule": [
+        lambda path, leaf: P(None, "model") if "kernel" in jax.tree_util.keystr(path) and leaf.ndim == 2
+        else P()],
+    "ex05_constraints_explicit.to_columns": [_to_columns_unconstrained_waypoint],
     "ex06_shard_map.ring_source": [np.int64(0), _DEVICES[0]],
     "ex07_data_parallel.dp_specs": [[P("data"), P()], (P("data", None), P(None))],
     "ex07_data_parallel.wider_allreduce_bytes": [np.int64(153640)],

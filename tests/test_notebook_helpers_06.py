@@ -3,7 +3,7 @@
 06 section 5 draws its ring shift along 'data' with ``draw_permute`` before running it. The arrows must
 join mesh positions, and name the devices that sit there: in id order (the CPU) and in the order a TPU
 v5e-8 host's ``jax.make_mesh`` gives, where the same positions hold other ids. Section 6 draws its recorded
-ring all-gather and reduce-scatter with the notebook's own ``draw_rings``: each arrow must carry the block
+ring all-gather and reduce-scatter with ``utils.drawing.draw_rings``: each arrow must carry the block
 that the next device holds new in the next frame, and a sum must show the colours of its contributors.
 """
 
@@ -34,7 +34,7 @@ def test_the_ring_of_06_is_drawn_between_mesh_positions(order):
         assert "dev 5 -> dev 0" in want and "dev 6 -> dev 0" not in want
 
 
-# 06 section 6 draws its two rings with ``draw_rings``, a function of the notebook read from its source here.
+# 06 section 6 draws its two rings with ``utils.drawing.draw_rings``.
 # Frames of a 4-device ring all-gather: after step f, the device at position i holds blocks i-f .. i.
 def _gather_frames(ids):
     n = len(ids)
@@ -43,9 +43,9 @@ def _gather_frames(ids):
 
 @pytest.fixture(scope="module")
 def draw_rings():
-    from tests.test_tpu_side import from_notebook
+    from utils.drawing import draw_rings
 
-    return from_notebook("06", "draw_rings").draw_rings
+    return draw_rings
 
 
 @pytest.mark.parametrize("ids", [[0, 2, 4, 6], [0, 2, 7, 5]], ids=["id order", "v5e order"])
@@ -80,5 +80,13 @@ def test_draw_rings_stripes_a_sum_in_the_colours_of_its_contributors(draw_rings)
 def test_draw_rings_refuses_frames_where_no_block_moved(draw_rings):
     ids = [0, 2, 4, 6]
     still = [{i: (ids[i],)} for i in range(4)]
-    with pytest.raises(ValueError):  # nothing arrived on the next device: no send to draw
+    with pytest.raises(ValueError, match="exactly one new or updated block"):  # nothing arrived: no send to draw
         draw_rings({"stuck": [still, still]}, ids)
+
+
+def test_draw_rings_refuses_a_frame_without_every_device_and_an_empty_ring(draw_rings):
+    ids = [0, 2, 4, 6]
+    with pytest.raises(ValueError, match="one entry per device"):
+        draw_rings({"short": [[{0: (0,)}]]}, ids)
+    with pytest.raises(ValueError, match="at least one ring"):
+        draw_rings({}, ids)

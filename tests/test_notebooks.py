@@ -127,10 +127,13 @@ def test_backend_specific_figures_sit_in_one_hidden_cell_at_the_end_of_their_sec
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_anatomy(path):
+    """Sections, then the takeaways, then the exercises (so they work as review), then the link to the next one."""
     markdown = "\n".join(_text(c) for c in _cells(path) if c["cell_type"] == "markdown")
-    assert "## Exercises" in markdown
-    assert "## Takeaways" in markdown
-    assert re.search(r"\*\*Next:\*\* \[\d\d · .+\]\(\d\d_\w+\.ipynb\)", markdown), "link to the next notebook"
+    heads = re.findall(r"^## (Takeaways|Exercises)\b", markdown, flags=re.M)
+    assert heads == ["Takeaways", "Exercises"], f"{path.name}: takeaways, then exercises; found {heads}"
+    link = re.search(r"\*\*Next:\*\* \[\d\d · .+\]\(\d\d_\w+\.ipynb\)", markdown)
+    assert link, "link to the next notebook"
+    assert link.start() > markdown.index("## Exercises"), f"{path.name}: the link to the next notebook comes last"
     code = "\n".join(_text(c) for c in _cells(path) if c["cell_type"] == "code")
     assert "assert " in code, "claims must be asserted"
     assert ".check(" in code, "exercises must check themselves"

@@ -48,7 +48,7 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 
 _show_figures_inline()
 
-__all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_schedule",
+__all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_rings", "draw_schedule",
            "draw_sharding", "draw_shardings"]
 
 _PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
@@ -782,3 +782,70 @@ def draw_memory(bars: Mapping[str, Mapping[str, float]], *, title: str | None = 
     if title:
         fig.suptitle(title, fontsize=10)
     return _finish(fig)
+
+
+def _sent_block(before: Mapping[int, Any], after: Mapping[int, Any], dev: int, step: int) -> int:
+    """The one block that changed on a device between two frames: what its ring neighbour sent it."""
+    changed = [b for b, who in after.items() if before.get(b) != who]
+    if len(changed) != 1:
+        raise ValueError(f"draw_rings: after step {step + 1}, device {dev} should hold exactly one new or updated "
+                         f"block (what its neighbour sent), but {len(changed)} changed: pass one frame per ring step")
+    return changed[0]
+
+
+def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]]]], ids: Sequence[int]) -> Figure:
+    """Draw ring collectives frame by frame, one panel per ring, so each step's send can be followed.
+
+    ``rings[title][f][i]`` maps each block that device ``ids[i]`` holds after step ``f`` (0: the start) to the
+    ids of the devices whose data it holds (one for a gathered block, several for a running sum), drawn as
+    stripes in their colours. Device ``ids[i]`` sends to ``ids[i + 1]`` (the last to the first, drawn under
+    the frame). An outlined block and an arrow mark what each device sends next: the block that is new on
+    the next device in the next frame. Arrows carry the label ``'dev S -> dev D: block B'`` (gid
+    ``'ring-arrow'``); blocks have gid ``'ring-block'`` and their texts ``'ring-label'``. Raises ValueError
+    where a frame does not follow from the one before by one block per device.
+    """
+    n, w, gap = len(ids), 1.5, 0.8  # blocks are w wide and 1 high
+    if n < 2 or not rings:
+        raise ValueError("draw_rings: give at least one ring and at least 2 devices along it")
+    band = n + 1.6  # height of one frame
+    height = 0.3 * band * max(map(len, rings.values())) + 0.4
+    fig, axes = plt.subplots(1, len(rings), figsize=(3.6 * len(rings), height))
+    for ax, (title, frames) in zip(np.atleast_1d(axes), rings.items(), strict=True):
+        if any(len(held) != n for held in frames):
+            raise ValueError(f"draw_rings: every frame of {title!r} needs one entry per device ({n})")
+        for f, held in enumerate(frames):
+            y0 = f * band
+            ax.text(-0.2, y0 + n / 2, "start" if f == 0 else f"after\nstep {f}", ha="right", va="center", fontsize=7.5)
+            for i, dev in enumerate(ids):
+                x0 = i * (w + gap)
+                ax.text(x0 + w / 2, y0 - 0.2, f"dev {dev}", ha="center", va="bottom", fontsize=7)
+                for block in range(n):
+                    who = tuple(held[i].get(block, ()))
+                    ax.add_patch(Rectangle((x0, y0 + block), w, 1, fill=False, edgecolor="0.75", linewidth=0.6))
+                    for k, d in enumerate(who):  # one stripe per contributing device
+                        ax.add_patch(Rectangle((x0 + k * w / len(who), y0 + block), w / len(who), 1,
+                                               facecolor=device_color(d), edgecolor="none", gid="ring-block"))
+                    if who:
+                        ax.text(x0 + w / 2, y0 + block + 0.5, "+".join(map(str, who)), ha="center", va="center",
+                                fontsize=6.5, gid="ring-label",
+                                bbox=dict(boxstyle="round,pad=0.1", facecolor="white", alpha=0.8, linewidth=0))
+                if f + 1 == len(frames):
+                    continue
+                nxt = (i + 1) % n
+                block = _sent_block(frames[f][nxt], frames[f + 1][nxt], ids[nxt], f)
+                ax.add_patch(Rectangle((x0, y0 + block), w, 1, fill=False, edgecolor="black", linewidth=1.5))
+                x1 = nxt * (w + gap)
+                if nxt:  # to the neighbour on the right, at the block's height
+                    ends, style = ((x0 + w, y0 + block + 0.5), (x1, y0 + block + 0.5)), "arc3"
+                else:  # the wrap: under the frame, back to the first device
+                    ends, style = ((x0 + w / 2, y0 + n), (x1 + w / 2, y0 + n)), "bar,fraction=-0.06"
+                ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=9, linewidth=1.2, shrinkA=1,
+                                             shrinkB=1, connectionstyle=style, gid="ring-arrow",
+                                             color=[0.7 * v for v in device_color(dev)[:3]],
+                                             label=f"dev {dev} -> dev {ids[nxt]}: block {block}"))
+        ax.set(xlim=(-1.3, n * (w + gap) - gap + 0.1), ylim=(len(frames) * band - 0.7, -0.6), aspect="equal")
+        ax.set_title(title, fontsize=8.5)
+        ax.axis("off")
+    fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value
+    return fig

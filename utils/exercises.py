@@ -129,6 +129,8 @@ class Exercise:
     ``checker(answer)`` must raise ``AssertionError`` (with a message that
     helps) when the answer is wrong. ``solution`` is the reference answer (a
     value or a function); ``wrong`` holds answers the checker must reject.
+    ``hint`` is printed only under a wrong answer, never before a first try:
+    a learner who sees the method before trying has been told, not taught.
     """
 
     title: str
@@ -171,8 +173,8 @@ class Exercise:
         """Print whether ``answer`` is right (and why not); return True when it is."""
         verdict, err = self.outcome(answer)
         if verdict is Verdict.NOT_ANSWERED:
-            print(f"[{self.title}] not answered yet: replace NOT_ANSWERED with your answer."
-                  + (f" Hint: {self.hint}" if self.hint else ""))
+            print(f"[{self.title}] not answered yet: replace NOT_ANSWERED with your answer. A hint appears "
+                  "after a wrong answer; reveal() shows the reference solution.")
         elif verdict is Verdict.WRONG:
             print(f"[{self.title}] not yet: {err}" + (f"\nHint: {self.hint}" if self.hint else ""))
         elif verdict is Verdict.CHECKER_ERROR:
