@@ -511,6 +511,21 @@ if CPU:  # another backend's trace names its operations its own way
     print(f"CPU trace: {len(sums)} all-reduces, 2 steps x 8 devices, all from {sums[0]['args']['hlo_module']}")
 
 # %% [markdown]
+# ## Takeaways
+# - A step takes at least the largest of FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth and bytes sent /
+#   link bandwidth, per chip; at most their sum. Each is an estimate that assumes peak rates.
+# - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
+#   2,000 to outrun its links.
+# - Count a loop by its trips: `cost_analysis()` counts a loop's body once, even the loops the compiler
+#   makes itself (FSDP's gradient reduce-scatter). `estimate_step` and `collectives()` count every trip; check
+#   the FLOPs against `6 x parameters x tokens`.
+# - Compare each pass's bytes with that pass's FLOPs: FSDP's gathers hide above about `C/W` tokens per chip;
+#   TP's sums when `d_ff / M` is above about `(2/3) C/W`, whatever the batch: keep TP axes small.
+# - A published 61% MFU sits under an estimate near 80% (full remat recomputes): the estimate finds the bound, the
+#   profiler finds the rest. `jax.profiler.trace(..., create_perfetto_trace=True)` gives a file for
+#   ui.perfetto.dev.
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
@@ -537,18 +552,4 @@ answer_2 = NOT_ANSWERED  # tokens per chip
 ex.crossover_tokens.check(answer_2);
 
 # %% [markdown]
-# ## Takeaways
-# - A step takes at least the largest of FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth and bytes sent /
-#   link bandwidth, per chip; at most their sum. Each is an estimate that assumes peak rates.
-# - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
-#   2,000 to outrun its links.
-# - Count a loop by its trips: `cost_analysis()` counts a loop's body once, even the loops the compiler
-#   makes itself (FSDP's gradient reduce-scatter). `estimate_step` and `collectives()` count every trip; check
-#   the FLOPs against `6 x parameters x tokens`.
-# - Compare each pass's bytes with that pass's FLOPs: FSDP's gathers hide above about `C/W` tokens per chip;
-#   TP's sums when `d_ff / M` is above about `(2/3) C/W`, whatever the batch: keep TP axes small.
-# - A published 61% MFU sits under an estimate near 80% (full remat recomputes): the estimate finds the bound, the
-#   profiler finds the rest. `jax.profiler.trace(..., create_perfetto_trace=True)` gives a file for
-#   ui.perfetto.dev.
-#
 # **Next:** [17 · pmap vs SPMD](17_pmap_vs_spmd.ipynb)
