@@ -23,6 +23,12 @@ What is modelled, and what is not:
 
 :class:`DecoderConfig` and :class:`Parallelism` check their input and say what to change; a planner can
 build a config from a learner's numbers and call :func:`lower_train_step`.
+
+Cost on a 2-core machine (libtpu 0.0.50.1, jax 0.12.0.1), MaxText's 16B row (32 layers, 256 chips of
+``v5e:16x16``, 12,288 tokens per chip, full remat): lowering 0.5 s CPU; compiling 112 s CPU with the
+flash kernel and 128 s with ``"dot"`` at the default effort, 26 s at ``jax_optimization_level="O0"``;
+peak RSS 1.1 GB. The compiler's HBM for it: 14.1 GB (flash, default), 16.2 GB (dot, default),
+16.6 GB (flash, O0), against the chip's 16 GB.
 """
 
 from __future__ import annotations
