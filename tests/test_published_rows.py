@@ -18,7 +18,16 @@ from utils.published_rows import (
 from utils.tpu import tpu_compiler_available
 from utils.train_step import DecoderConfig, Parallelism, lower_train_step, make_mesh
 
-needs_tpu_compiler = pytest.mark.skipif(not tpu_compiler_available()[0], reason=tpu_compiler_available()[1])
+
+@pytest.fixture
+def tpu_compiler():
+    """Skip, with the reason, where libtpu cannot compile TPU programs (loaded here, not at collection)."""
+    ok, why = tpu_compiler_available()
+    if not ok:
+        pytest.skip(why)
+
+
+needs_tpu_compiler = pytest.mark.usefixtures("tpu_compiler")
 
 TINY = dict(d_model=512, num_heads=8, head_dim=64, d_ff=2048, vocab_size=2048, seq_len=256)
 
@@ -170,6 +179,7 @@ def test_compiled_flops_are_six_n_t_once_layers_are_counted():
 # --- every row at full size (slow) ----------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.published  # 75-200 s of CPU a row: `make published-rows` runs them, not make test-slow (CI's budget)
 @needs_tpu_compiler
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
 def test_row_compiles_at_full_size(row, capsys):
