@@ -29,7 +29,7 @@ XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 # The 15 slowest tests at the end of every run, so what dominates stays visible.
 DURATIONS := --durations=15
 
-.PHONY: help env lab test test-slow test-units test-notebooks lint sync strip bench book clean requirements lock
+.PHONY: help env lab test test-slow published-rows test-units test-notebooks lint sync strip bench book clean requirements lock
 help:
 	@echo "make lab            JupyterLab on notebooks/ (builds the environment from uv.lock on first use)"
 	@echo "make test           unit tests, ruff, and every notebook through pytest --nbmake (no torch download)"
@@ -38,6 +38,7 @@ help:
 	@echo "                    report, an executed miniature book"
 	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
 	@echo "make test-units     the fast tests in tests/ (make test without the notebooks)"
+	@echo "make published-rows MaxText's published rows compiled at full size, one table line each (minutes a row)"
 	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
 	@echo "make env            build or re-sync the environment;  make lint   ruff"
 	@echo "make sync           pair notebooks with their .py sources, strip outputs, write notebooks/models.py;  make strip"
@@ -74,7 +75,12 @@ test: env
 
 test-slow: env
 	@echo ">> Python $(PYVER), $(VENV): the slow checks (make help says which)"
-	$(BIN)/python -m pytest -m slow $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow and not published" $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
+
+# MaxText's published rows (utils.published_rows), each compiled at full size for its TPU slice: 75-200 s of
+# CPU a row, so neither make test-slow nor CI runs them. Prints one line of the table per row.
+published-rows: env
+	$(BIN)/python -m pytest -m published -s $(XDIST) $(PYTEST_ARGS) tests/test_published_rows.py
 
 test-units: env
 	$(BIN)/python -m pytest tests -m "not slow" $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
