@@ -277,8 +277,11 @@ def _parent_running(commands: list[list[str]], pid_files: list[Path], *, interru
 
     Each worker writes its pid to its file in ``pid_files`` once it runs.
     """
+    # Ctrl-C raises KeyboardInterrupt in a kernel; a process started from an xdist worker, which ignores
+    # SIGINT, would inherit "ignore" across exec, so the parent restores Python's own handler first.
     script = textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {str(ROOT)!r})
         from notebooks.scripts.launcher import run_workers
         run_workers({commands!r}, env={env!r}, timeout=600)
