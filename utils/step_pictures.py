@@ -83,8 +83,8 @@ def _lane_title(lane: str) -> str:
     return "over " + " \u00d7 ".join(_LANE_NAMES.get(a, repr(a)) for a in axes)
 
 
-def _loops(ops: Sequence[Any], total: float) -> list[tuple[str, int, float, float, float]]:
-    """Each loop in the timeline: (name, trips, first trip's start, its end, the loop's end)."""
+def _loops(ops: Sequence[Any], total: float) -> list[tuple[int, float, float, float]]:
+    """Each loop in the timeline: (trips, first trip's start, its end, the loop's end)."""
     found = []
     for name in dict.fromkeys(op.loop for op in ops if op.loop):
         inside = [k for k, op in enumerate(ops) if op.loop == name]
@@ -92,7 +92,7 @@ def _loops(ops: Sequence[Any], total: float) -> list[tuple[str, int, float, floa
         later = [op.start for op in ops[inside[-1] + 1:] if op.loop != name]
         start = min(ops[k].start for k in inside)
         end = max(ops[k].end for k in inside)
-        found.append((name, int(outer), start, end, max(end, min(later, default=total))))
+        found.append((int(outer), start, end, max(end, min(later, default=total))))
     return found
 
 
@@ -109,11 +109,11 @@ def draw_timeline(estimate: Any, *, title: str | None = None, window: tuple[floa
         raise TypeError("draw_timeline draws what utils.timing.estimate_step(compiled, mesh) returns; got "
                         f"{type(estimate).__name__}")
     total = float(estimate.seconds)
+    if not ops or total <= 0:
+        raise ValueError("the estimate has no timed op: was the program empty?")
     t0, t1 = window if window is not None else (0.0, total)
     if not t1 > t0 >= 0:
         raise ValueError(f"window is (start, end) in seconds with 0 <= start < end; got {window!r}")
-    if not ops:
-        raise ValueError("the estimate has no timed op: was the program empty?")
     scale, unit = _unit(t1 - t0)
     lanes = _lanes(ops)
     row = {lane: k for k, lane in enumerate(lanes)}
@@ -129,7 +129,7 @@ def draw_timeline(estimate: Any, *, title: str | None = None, window: tuple[floa
         ax.add_patch(patch)
         return patch
 
-    for _, trips, start, end, stop in _loops(ops, total):
+    for trips, start, end, stop in _loops(ops, total):
         box(start, end, -0.5, len(lanes), facecolor="none", linestyle=":", gid="loop-trip")
         box(end, stop, -0.5, len(lanes), facecolor="0.93", linewidth=0, gid="loop-rest")
         if min(stop, t1) > max(start, t0):
