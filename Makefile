@@ -38,7 +38,7 @@ help:
 	@echo "                    report, an executed miniature book"
 	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
 	@echo "make test-units     the fast tests in tests/ (make test without the notebooks)"
-	@echo "make published-rows MaxText's published rows compiled at full size, one table line each (minutes a row)"
+	@echo "make published-rows MaxText's published rows compiled again at full size and checked against data/published_rows (minutes a row; UPDATE=1 stores them)"
 	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
 	@echo "make env            build or re-sync the environment;  make lint   ruff"
 	@echo "make sync           pair notebooks with their .py sources, strip outputs, write notebooks/models.py;  make strip"
@@ -78,9 +78,11 @@ test-slow: env
 	$(BIN)/python -m pytest -m "slow and not published" $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 # MaxText's published rows (utils.published_rows), each compiled at full size for its TPU slice: 75-200 s of
-# CPU a row, so neither make test-slow nor CI runs them. Prints one line of the table per row.
+# CPU a row, so neither make test-slow nor CI compiles them: make test times the programs stored in
+# data/published_rows. This target compiles every row again and checks each against its stored program;
+# `make published-rows UPDATE=1` stores the new programs instead (one process: they share data/.../index.json).
 published-rows: env
-	$(BIN)/python -m pytest -m published -s $(XDIST) $(PYTEST_ARGS) tests/test_published_rows.py
+	PUBLISHED_ROWS_UPDATE=$(UPDATE) $(BIN)/python -m pytest -m published -s $(PYTEST_ARGS) tests/test_published_rows.py
 
 test-units: env
 	$(BIN)/python -m pytest tests -m "not slow" $(XDIST) $(DURATIONS) $(PYTEST_ARGS)

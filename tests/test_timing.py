@@ -113,10 +113,17 @@ def test_scan_counts_every_layer_on_tpu_from_its_counter(tpu_devices):
     mesh = _mesh(tpu_devices, (8,), ("data",))
     compiled = _compile(_layers, mesh, ((6, 512, 512), P()), ((4096, 512), P("data")))
     assert "known_trip_count" not in compiled.as_text()  # the TPU program: trips from the counter only
-    e = estimate_step(compiled, mesh)
+    e = estimate_step(compiled, mesh, use_cycles=False)  # the roofline alone: compute is FLOPs / peak
     assert e.flops == 6 * 2 * 512 * 512 * 512
     assert e.compute == pytest.approx(e.flops / V5E.peak_flops)
     _parts_add_up(e)
+    costed = estimate_step(compiled, mesh)  # the default: the compiler's cycles where they exceed the roofline
+    (matmul,) = [op for op in costed.timeline if op.flops]
+    assert matmul.cycles and matmul.seconds == pytest.approx(max(matmul.cycles / V5E.clock_hz,
+                                                                  matmul.flops / V5E.peak_flops,
+                                                                  matmul.bytes / V5E.hbm_bandwidth))
+    assert costed.compute >= e.compute and costed.flops == e.flops
+    _parts_add_up(costed)
 
 
 def _fsdp_block(p, x, dy):
@@ -254,10 +261,11 @@ def test_host_offload_transfers_go_over_pcie(tpu_devices):
 
 def test_compute_bound_matmul_agrees_with_estimated_cycles_within_5_percent(tpu_devices):
     clock = V5E.peak_flops / (4 * 128 * 128 * 2)  # 4 MXUs of 128 x 128, a multiply and an add: 1.5 GHz
+    assert V5E.clock_hz == clock and CHIPS["v5p"].clock_hz == CHIPS["v5p"].peak_flops / (8 * 128 * 128 * 2)
     mesh = _mesh(tpu_devices[:1], (1,), ("x",))
     for m in (4096, 8192):
         compiled = _compile(jnp.matmul, mesh, ((m, 4096), P()), ((4096, 4096), P()))
-        (op,) = [op for op in estimate_step(compiled, mesh).timeline if op.flops]
+        (op,) = [op for op in estimate_step(compiled, mesh, use_cycles=False).timeline if op.flops]
         assert op.flops == 2 * m * 4096 * 4096 and op.kind == "compute"
         assert op.cycles / clock == pytest.approx(op.seconds, rel=0.05)
 

@@ -17,7 +17,7 @@ and times each instruction:
   only what it exceeds them by (``exposed``); a synchronous one costs its whole time. Transfers on the same
   lane (one mesh axis, the host link) queue behind each other.
 
-Why the roofline and not the TPU compiler's own per-op figure: every matmul fusion of a TPU program carries
+The roofline and the TPU compiler's own per-op figure: every matmul fusion of a TPU program carries
 ``"estimated_cycles"`` in its ``backend_config`` (``as_text()`` has it; no dump needed), kept here in
 :attr:`TimedOp.cycles`. Read at the v5e's 1.5 GHz (197e12 / (4 MXUs x 128 x 128 x 2)), against FLOPs / peak
 (jax 0.12.0.1, libtpu 0.0.50.1, bf16, one chip unless said)::
@@ -32,15 +32,24 @@ Why the roofline and not the TPU compiler's own per-op figure: every matmul fusi
     [1024,1024] @ [1024,4096], inside an        764,448    510 us     43.6 us    11.7
       FSDP block's step on v5e:2x4
 
-Large compute-bound matmuls agree within 3% (``tests/test_timing.py`` checks 5%). Elsewhere the cycles
-follow neither FLOPs nor HBM bytes (the memory-bound row is below its weight's read), the same matmul is
-costed 9x higher inside a sharded program than alone, and non-matmul fusions and collectives carry none.
-So every op is timed by its roofline, which can be derived from published figures and checked.
+Large compute-bound matmuls agree within 3% (``tests/test_timing.py`` checks 5%). Smaller ones cost more
+cycles than FLOPs / peak (tiles the MXU fills only partly, the fused epilogue), and the cycles ignore HBM: the
+memory-bound row is below its weight's read. So by default (``use_cycles=True``) a matmul fusion takes
+``max(FLOPs / peak, cycles / clock, HBM bytes / bandwidth)``: the compiler's schedule of the matrix units,
+never faster than the chip's published rates. In the full-size MaxText programs (``utils.published_rows``)
+the cycles run 1.0-1.4x the roofline for the feed-forward matmuls and up to 2.2x for attention's, and they
+move every published row's estimate from 0.71-1.10 of the implied step to 0.88-1.29 (11 of 14 rows inside
+0.85-1.15). ``use_cycles=False`` gives the pure roofline, a floor. Non-matmul fusions and collectives carry no
+cycles; a chip without a known clock (:attr:`Chip.clock_hz`) uses the roofline.
 
-No efficiency constant: every rate is the chip's published peak (:data:`CHIPS`), so the estimate is what a
-perfectly fed chip would take, below a measured step. Not modelled: a custom call's FLOPs (a Pallas kernel's are
-not in the program text: it counts by its bytes), latency per hop, contention between transfers on different
-lanes, f32 matmuls' lower rate (counted at the bf16 peak), vector-unit time.
+No efficiency constant: every rate is the chip's published figure (:data:`CHIPS`). A custom call's FLOPs are
+the ones its kernel declares: a Pallas kernel lowered with a ``cost_estimate`` (JAX's TPU flash attention
+forward has one) carries it in its ``backend_config``; one without (its backward kernels) counts by its bytes.
+On TPU a synchronous ``collective-permute`` is a transfer over one link that the core does not wait for until
+its result is used: the compiler schedules the windowed matmul loops' independent matmul between the two, so
+it is timed like an asynchronous one ending at its first user, and its two directions queue separately.
+Not modelled: latency per hop, contention between transfers on different lanes, f32 matmuls' lower rate
+(counted at the bf16 peak), vector-unit time.
 """
 
 from __future__ import annotations
@@ -80,7 +89,9 @@ class Chip:
     wraparound link, so a ring along it uses both directions of both links; a shorter axis is a line, half
     that; ``dcn_bandwidth``: bytes/s one chip sends between slices (its host's NICs shared by its chips);
     ``host_bandwidth``: bytes/s between the chip and its host's memory (PCIe); ``device_kind``: what
-    ``jax.Device.device_kind`` says; ``source``: where the figures come from.
+    ``jax.Device.device_kind`` says; ``source``: where the figures come from; ``clock_hz``: the matrix units'
+    clock, ``peak_flops / (MXUs x 128 x 128 x 2)``, which turns the TPU compiler's ``estimated_cycles`` into
+    seconds (None where the MXU count is not published: the cycles are then not used).
     """
 
     name: str
@@ -95,6 +106,7 @@ class Chip:
     dcn_bandwidth: float
     host_bandwidth: float
     source: str
+    clock_hz: float | None = None
 
     def axis_bandwidth(self, length: int, full_length: int) -> float:
         """Bytes/s one chip sends along one torus axis to a group of ``length`` chips on an axis of
@@ -115,9 +127,9 @@ GiB = 2**30
 # directions), PCIe Gen5 x16 (64 GB/s one way), one 400 Gb/s InfiniBand NIC per GPU.
 CHIPS: dict[str, Chip] = {
     "v5e": Chip("v5e", "TPU v5 lite", 197e12, 819e9, int(15.75 * GiB), 50e9, 4, 2, 16, 200e9 / 8 / 8, 15e9,
-                "cloud.google.com/tpu/docs/v5e"),
+                "cloud.google.com/tpu/docs/v5e", clock_hz=197e12 / (4 * 128 * 128 * 2)),  # 4 MXUs: 1.5 GHz
     "v5p": Chip("v5p", "TPU v5", 459e12, 2765e9, int(95.73 * GiB), 100e9, 6, 3, 4, 50e9 / 8, 15e9,
-                "cloud.google.com/tpu/docs/v5p"),
+                "cloud.google.com/tpu/docs/v5p", clock_hz=459e12 / (8 * 128 * 128 * 2)),  # 2 cores x 4 MXUs
     "v6e": Chip("v6e", "TPU v6 lite", 918e12, 1600e9, int(31.24 * GiB), 100e9, 4, 2, 16, 4 * 200e9 / 8 / 8, 32e9,
                 "cloud.google.com/tpu/docs/v6e"),
     "H100": Chip("H100", "NVIDIA H100 80GB HBM3", 989e12, 3350e9, 80 * 10**9, 25e9, 18, 0, 1, 400e9 / 8, 64e9,
@@ -220,7 +232,8 @@ class StepEstimate(_Printed):
     """The estimated time of one call of a compiled program (:func:`estimate_step`), per chip.
 
     ``seconds`` = ``compute`` + ``memory`` + ``comm_exposed`` + ``host_exposed``: ``compute`` is every
-    matmul's FLOPs / peak; ``memory`` what ops bound by HBM take beyond their FLOPs' time (plus prefetches
+    matmul's FLOPs / peak (or the compiler's cycles for it, where longer: see the module's text);
+    ``memory`` what ops bound by HBM take beyond their FLOPs' time (plus prefetches
     left exposed); ``comm_exposed``/``comm_hidden``: collectives' time that adds to the step, and that
     ran beside other work; ``host_*`` the same for host transfers. ``flops``, ``hbm_bytes`` and
     ``comm_bytes`` (collectives' result bytes) count every loop trip. ``timeline``: each op in scheduled
@@ -322,10 +335,26 @@ def _convolution_flops(i: _Instr, lhs: list[int], kernel: list[int]) -> float:
     return 2.0 * out[result.index("b")] * out[result.index("f")] * kernel[right.index("i")] * taps
 
 
+_TPU_LAYOUT = ":T("  # a TPU program's tiled layouts: f32[8,128]{1,0:T(8,128)}
+
+
+def _direction(i: _Instr) -> str:
+    """Which way a collective-permute's pairs mostly go (' +': to higher ids, ' -': lower), because the two
+    directions of a link (and a ring's two neighbours) carry data at the same time without queueing."""
+    pairs = [tuple(int(x) for x in m.groups()) for m in re.finditer(r"\{(\d+),(\d+)\}", i.line)]
+    up = sum(t > s for s, t in pairs)
+    return " +" if up * 2 >= len(pairs) else " -"
+
+
+_KERNEL_COST = re.compile(r'"cost_estimate":\{"flops":"(\d+)"')
+
+
 def _flops(i: _Instr, where: dict[str, _Instr], comps: dict[str, list[_Instr]]) -> float:
     """Matmul FLOPs of an instruction, looking inside fusions (nested ones too)."""
     if i.opcode in ("dot", "convolution"):
         return _matmul_flops(i, where)
+    if i.opcode == "custom-call" and (m := _KERNEL_COST.search(i.attrs)):
+        return float(m.group(1))  # a Pallas kernel's own count (pallas_call's cost_estimate)
     total = 0.0
     for _, callee in i.called if i.opcode == "fusion" else []:
         inner = comps.get(callee, [])
@@ -387,7 +416,8 @@ class _Run:
 class _Program:
     """A parsed program, the mesh it runs on and the chip: times computations (:func:`estimate_step`)."""
 
-    def __init__(self, text: str, mesh: Any, chip: Chip) -> None:
+    def __init__(self, text: str, mesh: Any, chip: Chip, use_cycles: bool = True) -> None:
+        self.use_cycles = use_cycles
         self.comps, roots = _parse_module(text)
         self.entry = roots[0] if roots else ""
         self.chip = chip
@@ -421,11 +451,11 @@ class _Program:
     def walk(self, comp: str, run: _Run, trips: int, loop: str) -> None:
         body = self.comps.get(comp, [])
         where = {i.name: i for i in body}
-        pending: dict[str, tuple[int, str]] = {}  # a done's name -> (its start's timeline entry, part)
-        chip = self.chip
+        pending: dict[str, list[tuple[int, str, bool]]] = {}  # where a transfer is waited for -> (its entry,
+        chip = self.chip                                      # part, whether that is its done rather than a user)
         for at, i in enumerate(body):
-            if i.name in pending:  # an asynchronous transfer ends: wait for whatever of it is left
-                k, part = pending.pop(i.name)
+            waits = pending.pop(i.name, [])
+            for k, part, _ in waits:  # an asynchronous transfer ends: wait for what is left of it
                 started = run.timeline[k]
                 exposed = max(0.0, started.end - run.now)
                 run.now += exposed
@@ -433,6 +463,7 @@ class _Program:
                 run.parts[f"{part}_exposed" if part != "memory" else "memory"] += exposed
                 if part != "memory":
                     run.parts[f"{part}_hidden"] += max(0.0, started.seconds - exposed)
+            if any(is_done for *_, is_done in waits):
                 continue
             if i.opcode == "send" and _MEGASCALE in i.attrs:
                 continue  # the sending half of a collective between slices: timed at its recv
@@ -447,44 +478,50 @@ class _Program:
                 continue
             name = m.group(1) if (m := re.search(r'op_name="([^"]*)"', i.attrs)) else ""
             event = _event(i, body, at, self.comps)
-            transfer = None  # (kind, lane, bytes, seconds, part, done)
+            transfer = None  # (kind, lane, bytes, seconds, part, where it is waited for, whether that is a done)
             if event.kind is not None:
                 axes, slices = self.links(event.op)
                 lane = "+".join(_axes(event.op, self.sizes, self.n)) or "collective"
                 lane += "+dcn" if slices > 1 else ""
                 size = sum(s for s, _ in _spaced(event.result))
+                done = event.done if event.asynchronous else None
+                if event.kind == "collective-permute" and not event.asynchronous and _TPU_LAYOUT in i.type:
+                    # a TPU collective-permute is a DMA over one link: the core goes on until the result is used
+                    done = next((x.name for x in body[at + 1:] if i.name in x.operands), None)
                 transfer = (event.kind, lane, size, collective_seconds(event.kind, size, axes, chip, slices),
-                            "comm", event.done if event.asynchronous else None)
+                            "comm", done, done == event.done)
             elif i.opcode == "recv" and _MEGASCALE in i.attrs:  # a collective between slices, over DCN
                 m = re.search(r'_xla_megascale_transfer_type="(\w+)"', i.attrs)
                 kind = (m.group(1).lower().replace("_", "-") if m else "")
                 kind = kind if kind in _SHARE else "collective-permute"
                 size = (_spaced(i.type) or [(0, 0)])[0][0]
                 done = next((x.name for x in body[at + 1:] if x.opcode == "recv-done" and i.name in x.operands), None)
-                transfer = (kind, "dcn", size, collective_seconds(kind, size, [], chip, self.nslices), "comm", done)
+                seconds = collective_seconds(kind, size, [], chip, self.nslices)
+                transfer = (kind, "dcn", size, seconds, "comm", done, True)
             elif i.opcode == "copy-start":
                 parts = _tuple_elements(i.type)
                 (size, to), (_, source) = (_spaced(parts[0]) or [(0, 0)])[0], (_spaced(parts[1]) or [(0, 0)])[0]
                 done = next((x.name for x in body[at + 1:] if x.opcode == "copy-done" and i.name in x.operands), None)
                 if _HOST_SPACE in (to, source):
                     transfer = ("to host" if to == _HOST_SPACE else "from host", "host", size,
-                                size / chip.host_bandwidth, "host", done)
+                                size / chip.host_bandwidth, "host", done, True)
                 else:
-                    transfer = ("prefetch", "hbm", size, size / chip.hbm_bandwidth, "memory", done)
+                    transfer = ("prefetch", "hbm", size, size / chip.hbm_bandwidth, "memory", done, True)
             elif i.opcode == "custom-call" and any(f'"{t}"' in i.attrs for t in _HOST_CALLS):
                 size = _hbm(i.type) or sum(s for s, _ in _spaced(i.type))
                 transfer = ("to host" if "MoveToHost" in i.attrs else "from host", "host", size,
-                            size / chip.host_bandwidth, "host", None)
+                            size / chip.host_bandwidth, "host", None, True)
             if transfer is not None:
-                kind, lane, size, seconds, part, done = transfer
-                start = max(run.now, run.lanes.get(lane, 0.0))
-                run.lanes[lane] = start + seconds
+                kind, lane, size, seconds, part, done, is_done = transfer
+                queue = lane + _direction(i) if kind == "collective-permute" else lane
+                start = max(run.now, run.lanes.get(queue, 0.0))
+                run.lanes[queue] = start + seconds
                 if part == "comm":
                     run.parts["comm_bytes"] += size
                 timed = TimedOp(i.name, kind, lane, start, start + seconds, seconds, 0.0, 0.0, size, trips, loop,
                                 name)
                 if done is not None:
-                    pending[done] = (len(run.timeline), part)
+                    pending.setdefault(done, []).append((len(run.timeline), part, is_done))
                     run.timeline.append(timed)
                     continue
                 exposed = start + seconds - run.now
@@ -494,8 +531,10 @@ class _Program:
                 continue
             flops, moved = _flops(i, where, self.comps), _bytes(i, where, self.comps)
             compute, memory = flops / chip.peak_flops, moved / chip.hbm_bandwidth
-            seconds = max(compute, memory)
             cycles = m.group(1) if (m := re.search(r'"estimated_cycles":"(\d+)"', i.attrs)) else None
+            if self.use_cycles and cycles is not None and chip.clock_hz:
+                compute = max(compute, int(cycles) / chip.clock_hz)  # the MXU schedule, as the compiler costs it
+            seconds = max(compute, memory)
             run.timeline.append(TimedOp(i.name, "compute" if compute >= memory else "memory", "compute", run.now,
                                         run.now + seconds, seconds, seconds, flops, moved, trips, loop, name,
                                         int(cycles) if cycles is not None else None))
@@ -538,13 +577,16 @@ class _Program:
         run.now += best.now
 
 
-def estimate_step(compiled: Any, mesh: Any, *, chip: str | Chip | None = None) -> StepEstimate:
+def estimate_step(compiled: Any, mesh: Any, *, chip: str | Chip | None = None,
+                  use_cycles: bool = True) -> StepEstimate:
     """Estimate how long one call of a compiled program takes per chip, op by op (see the module's text).
 
     ``compiled``: ``jax.jit(f).lower(*args).compile()`` (a TPU topology compiled ahead of time, or any
     backend) or its ``as_text()``; ``mesh``: the ``Mesh`` it was compiled for (its devices say which chip
     each partition id is, where it sits in the torus and in which slice); ``chip``: a name of :data:`CHIPS`
-    or a :class:`Chip`, by default the mesh's own (:func:`chip_of`). Raises a ValueError for a loop whose
+    or a :class:`Chip`, by default the mesh's own (:func:`chip_of`); ``use_cycles``: time a matmul fusion by
+    the compiler's ``estimated_cycles`` where they exceed its roofline (False: the roofline alone, a floor at
+    the chip's peak rates). Raises a ValueError for a loop whose
     trip count cannot be read, a mesh of another size than the program's, or an unknown chip.
     """
     text = _hlo_text(compiled)
@@ -557,7 +599,7 @@ def estimate_step(compiled: Any, mesh: Any, *, chip: str | Chip | None = None) -
         chip = CHIPS[chip]
     chip = chip if isinstance(chip, Chip) else chip_of(mesh)
     n = int(m.group(1)) if (m := re.search(r"num_partitions=(\d+)", text)) else 1
-    program = _Program(text, mesh, chip)
+    program = _Program(text, mesh, chip, use_cycles)
     if program.nslices > 1 and next(iter(program.sizes.values())) != program.nslices:
         raise ValueError(f"the mesh spans {program.nslices} slices: make its first axis the slices (size "
                          f"{program.nslices}), so that each slice's partition ids are its devices in mesh order")
