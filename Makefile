@@ -47,7 +47,7 @@ help:
 	@echo "make lock           re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
 	@echo "make requirements   rewrite requirements.txt (pip's view of uv.lock) and binder/requirements.txt"
 	@echo "make env-xla / test-xla / lab-xla / bench-xla / clean-xla"
-	@echo "                    notebook 19 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
+	@echo "                    notebook 22 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
 	@echo "make clean          remove the environments, caches and the built book (needs no Python, as help)"
 
 $(UV):
@@ -70,7 +70,7 @@ test: env
 	@$(BIN)/python -m pytest -m "not slow" $(XDIST) $(DURATIONS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo ">> pytest collected no tests: nothing was checked, which counts as a failure"; fi; \
 	if [ $$rc -eq 0 ] && [ ! -x $(XLA_BIN)/python ]; then \
-	  echo ">> notebook 19 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
+	  echo ">> notebook 22 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
 	exit $$rc
 
 test-slow: env
@@ -121,14 +121,14 @@ bench: env
 
 # One page at a time: with -j, MyST-NB's processes race to create the execution cache's database.
 # The book: every notebook executed into a Sphinx book (MyST-NB, sphinx-book-theme) in build/book/html; it
-# reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 19
+# reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 22
 # is executed there first, into the same cache; otherwise its page shows its code without outputs.
 book: env
 	@if [ -x $(XLA_BIN)/python ]; then \
-	  echo ">> notebook 19 (PyTorch/XLA): executed in $(XLA_VENV) into the book's cache"; \
+	  echo ">> notebook 22 (PyTorch/XLA): executed in $(XLA_VENV) into the book's cache"; \
 	  $(XLA_RUN) $(XLA_BIN)/python docs/execute_cached.py || exit 1; \
 	else \
-	  echo ">> no $(XLA_VENV): notebook 19 goes into the book without outputs ('make env-xla' creates it)"; \
+	  echo ">> no $(XLA_VENV): notebook 22 goes into the book without outputs ('make env-xla' creates it)"; \
 	fi
 	$(BIN)/sphinx-build -W --keep-going -b html -d build/book/doctrees docs build/book/html
 	@$(BIN)/python docs/execute_cached.py --check $(if $(wildcard $(XLA_BIN)/python),,--skip-xla)
@@ -138,7 +138,7 @@ clean:
 	rm -rf .venv .venv-py3.11 .uv .pytest_cache .ruff_cache build
 	find . -name __pycache__ -o -name .ipynb_checkpoints | grep -v '^./.venv' | xargs rm -rf
 
-# PyTorch/XLA side by side: notebook 19 runs torch 2.9.0 + torch-xla 2.9.0 next to jax 0.10.2, in its own
+# PyTorch/XLA side by side: notebook 22 runs torch 2.9.0 + torch-xla 2.9.0 next to jax 0.10.2, in its own
 # environment .venv-xla on Python 3.11 (the lock's xla group). On x86_64 PyPI serves torch's CUDA build:
 # about 4 GB to download and 8 GB on disk, although no GPU is needed. `make test` never needs it.
 XLA_PYTHON ?= python3.11
@@ -155,14 +155,14 @@ env-xla: $(UV)
 	$(call SYNC,$(XLA_VENV),$$xpy) --group xla
 
 test-xla: env-xla
-	@echo ">> $(XLA_VENV): notebook 19 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
-	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/19_pytorch_xla.ipynb tests/test_ex19_pytorch_xla.py tests/test_exercises.py -k "19_pytorch_xla or test_ex19"
+	@echo ">> $(XLA_VENV): notebook 22 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
+	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/22_pytorch_xla.ipynb tests/test_ex22_pytorch_xla.py tests/test_exercises.py -k "22_pytorch_xla or test_ex22"
 
 bench-xla: env-xla
-	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/19_pytorch_xla.ipynb
+	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/22_pytorch_xla.ipynb
 
 lab-xla: env-xla
-	@echo ">> starting JupyterLab on notebooks/ with $(XLA_VENV): open 19_pytorch_xla.ipynb (Ctrl-C to stop)"
+	@echo ">> starting JupyterLab on notebooks/ with $(XLA_VENV): open 22_pytorch_xla.ipynb (Ctrl-C to stop)"
 	cd notebooks && $(XLA_RUN) ../$(XLA_BIN)/jupyter lab $(LAB_ARGS)
 
 clean-xla:

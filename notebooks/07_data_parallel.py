@@ -191,7 +191,7 @@ draw_mesh(mesh)
 # %% [markdown]
 # Each device holds 8 rows of the batch (device 3 holds rows 24 to 31). Here one process puts the
 # whole batch in place with `jax.device_put`. On several hosts each process loads only the rows of its
-# own devices and assembles the global array with `jax.make_array_from_process_local_data` (notebook 18).
+# own devices and assembles the global array with `jax.make_array_from_process_local_data` (notebook 21).
 
 # %%
 fig = draw_sharding(x_dp)

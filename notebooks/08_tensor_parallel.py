@@ -443,7 +443,7 @@ assert 0.3 < ratio[8192, 1024] < 0.35  # 7,800 tokens per group, below 3d = 24,5
 # gradient all-reduce it replaces. That is part of why a tensor-parallel axis of 8 inside a node is
 # cheap at scale. Bytes are not the whole reason for the choice, either. Tensor parallelism divides
 # the weights, so a model too large for one device fits, and it lets more devices share a batch than
-# there are sequences to split it into (notebook 14). Two caveats make the crossover a rough estimate:
+# there are sequences to split it into (notebook 15). Two caveats make the crossover a rough estimate:
 #
 # - These are byte **estimates** from the ring formula, applied to the compiled programs' result sizes;
 #   real links, topologies and algorithms differ.
@@ -452,7 +452,7 @@ assert 0.3 < ratio[8192, 1024] < 0.35  # 7,800 tokens per group, below 3d = 24,5
 #   between matmuls that need their result: only splitting the matmul into pieces that overlap the
 #   transfer (collective matmul) hides them, so tensor parallelism stays on the fastest links.
 #
-# Notebook 16 turns these bytes into seconds: it sets each collective's time against the matmuls it can
+# Notebook 14 turns these bytes into seconds: it sets each collective's time against the matmuls it can
 # hide behind, which is the comparison that decides a real run.
 #
 # The course MLP's first layer reads `x`, which is data: no gradient flows into it, so its train step
@@ -564,7 +564,7 @@ if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
 #   tensor parallelism sends more bytes there. A large cluster's groups can sit below it (0.3 times at
 #   1,024 chips for *d* = 8192). Data parallelism's all-reduce also overlaps the backward pass easily,
 #   while tensor parallelism's needs collective matmul to hide, which is why its axis stays on the
-#   fastest links. Notebook 16 turns these bytes into seconds.
+#   fastest links. Notebook 14 turns these bytes into seconds.
 
 # %% [markdown]
 # ## Exercises

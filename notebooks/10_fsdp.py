@@ -364,7 +364,7 @@ print("dynamic-slice results in the FSDP step:", slices)
 
 # %% [markdown]
 # **The TPU program.** You need no TPU to see what the TPU compiler does with the same step: JAX
-# compiles ahead of time for a TPU topology, here a v5e with 8 chips (`v5e:2x4`, notebook 15). The state
+# compiles ahead of time for a TPU topology, here a v5e with 8 chips (`v5e:2x4`, notebook 19). The state
 # becomes `jax.ShapeDtypeStruct`s placed by the same rule on a mesh of TPU chips,
 # and a function that `nnx.merge`s them calls the same `train_step`. Nothing is allocated, nothing runs.
 # This small program compiles quickly at the compiler's default effort, the one `jax.jit` uses when you
@@ -575,7 +575,7 @@ print(f"FSDP {format_bytes(comm.estimated_bytes)}, data parallel {format_bytes(d
 # **FSDP saves memory, not communication.** Counted in values, it sends the same traffic as data
 # parallelism or more. Counted in bytes it can send less on a TPU, because this libtpu gathers the small
 # program's weights in bf16 (the TPU cell above asserts it), but the wide program above gathers float32.
-# Whether those bytes cost time depends on the matmuls they can hide behind: notebook 16 turns them
+# Whether those bytes cost time depends on the matmuls they can hide behind: notebook 14 turns them
 # into seconds.
 #
 # **Hybrid sharding (HSDP).** Between slices or hosts the links are slower, and gathering every weight
@@ -600,7 +600,7 @@ assert sum(op.result_bytes for op in hybrid.ops if op.group_size == 8) == (256 +
 # group. The kernel gradients are summed inside it too, each device keeping its quarter, and only that
 # quarter is all-reduced across the 2 groups. So a quarter of the kernel gradients crosses the slow
 # links, where data parallelism sends all of them. (The small replicated biases and the loss are summed over
-# all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh, and notebook 18
+# all 8.) MaxText's `dcn_data_parallelism` with `ici_fsdp_parallelism` builds this mesh, and notebook 21
 # builds multi-slice meshes.
 #
 # In order (the TPU program, at the default effort, where libtpu is here): the kernels gathered before

@@ -672,7 +672,7 @@ assert expected["data"] == 655_880  # parameters and Adam state, whole on every 
 #   which here is more than the gradients. FSDP gathers each weight. The CPU compiler then sums the full
 #   gradients, where the TPU and GPU compilers reduce-scatter some or all of them.
 #
-# Notebook 14 scales this comparison to 64 devices.
+# Notebook 15 scales this comparison to 64 devices.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §6: the bytes of each strategy's step

@@ -152,7 +152,7 @@ y = x @ rng.standard_normal((D, D), dtype=np.float32) / np.float32(D**0.5)
 # The three ZeRO stages (section 4) are three choices of what to split, and ZeRO-3 splits everything,
 # which is FSDP. The axis is called `data` here, not `fsdp` as in notebooks 10 and 11, because ZeRO
 # splits the state over the same devices that split the batch: one axis has both roles, and from here
-# on (notebooks 12 to 15) `data` names it. `make_step` pins the gradients and the new state to their
+# on (notebooks 12 to 15 and 19) `data` names it. `make_step` pins the gradients and the new state to their
 # stage's layout with `with_sharding_constraint`, and donates the state.
 
 # %%
@@ -219,7 +219,7 @@ def abstract(stage, mesh, make=create, **options):
 # The wide model is compiled for this backend's 8 devices and for a TPU v5e of 8 chips (`v5e:2x4`).
 # That needs only the TPU compiler, libtpu. A mesh of the topology's chips replaces `jax.devices()`, and
 # a step lowered from `jax.ShapeDtypeStruct`s compiles to a TPU program that can be read but not run
-# (notebook 15 shows more).
+# (notebook 19 shows more).
 #
 # **Which effort the TPU figures come from.** The TPU compiler has effort levels. Its default, the one a
 # training run gets, takes 10 to 15 s of CPU time per program here, and this notebook compiles about

@@ -684,4 +684,4 @@ answer_3 = NOT_ANSWERED  # a PartitionSpec, e.g. P(...)
 ex.row_parallel_out.check(answer_3);
 
 # %% [markdown]
-# **Next:** [14 · Choosing a mesh shape](14_mesh_shape.ipynb)
+# **Next:** [14 · Step time: compute, memory and communication](14_step_time.ipynb)

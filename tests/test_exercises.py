@@ -172,7 +172,7 @@ def test_reveal_prints_the_solution(qualname, exercise, capsys):
     assert "reference solution" in out and len(out.splitlines()) >= 2
 
 
-# Notebook 19's checkers compute torch_xla's spec strings without torch_xla (exercises.ex19_pytorch_xla.spec_string),
+# Notebook 22's checkers compute torch_xla's spec strings without torch_xla (exercises.ex22_pytorch_xla.spec_string),
 # so they run everywhere. Where torch_xla is installed (.venv-xla: `make test-xla`), hold them to what it prints.
 SPEC_STRING_CASES = [
     ((8, 8, 16), (None, "data", "model")),
@@ -184,7 +184,7 @@ SPEC_STRING_CASES = [
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchax, inside torch_xla, imports old JAX names
-def test_ex19_pytorch_xla_spec_strings_are_what_torch_xla_prints():
+def test_ex22_pytorch_xla_spec_strings_are_what_torch_xla_prints():
     import os
 
     os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -196,7 +196,7 @@ def test_ex19_pytorch_xla_spec_strings_are_what_torch_xla_prints():
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
-    from exercises import ex19_pytorch_xla as ex19
+    from exercises import ex22_pytorch_xla as ex22
 
     shardy = jax.config.jax_use_shardy_partitioner  # every mark_sharding switches it off: restore it after
     try:
@@ -205,9 +205,9 @@ def test_ex19_pytorch_xla_spec_strings_are_what_torch_xla_prints():
         for shape, spec in SPEC_STRING_CASES:
             t = torch.zeros(shape).to(torch_xla.device())
             xs.mark_sharding(t, mesh, spec)
-            assert torch_xla._XLAC._get_xla_sharding_spec(t) == ex19.spec_string(spec, shape), (shape, spec)
-        assert ex19.spec_string(ex19.spec_from_string.solution, (8, 16)) == ex19._TARGET
-        assert ex19.spec_string((None, "model"), (8, 16)) == ex19.string_from_spec.solution
+            assert torch_xla._XLAC._get_xla_sharding_spec(t) == ex22.spec_string(spec, shape), (shape, spec)
+        assert ex22.spec_string(ex22.spec_from_string.solution, (8, 16)) == ex22._TARGET
+        assert ex22.spec_string((None, "model"), (8, 16)) == ex22.string_from_spec.solution
     finally:
         jax.config.update("jax_use_shardy_partitioner", shardy)
 
@@ -288,14 +288,14 @@ ALSO_RIGHT = {
     "ex12_training_memory.zero_specs": [lambda stage: list(_ex["ex12_training_memory"].zero_specs.solution(stage))],
     "ex13_sequence_batch.activation_bytes": [(np.int64(134217728), np.int64(16777216)),
                                              [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
-    "ex14_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
-    "ex14_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
-    "ex16_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
-    "ex16_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
-    "ex17_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex17_pmap_vs_spmd"].migrate_to_jit.solution)],
-    "ex17_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
-    "ex19_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
-    "ex19_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
+    "ex15_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
+    "ex15_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
+    "ex14_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
+    "ex14_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
+    "ex20_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex20_pmap_vs_spmd"].migrate_to_jit.solution)],
+    "ex20_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
+    "ex22_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
+    "ex22_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
                                           " {devices=[1,2,4]0,2,4,6,1,3,5,7  last_tile_dim_replicate} "],
 }
 

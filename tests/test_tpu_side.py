@@ -2,7 +2,7 @@
 
 A notebook asserts a compiler fact either for every backend (no guard) or for the CPU backend only
 (``if CPU:``). The unguarded ones must also hold where the course runs on 8 real TPUs. This file compiles
-programs ahead of time for a TPU v5e-8 (``v5e:2x4``) or, for notebook 14, a ``v5e:8x8`` slice (no TPU
+programs ahead of time for a TPU v5e-8 (``v5e:2x4``) or, for notebook 15, a ``v5e:8x8`` slice (no TPU
 needed) and checks those facts on the TPU program; where a notebook asserts a fact on the CPU only because
 the TPU program differs, the test asserts the TPU's form. What it checks, and where each program comes from:
 
@@ -16,14 +16,14 @@ the TPU program differs, the test asserts the TPU's form. What it checks, and wh
 - 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
   notebook's code (its model from ``notebooks/models.py``, the rest read from its source);
 - 12: the wide model, its layouts and steps, read from the notebook's source (``notebook_12``);
-- 14: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: the five layouts at its size, three at a
+- 15: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: the five layouts at its size, three at a
   real width (its own TPU cell compiles one layout).
 
 libtpu is loaded by the ``chips``/``tpu_pod`` fixtures, when a test first needs it, not at collection.
 The largest compiles (over a minute each on 2 cores) are marked ``slow`` (``make test-slow``): they run on
-both lines in CI, since each line has its own libtpu. Not checked here: 00, 03, 04, 10 and 15 to 19.
-Notebooks 04, 10 and 15 to 18 compile their TPU programs themselves and assert on them (so do 12, 13 and
-14 for some of theirs); 19 is PyTorch/XLA. Skipped, with the reason, where libtpu is not installed.
+both lines in CI, since each line has its own libtpu. Not checked here: 00, 03, 04, 10, 14 and 19 to 22.
+Notebooks 04, 10, 14 and 19 to 21 compile their TPU programs themselves and assert on them (so do 12, 13
+and 15 for some of theirs); 22 is PyTorch/XLA. Skipped, with the reason, where libtpu is not installed.
 """
 
 from __future__ import annotations
@@ -813,17 +813,17 @@ def test_13_expert_context_and_pipeline_collectives(chips):
     assert [op.kind for op in stages.ops] == ["collective-permute"]
 
 
-# --- 14 choosing a mesh shape --------------------------------------------------------------------------
+# --- 15 choosing a mesh shape --------------------------------------------------------------------------
 
 def _layouts_on_v5e_8x8(tpu_pod, names, sizes=None):
-    """Notebook 14's layouts, its own ``compile_for``, compiled for v5e:8x8: {name: (HBM per chip, state bytes per
+    """Notebook 15's layouts, its own ``compile_for``, compiled for v5e:8x8: {name: (HBM per chip, state bytes per
     chip)}. ``sizes``: a real width instead of the notebook's toy one (D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF,
     VOCAB, SEQ, BATCH), compiled at the least effort (minutes at the default for 64 chips)."""
     from notebooks.models import MyTransformer
 
     size_names = ("D_MODEL", "NUM_LAYERS", "NUM_HEADS", "D_FF", "VOCAB", "SEQ", "BATCH")
     given = {"MyTransformer": MyTransformer, **dict(zip(size_names, sizes or (), strict=False))}
-    nb = from_notebook("14", *(() if sizes else ("D_MODEL",)), "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS",
+    nb = from_notebook("15", *(() if sizes else ("D_MODEL",)), "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS",
                        "FAST_COMPILE", "make_step", "compile_for", "state_bytes", given=given)
     if sizes:
         jax.config.update("jax_optimization_level", "O0")
@@ -841,7 +841,7 @@ def _layouts_on_v5e_8x8(tpu_pod, names, sizes=None):
 
 
 @pytest.mark.slow
-def test_14_five_layouts_in_tpu_hbm_at_the_notebooks_size(tpu_pod):
+def test_15_five_layouts_in_tpu_hbm_at_the_notebooks_size(tpu_pod):
     """At the notebook's toy size, in HBM: data parallelism needs the most, FSDP less than 1/8 of it.
 
     Between the model-parallel layouts the toy size says little (much of it sits in VMEM): see below."""
@@ -853,10 +853,10 @@ def test_14_five_layouts_in_tpu_hbm_at_the_notebooks_size(tpu_pod):
 
 
 @pytest.mark.slow
-def test_14_model_parallel_layouts_in_tpu_hbm_at_a_real_width(tpu_pod):
+def test_15_model_parallel_layouts_in_tpu_hbm_at_a_real_width(tpu_pod):
     """d_model 4096, d_ff 16384, 32 heads, 32,768 tokens of vocabulary, 64 sequences of 512 (472 million
     parameters): in TPU HBM, tensor parallelism needs more than 2-D and FSDP x TP the least, the order
-    notebook 14 reads from the CPU compiler at its toy size. (Pure data parallelism and FSDP take longer
+    notebook 15 reads from the CPU compiler at its toy size. (Pure data parallelism and FSDP take longer
     to compile at this width and are left out.)"""
     found = _layouts_on_v5e_8x8(tpu_pod, ["2-D", "tensor", "FSDP x TP"], sizes=(4096, 1, 32, 16384, 32768, 512, 64))
     hbm = {name: footprint for name, (footprint, _) in found.items()}

@@ -670,7 +670,7 @@ class Memory(_Printed):
     and a 4096x16384 MLP, donated or not). jax 0.10 lacks it, so there ``footprint`` is ``total``, an
     estimate: ``temp`` is not the HBM allocated for temporaries (1161.5 against 904.95 MiB for the large
     step on libtpu 0.0.42.1). Measured against the compiler's report, the estimate ran 0.2% to 41% high
-    (notebook 12's ZeRO steps 0.2-32%, notebook 15's 8B step 41%): an over-estimate on every program
+    (notebook 12's ZeRO steps 0.2-32%, notebook 19's 8B step 41%): an over-estimate on every program
     checked, but by an amount no rule predicts. TPU arrays count in their tiled layout (f32 ``[100,100]``
     is stored ``[104,128]``). ``peak`` counts on-chip VMEM as well and is not HBM (160 MiB for 64 MiB of
     HBM); :func:`memory_spaces` reads HBM and VMEM apart, on both jax lines. A TPU figure depends on the

@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 14 · Choosing a mesh shape
+# # 15 · Choosing a mesh shape
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/14_mesh_shape.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/14_mesh_shape.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/15_mesh_shape.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/15_mesh_shape.ipynb)
 #
 # Sixty-four devices can train one model as a `(64, 1)`, `(8, 8)` or `(1, 64)` mesh, and the choice
 # decides whether each device holds the whole 42 MiB train state or 1/64 of it. It also decides what each
@@ -139,7 +139,7 @@ def make_step(rules):
 
 def compile_for(shape, rules, devices=None, batch=BATCH):
     """The train step for one layout, compiled from ShapeDtypeStructs: (compiled, state structs)."""
-    # devices=None: this machine's devices; else the chips of a TPU topology, laid along its links (notebook 15)
+    # devices=None: this machine's devices; else the chips of a TPU topology, laid along its links (notebook 19)
     mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=devices)
     with nnx.logical_axis_rules(rules):
         shardings = nnx.get_named_sharding(abstract, mesh)
@@ -318,7 +318,7 @@ if CPU:
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
 #
 # Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU, as
-# notebook 12 showed (notebook 15 goes further). Here is the FSDP x TP step for a `v5e:8x8` slice beside
+# notebook 12 showed (notebook 19 goes further). Here is the FSDP x TP step for a `v5e:8x8` slice beside
 # the CPU's; the other rows would not fit the time budget. The TPU program is compiled at the compiler's
 # default effort, with only its machine-code optimisation off (`FAST_COMPILE`). On TPU, `footprint` is
 # each chip's HBM. What the compiler placed in on-chip VMEM (128 MiB on a v5e) is not in it, and at this
@@ -374,7 +374,7 @@ else:
 #   into one reduce-scatter, and how many it fuses depends on its version (its column above).
 # - **HBM.** The TPU's footprint is below the CPU's: a program this small keeps buffers in on-chip
 #   VMEM, and each compiler assigns its own temporaries. Plan a TPU job's memory from the TPU program at
-#   its real size (notebook 15).
+#   its real size (notebook 19).
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU and TPU compilers' exact figures, §5: reduce-scatters
@@ -409,7 +409,7 @@ assert 60 * held["FSDP"] < held["data"]
 # on a `v5e:8x8` at O0, tensor parallelism needs 3190 MiB of HBM per chip, 2-D 1257 MiB and FSDP x TP
 # 956 MiB (`tests/test_tpu_side.py` compiles this notebook's step at that width and checks the order).
 # For your own model, read it from a TPU compile at your sizes. Throughput cannot be measured on
-# simulated devices; notebook 16 estimates it.
+# simulated devices, but it can be estimated from the compiled program, as notebook 14 did.
 # What the tables support:
 #
 # 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every
@@ -494,7 +494,7 @@ for name in ("2-D", "tensor"):
 # under the FSDP x TP table? Use `n_split` and `n_embed_only` from section 1; answer a pair.
 
 # %%
-from exercises import ex14_mesh_shape as ex
+from exercises import ex15_mesh_shape as ex
 
 answer_1 = NOT_ANSWERED  # (bytes under 2-D, bytes under FSDP x TP)
 ex.state_bytes.check(answer_1);
@@ -526,4 +526,4 @@ answer_3 = NOT_ANSWERED  # ([shapes that lower], [shapes with whole heads per de
 ex.divisibility.check(answer_3);
 
 # %% [markdown]
-# **Next:** [15 · Compiling for TPU pods you don't have](15_tpu_pods.ipynb)
+# **Next:** [19 · Compiling for TPU pods you don't have](19_tpu_pods.ipynb)

@@ -1,4 +1,4 @@
-"""Exercises of notebook 19, without torch: right answers in torch_xla's other spellings, wrong ones refused.
+"""Exercises of notebook 22, without torch: right answers in torch_xla's other spellings, wrong ones refused.
 
 The checkers compute torch_xla's spec strings with JAX alone, so these run in every environment;
 tests/test_exercises.py holds the strings against torch_xla where it is installed (`make test-xla`).
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from exercises import ex19_pytorch_xla as ex
+from exercises import ex22_pytorch_xla as ex
 from utils.exercises import Verdict
 
 

@@ -1,11 +1,11 @@
 # %% [markdown]
-# # 15 · Compiling for TPU pods you don't have
+# # 19 · Compiling for TPU pods you don't have
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/15_tpu_pods.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/15_tpu_pods.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/19_tpu_pods.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/19_tpu_pods.ipynb)
 #
 # A model shaped like Llama 3 8B, with float32 weights and Adam moments, carries 90 GiB of state, and one
 # program on a TPU v5e chip may use 15.75 GiB of its memory. Whether it trains on 256 such chips, and
-# under which strategy, only the TPU compiler can say, while notebooks 04 to 14 mostly asked the CPU's.
+# under which strategy, only the TPU compiler can say, while most notebooks before this one asked the CPU's.
 #
 # **You need:** notebooks 04 (the four matmul cases), 07 to 10 (DP, TP, FSDP and 2-D train steps), 11
 # (logical axis rules) and 12 (mixed precision, `memory_per_device`); `jax.jit(f).lower(...).compile()`
@@ -750,7 +750,7 @@ else:
 # other devices. How many bytes is the gathered result per device, on the CPU and on the TPU?
 
 # %%
-from exercises import ex15_tpu_pods as ex
+from exercises import ex19_tpu_pods as ex
 
 answer_1 = NOT_ANSWERED  # a pair (CPU bytes, TPU bytes)
 ex.gather_bytes.check(answer_1);
@@ -776,4 +776,4 @@ answer_3 = NOT_ANSWERED  # a set of generation names
 ex.which_generations.check(answer_3);
 
 # %% [markdown]
-# **Next:** [16 · Step time: compute, memory and communication](16_step_time.ipynb)
+# **Next:** [20 · pmap vs SPMD](20_pmap_vs_spmd.ipynb)

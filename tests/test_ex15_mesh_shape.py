@@ -1,4 +1,4 @@
-"""Valid answers to notebook 14's exercises that a checker once rejected, or could: each must stay accepted.
+"""Valid answers to notebook 15's exercises that a checker once rejected, or could: each must stay accepted.
 
 Exercise 2 used to ask for one mesh shape and compared it with footprints measured once, on one line's
 CPU compiler, 0.5 MiB from the budget: a learner whose own table (another jax line, real devices) put
@@ -9,7 +9,7 @@ what any machine measured.
 
 import pytest
 
-from exercises import ex14_mesh_shape as ex
+from exercises import ex15_mesh_shape as ex
 from utils.exercises import Verdict
 
 
@@ -36,17 +36,17 @@ def choose_from_a_table_measured_elsewhere(table, budget):
 
 
 @pytest.mark.parametrize("choose", [choose_with_a_loop, choose_by_sorting, choose_from_a_table_measured_elsewhere])
-def test_ex14_choose_layout_accepts_every_correct_rule(choose):
+def test_ex15_choose_layout_accepts_every_correct_rule(choose):
     outcome = ex.choose_layout.outcome(choose)
     assert outcome.verdict is Verdict.CORRECT, outcome.error
 
 
-def test_ex14_choose_layout_reads_no_measured_footprints():
+def test_ex15_choose_layout_reads_no_measured_footprints():
     assert not hasattr(ex, "_FOOTPRINT")  # the once hard-coded table of one machine's measurements
     for table, budget, want in ex._CASES:
         assert ex._choose(table, budget) == want
 
 
 @pytest.mark.parametrize("answer", [[ex._two_d(4, 16), ex._fsdp_tp(4, 16)]], ids=["a list"])
-def test_ex14_state_bytes_accepts_a_list(answer):
+def test_ex15_state_bytes_accepts_a_list(answer):
     assert ex.state_bytes.outcome(answer).verdict is Verdict.CORRECT

@@ -1,9 +1,9 @@
-"""Valid answers to notebook 17's exercises that a checker once rejected: each must stay accepted."""
+"""Valid answers to notebook 20's exercises that a checker once rejected: each must stay accepted."""
 
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from exercises import ex17_pmap_vs_spmd as ex
+from exercises import ex20_pmap_vs_spmd as ex
 from utils.exercises import Verdict
 
 
@@ -16,7 +16,7 @@ from utils.exercises import Verdict
     ],
     ids=["P('data', None)", "P(('data',))", "w P(None)"],
 )
-def test_ex17_migrate_to_jit_accepts_every_data_parallel_layout(w_spec, batch_spec):
+def test_ex20_migrate_to_jit_accepts_every_data_parallel_layout(w_spec, batch_spec):
     step = ex.migrate_to_jit.solution[0]
     outcome = ex.migrate_to_jit.outcome((step, w_spec, batch_spec))
     assert outcome.verdict is Verdict.CORRECT, outcome.error

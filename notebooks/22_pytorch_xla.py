@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 19 · PyTorch/XLA side by side
+# # 22 · PyTorch/XLA side by side
 #
 # *Runs locally only:* `make lab-xla` (PyTorch/XLA needs its own environment, about 4 GB).
 #
@@ -623,7 +623,7 @@ assert xr.addressable_device_count() == 1  # in SPMD mode: the one logical devic
 #
 # **Loading data.** `MpDeviceLoader` wraps a `DataLoader` and sends each batch to the devices sharded by
 # `input_sharding` (a `ShardingSpec`, or a dict of them). `minibatch=True` says each process loaded only
-# its part of the global batch, as with `jax.make_array_from_process_local_data` (notebook 18).
+# its part of the global batch, as with `jax.make_array_from_process_local_data` (notebook 21).
 
 # %%
 import torch_xla.distributed.parallel_loader as pl
@@ -700,7 +700,7 @@ for name, param in restored.named_parameters():
 
 # %% [markdown]
 # The checkpoint holds `fc1.weight` as the 8 blocks the devices held, and the replicated model reads it
-# whole: the planners translate between layouts, as Orbax does in notebook 18.
+# whole: the planners translate between layouts, as Orbax does in notebook 21.
 #
 # ## 10. More twins: global mesh, manual sharding, FSDPv2, `torch.compile`
 #
@@ -781,7 +781,7 @@ assert torch_xla_programs() == []  # no new program: the second call reran the f
 # |---|---|---|
 # | `xr.use_spmd(auto=True)` | XLA's auto-sharding chooses the layouts | experimental, and torch_xla 2.9 supports it on XLA:TPU on a single TPU VM host only |
 # | `xs.HybridMesh` | orders devices by TPU chip coordinates, like `jax.make_mesh`; with `dcn_mesh_shape`, like `mesh_utils.create_hybrid_device_mesh` | it asserts that it runs on TPU (below) |
-# | one process per host | the multi-host launch (notebook 18 for JAX) | one machine |
+# | one process per host | the multi-host launch (notebook 21 for JAX) | one machine |
 #
 # JAX's `jit` has no automatic mode: you state shardings and the compiler propagates them. `HybridMesh`
 # multiplies the slow (DCN) shape into each axis, `ici_mesh_shape[i] * dcn_mesh_shape[i]`, so the links
@@ -798,7 +798,7 @@ assert hybrid == "AssertionError"
 
 # %% [markdown]
 # **Several hosts.** Start the script once per host. On a TPU slice that is `gcloud compute tpus tpu-vm ssh
-# NAME --worker=all --command="PJRT_DEVICE=TPU python train.py"`, as for JAX in notebook 18. There is no GPU
+# NAME --worker=all --command="PJRT_DEVICE=TPU python train.py"`, as for JAX in notebook 21. There is no GPU
 # line for 2.9, because PyTorch/XLA 2.9 dropped CUDA (deprecated since 2.8): its runtime creates CPU, TPU,
 # XPU and Neuron clients only. With 2.8 or earlier a GPU job started one process per host with
 # `PJRT_DEVICE=CUDA torchrun --nnodes=2 --node_rank=R --nproc_per_node=1 --rdzv_endpoint=HOST0:PORT train.py`.
@@ -853,7 +853,7 @@ assert hybrid == "AssertionError"
 # kernel `w2`, shape `(64, 8)`, the same layout?
 
 # %%
-from exercises import ex19_pytorch_xla as ex
+from exercises import ex22_pytorch_xla as ex
 
 answer_1 = NOT_ANSWERED  # e.g. P(...)
 ex.linear_weight_spec.check(answer_1);

@@ -1,4 +1,4 @@
-"""Exercises of notebook 18: valid answers of other forms are accepted, and the facts they state hold."""
+"""Exercises of notebook 21: valid answers of other forms are accepted, and the facts they state hold."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from exercises import ex18_multihost as ex
+from exercises import ex21_multihost as ex
 from utils.exercises import Verdict
 
 

@@ -1,4 +1,4 @@
-"""Exercises of notebook 16: a step's compute time, and the batch above which communication hides."""
+"""Exercises of notebook 14: a step's compute time, and the batch above which communication hides."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exercises of notebook 17: porting pmap code to jit and shard_map."""
+"""Exercises of notebook 20: porting pmap code to jit and shard_map."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 # %% [markdown]
-# # 16 · Step time: compute, memory and communication
+# # 14 · Step time: compute, memory and communication
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/16_step_time.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/16_step_time.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/14_step_time.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/14_step_time.ipynb)
 #
-# Notebooks 07 to 15 counted bytes, but a step costs seconds: a TPU v5e chip does 241 FLOPs in the time it
+# Notebooks 07 to 13 counted bytes, but a step costs seconds: a TPU v5e chip does 241 FLOPs in the time it
 # reads one byte of its memory and 1,970 in the time it sends one along a ring of chips. Whether arithmetic,
 # memory or communication bounds a step, and whether communication hides, decides what a strategy costs.
 #
-# **You need:** notebooks 07 to 10 (DP, TP, FSDP, 2-D), 12 (mixed precision, rematerialisation) and 15
-# (compiling for a TPU slice ahead of time); `jax.jit(f).lower(...).compile()`, `compiled.cost_analysis()`,
+# **You need:** notebooks 04 (compiling for a TPU topology ahead of time), 07 to 10 (DP, TP, FSDP, 2-D)
+# and 12 (mixed precision, rematerialisation; its TPU compiles); `jax.jit(f).lower(...).compile()`, `compiled.cost_analysis()`,
 # `jax.checkpoint` and the course's `collectives()`.
 #
 # You will estimate a training step's time before running it, from the compiled program and three
@@ -535,7 +535,7 @@ if CPU:  # another backend's trace names its operations its own way
 # cores (67 TFLOP/s per GPU). How many seconds of compute does one step take per GPU, at peak?
 
 # %%
-from exercises import ex16_step_time as ex
+from exercises import ex14_step_time as ex
 
 answer_1 = NOT_ANSWERED  # seconds, a float
 ex.compute_seconds.check(answer_1);
@@ -551,4 +551,4 @@ answer_2 = NOT_ANSWERED  # tokens per chip
 ex.crossover_tokens.check(answer_2);
 
 # %% [markdown]
-# **Next:** [17 · pmap vs SPMD](17_pmap_vs_spmd.ipynb)
+# **Next:** [15 · Choosing a mesh shape](15_mesh_shape.ipynb)

@@ -1,4 +1,4 @@
-"""Exercises of notebook 15: compiling for TPU pods you don't have."""
+"""Exercises of notebook 19: compiling for TPU pods you don't have."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ state_per_chip = Exercise(
 )
 
 
-_HBM_GIB = {"v5e": 15.75, "v6e": 31.24, "v5p": 95.73}  # HBM one program may use, the compiler's (notebook 15)
+_HBM_GIB = {"v5e": 15.75, "v6e": 31.24, "v5p": 95.73}  # HBM one program may use, the compiler's (notebook 19)
 
 
 def _check_which_generations(answer: object) -> None:

@@ -1,4 +1,4 @@
-"""Exercises of notebook 18: which rows each host loads, and which lines hang a multi-host job."""
+"""Exercises of notebook 21: which rows each host loads, and which lines hang a multi-host job."""
 
 from __future__ import annotations
 

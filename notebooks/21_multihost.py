@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 18 · Multi-host SPMD: one script on every host
+# # 21 · Multi-host SPMD: one script on every host
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/18_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/18_multihost.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/21_multihost.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/21_multihost.ipynb)
 #
 # On a TPU pod each host runs its own Python process and feeds only its own chips: on a v5e-16, host 0
 # drives 4 chips and must load rows 0:16, 48:56 and 120:128 of a 128-row batch. A process that loads
@@ -241,7 +241,7 @@ for i, r in results["callback"].items():
 # On real pods even
 # a 1-D mesh does not give each host a contiguous run of rows: `jax.make_mesh` orders a TPU slice's chips
 # along the interconnect. Here is a TPU v5e-16 (4 hosts of 4 chips) compiled for without a TPU
-# (notebook 15), with this kernel playing host 0.
+# (notebook 19), with this kernel playing host 0.
 
 # %%
 ok, why = tpu_compiler_available()
@@ -431,7 +431,7 @@ assert "SIGTERM caught" in outputs[1].stderr and "SIGTERM" not in outputs[0].std
 #
 # ## 10. Porting multi-host `pmap` code
 #
-# Multi-host `pmap` code (notebook 17) hands each process's **own** arrays to `pmap`, with a leading axis of
+# Multi-host `pmap` code (notebook 20) hands each process's **own** arrays to `pmap`, with a leading axis of
 # `jax.local_device_count()`, and gets per-process arrays back. `jit` takes **global** arrays.
 # `multihost_utils.host_local_array_to_global_array(x_local, mesh, P('data'))` makes the global array from
 # what pmap code already has, and `global_array_to_host_local_array` goes back, so a port can proceed one
@@ -554,7 +554,7 @@ assert seconds < 30  # sooner than process 1's own 30 s wait for the coordinator
 # `(start, stop)` ranges.
 
 # %%
-from exercises import ex18_multihost as ex
+from exercises import ex21_multihost as ex
 
 answer_1 = NOT_ANSWERED  # e.g. [(0, 8), (40, 48)]
 ex.rows_of_host.check(answer_1);
@@ -583,4 +583,4 @@ answer_3 = NOT_ANSWERED  # e.g. {"a"}
 ex.which_hang.check(answer_3);
 
 # %% [markdown]
-# **Next:** [19 · PyTorch/XLA side by side](19_pytorch_xla.ipynb)
+# **Next:** [22 · PyTorch/XLA side by side](22_pytorch_xla.ipynb)

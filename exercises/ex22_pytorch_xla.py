@@ -1,4 +1,4 @@
-"""Exercises of notebook 19: translating between PyTorch/XLA and JAX, and reading torch_xla's spec strings.
+"""Exercises of notebook 22: translating between PyTorch/XLA and JAX, and reading torch_xla's spec strings.
 
 The checkers need neither torch nor torch_xla, so they run in every environment of the course.
 tests/test_exercises.py checks their reference answers against torch_xla where it is installed

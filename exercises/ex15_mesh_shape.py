@@ -1,10 +1,10 @@
-"""Exercises of notebook 14: reading and choosing a mesh shape and a layout."""
+"""Exercises of notebook 15: reading and choosing a mesh shape and a layout."""
 
 from __future__ import annotations
 
 from utils.exercises import Exercise, answer_errors, plain
 
-# Notebook 14's model: d_model 512, one block, d_ff 2048, vocabulary 512, sequences of 32.
+# Notebook 15's model: d_model 512, one block, d_ff 2048, vocabulary 512, sequences of 32.
 N_SPLIT = 1 * (4 * 512**2 + 2 * 512 * 2048) + 2 * 512 * 512  # matrices with 'heads', 'mlp' or 'vocab'
 N_EMBED_ONLY = 3 * 2 * 512 + 32 * 512  # layer norms and the position table
 SHAPES = [(64, 1), (32, 2), (16, 4), (8, 8), (1, 64)]

@@ -1,7 +1,7 @@
 # %% [markdown]
-# # 17 · pmap vs SPMD
+# # 20 · pmap vs SPMD
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/17_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/17_pmap_vs_spmd.ipynb)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/20_pmap_vs_spmd.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/20_pmap_vs_spmd.ipynb)
 #
 # `jax.pmap` is now `jax.jit` wrapped around `jax.shard_map`, and the obvious port of a pmap training
 # step into `shard_map` runs without a warning while every gradient comes out 8 times too large. Splitting
@@ -677,7 +677,7 @@ else:
 #   The all-gathers are bf16 (the TPU's default matmul precision): half the bytes.
 #
 # How good `jit`'s collectives are depends on the compiler: read the program compiled for your machine
-# (notebook 15: TPU pods).
+# (notebook 19: TPU pods).
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §7: its FSDP programs, by jit and by hand
@@ -725,7 +725,7 @@ if CPU:
 # against pmap's and the collectives.
 
 # %%
-from exercises import ex17_pmap_vs_spmd as ex
+from exercises import ex20_pmap_vs_spmd as ex
 
 answer_1 = NOT_ANSWERED  # e.g. (my_step, P(...), P(...)), with def my_step(w, x, y): ...
 ex.migrate_to_jit.check(answer_1);
@@ -742,4 +742,4 @@ answer_2 = NOT_ANSWERED  # a number: ported gradient / true gradient
 ex.pmean_factor.check(answer_2);
 
 # %% [markdown]
-# **Next:** [18 · Multi-host SPMD: two processes, one mesh](18_multihost.ipynb)
+# **Next:** [21 · Multi-host SPMD: two processes, one mesh](21_multihost.ipynb)
