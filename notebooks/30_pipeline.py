@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 16 · Pipeline parallelism: stages, micro-batches and the bubble
+# # 30 · Pipeline parallelism: stages, micro-batches and the bubble
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/30_pipeline.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/30_pipeline.ipynb)
 #
