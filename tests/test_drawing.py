@@ -582,3 +582,39 @@ def test_draw_memory_refuses_bad_input_with_the_fix():
         draw_memory({"a": {"x": -1}})
     with pytest.raises(ValueError, match="at most"):
         draw_memory({"a": {str(i): 1 for i in range(9)}})
+
+
+def test_draw_pipeline_colours_each_stage_by_its_device_and_leaves_the_bubble_white():
+    from utils.drawing import draw_pipeline
+
+    work = np.array([[0, 1, -1], [-1, 0, 1]])  # 2 stages, 2 micro-batches, 3 iterations: GPipe's forward
+    fig = draw_pipeline(work, [5, 2], backward=[[False, True, False], [False, False, True]], title="GPipe")
+    ax = fig.axes[0]
+    busy = [p for p in ax.patches if p.get_gid() == "busy"]
+    idle = [p for p in ax.patches if p.get_gid() == "idle"]
+    assert len(busy) == 4 and len(idle) == 2
+    assert {p.get_facecolor() for p in busy if p.get_y() == 0} == {device_color(5)}  # stage 0 runs on device 5
+    assert {p.get_facecolor() for p in busy if p.get_y() == 1} == {device_color(2)}
+    assert {p.get_facecolor() for p in idle} == {to_rgba("white")}
+    assert [(p.get_x(), p.get_y()) for p in idle] == [(2, 0), (0, 1)]  # column = iteration, row = stage
+    labels = [t.get_text() for t in ax.texts if t.get_gid() == "cell-label"]
+    assert labels == ["F0", "B1", "F0", "B1"]
+    assert sum(bool(p.get_hatch()) for p in busy) == 2  # backward cells hatched
+    assert "time" in ax.get_xlabel()  # a timeline has a time axis
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["stage 0 (dev 5)", "stage 1 (dev 2)"]
+    assert "2 of 6" in fig._suptitle.get_text() and "33%" in fig._suptitle.get_text()
+
+
+def test_draw_pipeline_refuses_bad_input_with_the_fix():
+    from utils.drawing import draw_pipeline
+
+    with pytest.raises(TypeError, match="2-D array of whole numbers"):
+        draw_pipeline([0, 1], [0])
+    with pytest.raises(TypeError, match="whole numbers"):
+        draw_pipeline(np.zeros((2, 2)), [0, 1])
+    with pytest.raises(ValueError, match="-1 for an idle"):
+        draw_pipeline(np.array([[0, -2]]), [0])
+    with pytest.raises(ValueError, match="one id per row"):
+        draw_pipeline(np.array([[0, 1]]), [0, 1])
+    with pytest.raises(ValueError, match="shape of work"):
+        draw_pipeline(np.array([[0, 1]]), [0], backward=[[True]])

@@ -11,6 +11,7 @@ jax.make_mesh orders devices as a TPU host does.
 import importlib
 import math
 import pkgutil
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -288,6 +289,11 @@ ALSO_RIGHT = {
     "ex12_training_memory.zero_specs": [lambda stage: list(_ex["ex12_training_memory"].zero_specs.solution(stage))],
     "ex13_sequence_batch.activation_bytes": [(np.int64(134217728), np.int64(16777216)),
                                              [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
+    "ex16_pipeline.bubble_fraction": [Fraction(3, 15), np.float64(0.2), np.float32(0.2)],
+    "ex16_pipeline.micro_batches_needed": [[63, 16], (np.int64(63), np.int64(16))],
+    "ex16_pipeline.stage_layers": [lambda s, p, r, n: np.arange(n).reshape(r, p, -1)[:, s].reshape(-1),
+                                   lambda s, p, r, n: tuple(c * (n // (p * r)) + j for c in range(s, p * r, p)
+                                                            for j in range(n // (p * r)))],
     "ex15_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
     "ex15_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
     "ex14_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],

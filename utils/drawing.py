@@ -48,8 +48,8 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 
 _show_figures_inline()
 
-__all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_rings", "draw_schedule",
-           "draw_sharding", "draw_shardings"]
+__all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_rings",
+           "draw_schedule", "draw_sharding", "draw_shardings"]
 
 _PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
                                                             ("tab20c", range(16))) for i in ids]
@@ -849,3 +849,48 @@ def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]
     fig.tight_layout()
     plt.close(fig)  # shown once, as the cell's value
     return fig
+
+
+def draw_pipeline(work: Any, devices: Sequence[int], *, backward: Any = None, title: str | None = None) -> Figure:
+    """A pipeline's timeline: one row per stage, one column per loop iteration, time going right.
+
+    ``work[s, t]`` is the micro-batch stage ``s`` works on at iteration ``t`` (any number ``>= 0``; a circular
+    schedule passes its work item), or ``-1`` where the stage idles: the bubble, an empty white cell.
+    ``devices[s]`` is the device that runs stage ``s``: a busy cell has that device's colour (``gid``
+    ``"busy"``), labelled with its micro-batch. ``backward`` (the same shape, booleans) marks backward-pass
+    cells, hatched and labelled ``B``; the others are labelled ``F``. The title counts the idle cells.
+    """
+    grid = np.asarray(work)
+    if grid.ndim != 2 or grid.size == 0 or not np.issubdtype(grid.dtype, np.integer):
+        raise TypeError(f"work is a 2-D array of whole numbers (stages x iterations, -1 for idle); got "
+                        f"{getattr(grid, 'dtype', type(work).__name__)} of shape {grid.shape}")
+    if (grid < -1).any():
+        raise ValueError(f"work holds micro-batch numbers >= 0, or -1 for an idle iteration; got {grid.min()}")
+    ids = [int(d) for d in devices] if isinstance(devices, Sequence | np.ndarray) else []
+    if len(ids) != grid.shape[0]:
+        raise ValueError(f"devices names the device of each of the {grid.shape[0]} stages (one id per row of work); "
+                         f"got {devices!r}")
+    back = np.zeros(grid.shape, bool) if backward is None else np.asarray(backward, bool)
+    if back.shape != grid.shape:
+        raise ValueError(f"backward has the shape of work {grid.shape}; got {back.shape}")
+    stages, steps = grid.shape
+    fig, ax = plt.subplots(figsize=(min(max(steps * 0.42, 4.0), 11.0) + 1.2, stages * 0.42 + 1.3))
+    font = 7 if steps <= 24 else 5.5
+    for s in range(stages):
+        for t in range(steps):
+            busy = grid[s, t] >= 0
+            ax.add_patch(Rectangle((t, s), 1, 1, facecolor=device_color(ids[s]) if busy else "white",
+                                   edgecolor="0.3" if busy else "0.8", linewidth=0.6,
+                                   hatch="///" if busy and back[s, t] else None, gid="busy" if busy else "idle"))
+            if busy:
+                ax.text(t + 0.5, s + 0.5, f"{'B' if back[s, t] else 'F'}{grid[s, t]}", ha="center", va="center",
+                        fontsize=font, gid="cell-label", bbox=dict(_LABEL_BOX))
+    ax.set(xlim=(0, steps), ylim=(stages, 0))
+    ax.set_yticks([s + 0.5 for s in range(stages)], [f"stage {s} (dev {d})" for s, d in enumerate(ids)], fontsize=8)
+    ax.set_xticks(range(0, steps + 1, max(1, steps // 12)))
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlabel("time \u2192 (loop iterations; every stage runs every iteration)", fontsize=8)
+    idle = int((grid < 0).sum())
+    head = f"idle (white): {idle} of {grid.size} stage-iterations, {idle / grid.size:.0%}"
+    fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
+    return _finish(fig)
