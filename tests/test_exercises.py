@@ -288,6 +288,14 @@ ALSO_RIGHT = {
     "ex12_training_memory.zero_specs": [lambda stage: list(_ex["ex12_training_memory"].zero_specs.solution(stage))],
     "ex13_sequence_batch.activation_bytes": [(np.int64(134217728), np.int64(16777216)),
                                              [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
+    "ex32_context.kv_bytes": [(np.int64(67108864), np.int64(536870912)), [2**26, 2.0**29]],
+    "ex32_context.balanced_chunks": [lambda n: [(2 * n - 1 - d, d) for d in range(n)],
+                                     lambda n: np.stack([np.arange(n), 2 * n - 1 - np.arange(n)], axis=1)],
+    "ex32_context.merge_partials": [
+        lambda a, b: (np.maximum(a[0], b[0]),
+                      *(x * np.exp(m - np.maximum(a[0], b[0])).reshape(-1, *[1] * (x.ndim - 1)) + y *
+                        np.exp(n - np.maximum(a[0], b[0])).reshape(-1, *[1] * (y.ndim - 1))
+                        for x, y, m, n in ((a[1], b[1], a[0], b[0]), (a[2], b[2], a[0], b[0]))))],
     "ex14_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
     "ex14_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
     "ex16_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
