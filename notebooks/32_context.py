@@ -12,6 +12,9 @@
 # section 4), 12 and 19 (TPU programs compiled ahead of time, HBM and compiler effort) and 14 (`estimate_step`);
 # the softmax.
 #
+# Ring attention keeps each device's queries in place and passes blocks of keys and values around a ring
+# of devices, so every query meets every key while no device holds more than two blocks.
+#
 # **You will learn**
 # - how an online softmax (a running maximum and a running sum) lets attention read the keys and values one
 #   block at a time and still give exactly the softmax's result;
@@ -20,7 +23,7 @@
 # - the zig-zag layout (each device holds a chunk from the front and its mirror from the back) that gives
 #   every device the same work, and what it saves in the compiled TPU program's estimated time;
 # - what ring attention saves against all-gathering the keys and values: per-device memory against sequence
-#   length, read from the TPU compiler at 32k and 128k tokens.
+#   length, read from the TPU compiler at 32k to 128k tokens.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -199,8 +202,8 @@ assert sum(op.result_bytes for op in ring_ops.ops) == 2 * B * S // N * H * D * 4
 
 # %% [markdown]
 # Equal to one device's attention. The program holds only collective-permutes, each stated once in the loop
-# body and run 7 times (`x7`): the key block, the value block and their positions, `f32[2,32,2,16]` each,
-# one device's share. Each device receives 7 blocks in all, the same bytes as an all-gather of the keys and
+# body and run 7 times (`x7`): the key block and the value block, `f32[2,32,2,16]` each (one device's
+# share), and their positions. Each device receives 7 blocks in all, the same bytes as an all-gather of the keys and
 # values, but one block at a time.
 #
 # ## 2. The causal mask unbalances the ring; the zig-zag rebalances it
@@ -307,24 +310,24 @@ assert visible_work["striped"].max() / visible_work["striped"].mean() > 1.2
 assert np.allclose(visible_work["zig-zag"], visible_work["zig-zag"].mean())
 
 # %% [markdown]
-# ## 3. The real size: 32k and 128k tokens on a TPU v5e-8
+# ## 3. The real size: 128k tokens on a TPU v5e-8
 #
-# Compile both ways ahead of time for the 8 chips of a TPU v5e (notebook 19) at 32k and 128k tokens: one
+# Compile both ways ahead of time for the 8 chips of a TPU v5e (notebook 19) at 131,072 tokens: one
 # attention layer's forward pass with 8 heads of 128, in bf16, keys in tiles of 512. **Effort:** these
 # compiles use the compiler's least effort, O0, because the default effort takes 5 to 10 s of CPU per
-# program here. At O0 nothing goes to on-chip VMEM, so its HBM is an upper bound; the hidden cell at the
-# end of the section gives the default effort's figures (checked by `tests/test_32_context_effort.py`):
-# at 128k tokens, 561 MiB per chip for the ring against 897 MiB for the all-gather.
+# program here. At O0 nothing goes to on-chip VMEM, so its HBM is an upper bound. The hidden cell at the
+# end of the section gives the default effort's figures at 32k, 64k and 128k tokens (compiled and checked
+# by `tests/test_32_context_effort.py`, which reads this notebook's sizes and code).
 
 # %%
 TPU_OK, why = tpu_compiler_available()
 print(why)
 TPU_HEADS, TPU_HEAD_DIM, TPU_TILE = 8, 128, 512
-LENGTHS = (32768, 131072)
+LONG = 131072
 
 
 def compile_for_tpu(kind, length, effort="O0"):
-    """One attention layer's forward pass (`ring`, `ring unbalanced` or `all-gather`) for a v5e-8, and its mesh."""
+    """One attention layer's forward pass (`ring`, `ring, contiguous` or `all-gather`) for a v5e-8, and its mesh."""
     with quiet():
         chips = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices
     tpu_mesh = jax.make_mesh((len(chips),), ("context",), axis_types=(AxisType.Auto,), devices=chips)
@@ -350,64 +353,68 @@ def kv_bytes(length):
 
 
 if TPU_OK:
-    programs = {(kind, n): compile_for_tpu(kind, n) for n in LENGTHS for kind in ("ring", "all-gather")}
-    hbm = {key: memory_per_device(program).footprint for key, (program, _) in programs.items()}
-    print(f"{'tokens':>8}{'K and V, whole':>16}{'ring':>12}{'all-gather':>12}   HBM per chip at O0")
-    for n in LENGTHS:
-        print(f"{n:>8}{format_bytes(kv_bytes(n)):>16}{format_bytes(hbm['ring', n]):>12}"
-              f"{format_bytes(hbm['all-gather', n]):>12}")
-    short, long = LENGTHS
-    extra = {n: hbm["all-gather", n] - hbm["ring", n] for n in LENGTHS}  # what gathering costs beyond the ring
-    assert extra[short] > 0 and extra[long] > 3 * extra[short]  # it grows with the length ...
-    assert extra[long] > 0.5 * kv_bytes(long)  # ... by most of the whole keys and values
+    programs = {kind: compile_for_tpu(kind, LONG) for kind in ("ring", "all-gather")}
+    hbm = {kind: memory_per_device(program).footprint for kind, (program, _) in programs.items()}
+    for kind, size in hbm.items():
+        print(f"{kind:<11} HBM per chip at O0: {format_bytes(size)}")
+    print(f"keys and values, whole: {format_bytes(kv_bytes(LONG))}; one chip's block: "
+          f"{format_bytes(kv_bytes(LONG) // N)}")
+    assert hbm["all-gather"] - hbm["ring"] > kv_bytes(LONG) / 2  # most of the whole keys and values
 
 # %% [markdown]
-# At 128k tokens the all-gather holds every key and value on every chip, 512 MiB, where the ring holds its
-# own block and the one arriving: the all-gather needs 352 MiB more per chip, 4 times the difference at 32k,
-# because the gathered keys and values grow with the sequence. Both also
-# grow with the length through their own queries and the tile of scores, which depend on the tokens per
+# The all-gather holds every key and value on every chip, 512 MiB, where the ring holds its own 64 MiB block
+# and the one arriving: at O0 the all-gather needs 352 MiB more per chip. The hidden cell below shows the
+# same at the default effort (561 MiB against 897 MiB), and how it scales: from 32k to 128k tokens the
+# difference grows from 112 to 336 MiB with the sequence, because the gathered keys and values do. Both
+# footprints also grow through each chip's own queries and tile of scores, which depend on the tokens per
 # chip: adding chips divides the ring's whole footprint, but never the all-gather's 512 MiB.
 #
-# Then the collectives, counted by the loop's trips, and the time `estimate_step` gives the program at the
-# v5e's published rates (notebook 14), for the zig-zag ring and for the contiguous one:
+# Then the ring's collectives, counted by the loop's trips, and the time `estimate_step` gives the program at
+# the v5e's published rates (notebook 14):
 
 # %%
 if TPU_OK:
-    ring_tpu, tpu_mesh = programs["ring", LENGTHS[-1]]
-    plain_tpu, _ = compile_for_tpu("ring unbalanced", LENGTHS[-1])
+    ring_tpu, tpu_mesh = programs["ring"]
     tpu_ops = collectives(ring_tpu)
     print(tpu_ops)
-    block = LENGTHS[-1] // N * TPU_HEADS * TPU_HEAD_DIM * 2  # one chip's keys (or values): 32 MiB
+    block = LONG // N * TPU_HEADS * TPU_HEAD_DIM * 2  # one chip's keys (or values): 32 MiB
     assert {op.kind for op in tpu_ops.ops} == {"collective-permute"}
-    assert sorted(op.result_bytes for op in tpu_ops.ops if op.runs == N - 1)[-2:] == [block, block]
-    assert tpu_ops.count("collective-permute") == (N - 1) * len(tpu_ops.ops)
-    times = {name: estimate_step(c, tpu_mesh) for name, c in (("zig-zag", ring_tpu), ("contiguous", plain_tpu))}
-    for name, t in times.items():
-        print(f"{name:<11} estimated {t.seconds * 1e3:6.1f} ms, {t.flops:.3g} FLOPs per chip")
-    assert 1.4 < times["contiguous"].flops / times["zig-zag"].flops < (2 * N) / (N + 1) + 0.01
-    assert times["contiguous"].seconds > 1.4 * times["zig-zag"].seconds
+    assert sorted(op.result_bytes for op in tpu_ops.ops)[-2:] == [block, block]
+    assert tpu_ops.count("collective-permute") == (N - 1) * len(tpu_ops.ops)  # 7 trips each
+    estimate = estimate_step(ring_tpu, tpu_mesh)
+    print(estimate)
+    assert estimate.comm_bytes == tpu_ops.result_bytes  # every trip's blocks, counted by both
 
 # %% [markdown]
-# Per chip the ring sends its 32 MiB key and value blocks 7 times each. The zig-zag ring's program has
-# fewer FLOPs and a shorter estimated time than the contiguous one: `estimate_step` times a `cond` by its
-# longer branch, as the lockstep ring runs, so the contiguous program counts a whole block per step and
-# the zig-zag half. The ratio stays under 8 / 4.5 because the first step (the diagonal) is whole in both.
-# Most of the estimate is memory-bound: in plain JAX each tile's scores go through HBM, which is what a
-# fused attention kernel (Pallas's flash or splash attention) avoids, so read the times as what this
-# program would take, not what ring attention can reach.
+# Per chip the ring sends its 32 MiB key and value blocks 7 times each, 448 MiB in all, the bytes an
+# all-gather would send. Most of the estimate is memory-bound: in plain JAX each tile's scores go through
+# HBM, which a fused attention kernel (Pallas's flash or splash attention) avoids, so read the time as what
+# this program would take, not what ring attention can reach. The hidden cell also compiles the
+# contiguous layout: `estimate_step` times a `cond` by its longer branch, as the lockstep ring runs, so the
+# contiguous program counts a whole block per step and the zig-zag half a block, and its estimate is
+# 1.7 times the zig-zag's (under 8 / 4.5 because the first, diagonal step is whole in both). The
+# effort matters most at 32k tokens, where the default effort's ring needs 48.6 MiB of HBM against 164.8 at
+# O0: quote a TPU figure with its effort.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title The TPU compiler's exact figures, §3: HBM per chip at the default effort
-# Compiled by tests/test_32_context_effort.py, which asserts this table: (tokens, way) -> MiB at O0, default.
-DEFAULT_EFFORT_HBM = {(32768, "ring"): (164.8, 48.6), (32768, "all-gather"): (252.6, 160.1),
-                      (131072, "ring"): (652.2, 561.3), (131072, "all-gather"): (1004.2, 897.2)}
-print("HBM per v5e chip, MiB     at O0   at the default effort")
-for (n, kind), (at_o0, at_default) in DEFAULT_EFFORT_HBM.items():
-    print(f"{n:>7} tokens, {kind:<11}{at_o0:>7.1f}{at_default:>10.1f}")
-    if TPU_OK:
-        assert abs(hbm[kind, n] / 2**20 - at_o0) < 0.5  # this notebook's O0 figure, as the table says
-for n in LENGTHS:  # the default effort keeps the lesson: gathering costs more, and more with the length
-    assert DEFAULT_EFFORT_HBM[n, "all-gather"][1] > DEFAULT_EFFORT_HBM[n, "ring"][1]
+# @title The TPU compiler's exact figures, §3: HBM and estimated time per chip at the default effort
+# Compiled by tests/test_32_context_effort.py, which asserts this table:
+# (tokens, way) -> (HBM MiB at O0, HBM MiB at the default effort, estimated ms at the default effort)
+DEFAULT_EFFORT = {(32768, "ring"): (164.8, 48.6, 4.3), (32768, "all-gather"): (252.6, 160.1, 4.2),
+                  (65536, "ring"): (327.3, 240.9, 42.3), (65536, "all-gather"): (503.1, 448.2, 65.6),
+                  (131072, "ring"): (652.2, 561.3, 161.3), (131072, "all-gather"): (1004.2, 897.2, 257.3),
+                  (131072, "ring, contiguous"): (620.1, 609.8, 272.9)}
+print(f"{'tokens':>7}  {'way':<17}{'HBM at O0':>10}{'HBM, default':>14}{'estimate, default':>19}")
+for (n, kind), (at_o0, at_default, ms) in DEFAULT_EFFORT.items():
+    print(f"{n:>7}  {kind:<17}{at_o0:>6.1f} MiB{at_default:>10.1f} MiB{ms:>15.1f} ms")
+if TPU_OK:
+    for kind in hbm:  # this notebook's O0 figures, as the table says
+        assert abs(hbm[kind] / 2**20 - DEFAULT_EFFORT[LONG, kind][0]) < 0.5
+lengths = sorted({n for n, _ in DEFAULT_EFFORT})
+extra = {n: DEFAULT_EFFORT[n, "all-gather"][1] - DEFAULT_EFFORT[n, "ring"][1] for n in lengths}
+assert np.all(np.diff([extra[n] for n in lengths]) > 0)  # grows with the length
+assert extra[LONG] > kv_bytes(LONG) / 2 / 2**20  # at 128k: most of the whole keys and values, in MiB
+assert 1.4 < DEFAULT_EFFORT[LONG, "ring, contiguous"][2] / DEFAULT_EFFORT[LONG, "ring"][2] < 2 * N / (N + 1)
 
 # %% [markdown]
 # ## Takeaways
