@@ -202,14 +202,14 @@ def ring_attention(q, k, v, q_pos, k_pos, *, axis, zigzag, tile=1 << 30):
         back = attend_tiles(tuple(a[:, :, half:] for a in state), q[:, half:], k, v, q_pos[half:], k_pos, tile)
         return tuple(jnp.concatenate([a[:, :, :half], b], axis=2) for a, b in zip(state, back, strict=True))
 
-    def step(s, carry):
+    def ring_step(s, carry):
         state, kv = carry
         kv = jax.lax.ppermute(kv, axis, ring)  # pass my block on, receive my neighbour's
         earlier = (me - s) % n < me  # did this block start on an earlier device?
         state = jax.lax.cond(earlier, *((front_keys, back_queries) if zigzag else (whole, skip)), state, *kv)
         return state, kv
 
-    state, _ = jax.lax.fori_loop(1, n, step, (state, (k, v, k_pos)))
+    state, _ = jax.lax.fori_loop(1, n, ring_step, (state, (k, v, k_pos)))
     return normalized_output(state, q.dtype)
 
 
