@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 18 · Context parallelism: ring attention for long sequences
+# # 32 · Context parallelism: ring attention for long sequences
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/32_context.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/32_context.ipynb)
 #
