@@ -203,8 +203,8 @@ assert sum(op.result_bytes for op in ring_ops.ops) == 2 * B * S // N * H * D * 4
 # %% [markdown]
 # Equal to one device's attention. The program holds only collective-permutes, each stated once in the loop
 # body and run 7 times (`x7`): the key block and the value block, `f32[2,32,2,16]` each (one device's
-# share), and their positions. Each device receives 7 blocks in all, the same bytes as an all-gather of the keys and
-# values, but one block at a time.
+# share), and their positions. Each device receives 7 blocks in all, the same bytes as an all-gather of
+# the keys and values, but one block at a time.
 #
 # ## 2. The causal mask unbalances the ring; the zig-zag rebalances it
 #
