@@ -1,4 +1,4 @@
-"""Code saved from the notebooks: notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/11_transformer.py. GENERATED, do not edit.
+"""Code saved from the notebooks: notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/11_transformer.py, notebooks/18_context.py. GENERATED, do not edit.
 
 Each part is a notebook cell tagged 'save'. Edit the cell in its notebook, then run
 `python tools/notebooks.py save`; tests/test_saved_code.py fails while this file is out of date.
@@ -136,3 +136,91 @@ class MyTransformer(nnx.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+# --- from notebooks/18_context.py
+MASKED = -1e30  # the score of a masked pair: finite, so that exp(MASKED - m) is 0, never nan
+
+
+def online_update(state, q, k, v, q_pos, k_pos):
+    """Merge one key/value block into the running (max, sum, weighted values) of every query."""
+    m, total, acc = state  # m, total: [batch, heads, queries]; acc: [batch, heads, queries, head_dim], float32
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / np.sqrt(q.shape[-1])
+    visible = q_pos[:, None] >= k_pos[None, :]  # causal: a query sees its own and earlier positions
+    s = jnp.where(visible, s, MASKED)
+    m_new = jnp.maximum(m, s.max(-1))
+    p = jnp.where(visible, jnp.exp(s - m_new[..., None]), 0.0)
+    rescale = jnp.exp(m - m_new)  # what the old sums were measured against, brought to the new maximum
+    total = total * rescale + p.sum(-1)
+    acc = acc * rescale[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p.astype(v.dtype), v,
+                                                preferred_element_type=jnp.float32)
+    return m_new, total, acc
+
+
+def attend_tiles(state, q, k, v, q_pos, k_pos, tile):
+    """online_update over the keys in tiles of `tile` positions (a scan), so scores exist one tile at a time."""
+    n = k.shape[1] // tile
+    if n <= 1:
+        return online_update(state, q, k, v, q_pos, k_pos)
+    tiles = (k.reshape(k.shape[0], n, tile, *k.shape[2:]).swapaxes(0, 1),
+             v.reshape(v.shape[0], n, tile, *v.shape[2:]).swapaxes(0, 1), k_pos.reshape(n, tile))
+    return jax.lax.scan(lambda st, t: (online_update(st, q, *t[:2], q_pos, t[2]), None), state, tiles)[0]
+
+
+def no_keys_seen(q):
+    """No keys seen yet; built from q so that it varies over the mesh axis as q does (inside shard_map)."""
+    zeros = jnp.zeros_like(q, jnp.float32).swapaxes(1, 2)  # [batch, heads, queries, head_dim]
+    return zeros[..., 0] + MASKED, zeros[..., 0], zeros
+
+
+def normalized_output(state, dtype):
+    _, total, acc = state
+    return (acc / total[..., None]).swapaxes(1, 2).astype(dtype)  # back to [batch, queries, heads, head_dim]
+
+
+def ring_attention(q, k, v, q_pos, k_pos, *, axis, zigzag, tile=1 << 30):
+    """Causal attention of this device's queries against every device's keys and values, passed in a ring.
+
+    zigzag=False: each device holds one contiguous block, and skips a block that is all in its future.
+    zigzag=True: each device holds chunks c and 2n-1-c of 2n (section 2), and computes half of each block.
+    """
+    n, me = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
+    ring = [(d, (d + 1) % n) for d in range(n)]
+    state = attend_tiles(no_keys_seen(q), q, k, v, q_pos, k_pos, tile)  # step 0: my own block
+    half = q.shape[1] // 2
+
+    def whole(state, k, v, k_pos):
+        return attend_tiles(state, q, k, v, q_pos, k_pos, tile)
+
+    def skip(state, k, v, k_pos):
+        return state
+
+    def front_keys(state, k, v, k_pos):  # from an earlier device: only its front chunk is in my past
+        return attend_tiles(state, q, k[:, :half], v[:, :half], q_pos, k_pos[:half], tile)
+
+    def back_queries(state, k, v, k_pos):  # from a later device: only my back chunk sees it, all of it
+        back = attend_tiles(tuple(a[:, :, half:] for a in state), q[:, half:], k, v, q_pos[half:], k_pos, tile)
+        return tuple(jnp.concatenate([a[:, :, :half], b], axis=2) for a, b in zip(state, back, strict=True))
+
+    def ring_step(s, carry):
+        state, kv = carry
+        kv = jax.lax.ppermute(kv, axis, ring)  # pass my block on, receive my neighbour's
+        earlier = (me - s) % n < me  # did this block start on an earlier device?
+        state = jax.lax.cond(earlier, *((front_keys, back_queries) if zigzag else (whole, skip)), state, *kv)
+        return state, kv
+
+    state, _ = jax.lax.fori_loop(1, n, ring_step, (state, (k, v, k_pos)))
+    return normalized_output(state, q.dtype)
+
+
+def gather_attention(q, k, v, q_pos, k_pos, *, axis, tile=1 << 30):
+    """The other way: all-gather every key and value onto every device, then attend to them tile by tile."""
+    k, v = (jax.lax.all_gather(a, axis, axis=1, tiled=True) for a in (k, v))
+    k_pos = jax.lax.all_gather(k_pos, axis, tiled=True)
+    return normalized_output(attend_tiles(no_keys_seen(q), q, k, v, q_pos, k_pos, tile), q.dtype)
+
+
+def zigzag_order(length, n):
+    """Token order that gives device d chunks d and 2n-1-d of 2n equal chunks (read in order, split n ways)."""
+    chunks = np.arange(length).reshape(2 * n, length // (2 * n))
+    return np.concatenate([np.concatenate([chunks[d], chunks[2 * n - 1 - d]]) for d in range(n)])

@@ -618,3 +618,39 @@ def test_draw_pipeline_refuses_bad_input_with_the_fix():
         draw_pipeline(np.array([[0, 1]]), [0, 1])
     with pytest.raises(ValueError, match="shape of work"):
         draw_pipeline(np.array([[0, 1]]), [0], backward=[[True]])
+# --- draw_ring_steps: which block each device holds at each step of a ring -------------------------------------------
+
+
+def test_draw_ring_steps_colours_each_block_by_the_device_it_started_on():
+    from utils.drawing import device_color, draw_ring_steps
+
+    ids = [3, 1, 0, 2]  # ids in ring order, not sorted: colours must follow them
+    holds = [[(d - s) % 4 for d in range(4)] for s in range(4)]
+    work = [[1.0] * 4] + [[0.5, 0.0, 1.0, 0.5]] * 3
+    labels = [[f"KV {h}" for h in row] for row in holds]
+    fig = draw_ring_steps({"ring": {"holds": holds, "work": work, "labels": labels}}, ids)
+    cells = [p for p in fig.axes[0].patches if p.get_gid() == "ring-cell"]
+    assert len(cells) == 16
+    cell = next(c for c in cells if c.get_label() == "dev 1, step 1: block of dev 3, work 0")
+    assert cell.get_facecolor() == device_color(3) and cell.get_width() == 0.0
+    assert next(c for c in cells if c.get_label().startswith("dev 0, step 2")).get_width() == 1.0
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "KV 2" in texts and "4" in texts and "2.5" in texts  # a label; the steps' length, 1 + 3 x 1; device 0
+
+
+def test_draw_ring_steps_refuses_bad_input_with_the_fix():
+    from utils.drawing import draw_ring_steps
+
+    good = {"holds": [[0, 1], [1, 0]], "work": [[1, 1], [0.5, 0.5]], "labels": [["a", "b"], ["c", "d"]]}
+    with pytest.raises(TypeError, match="panel title"):
+        draw_ring_steps({}, [0, 1])
+    with pytest.raises(ValueError, match="missing \\['work'\\]"):
+        draw_ring_steps({"x": {"holds": good["holds"], "labels": good["labels"]}}, [0, 1])
+    with pytest.raises(ValueError, match="one column per device"):
+        draw_ring_steps({"x": good}, [0, 1, 2])
+    with pytest.raises(ValueError, match="positions along the ring"):
+        draw_ring_steps({"x": {**good, "holds": [[0, 2], [1, 0]]}}, [0, 1])
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        draw_ring_steps({"x": {**good, "work": [[1, 2], [0, 0]]}}, [0, 1])
+    with pytest.raises(ValueError, match="at least 2 devices"):
+        draw_ring_steps({"x": good}, [0])

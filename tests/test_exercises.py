@@ -303,6 +303,14 @@ ALSO_RIGHT = {
     "ex22_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
     "ex22_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
                                           " {devices=[1,2,4]0,2,4,6,1,3,5,7  last_tile_dim_replicate} "],
+    "ex18_context.kv_bytes": [(np.int64(67108864), np.int64(536870912)), [2**26, 2.0**29]],
+    "ex18_context.balanced_chunks": [lambda n: [(2 * n - 1 - d, d) for d in range(n)],
+                                     lambda n: np.stack([np.arange(n), 2 * n - 1 - np.arange(n)], axis=1)],
+    "ex18_context.merge_partials": [
+        lambda a, b: (np.maximum(a[0], b[0]),
+                      *(x * np.exp(m - np.maximum(a[0], b[0])).reshape(-1, *[1] * (x.ndim - 1)) + y *
+                        np.exp(n - np.maximum(a[0], b[0])).reshape(-1, *[1] * (y.ndim - 1))
+                        for x, y, m, n in ((a[1], b[1], a[0], b[0]), (a[2], b[2], a[0], b[0]))))],
 }
 
 

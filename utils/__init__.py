@@ -23,8 +23,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
     from .capture import quiet
     from .devices import DeviceCountError, assert_close, setup_devices
-    from .drawing import draw_memory, draw_mesh, draw_permute, draw_pipeline, draw_schedule, draw_sharding
-    from .drawing import draw_shardings as draw_shardings
+    from .drawing import (
+        draw_memory,
+        draw_mesh,
+        draw_permute,
+        draw_pipeline,
+        draw_ring_steps,
+        draw_schedule,
+        draw_sharding,
+        draw_shardings,
+    )
     from .exercises import NOT_ANSWERED, Exercise, answer_errors
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
@@ -36,7 +44,8 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
 
 _SOURCES = {
     "devices": ("DeviceCountError", "assert_close", "setup_devices"),
-    "drawing": ("draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_schedule", "draw_sharding",
+    "drawing": ("draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_schedule",
+                "draw_sharding",
                 "draw_shardings"),
     "capture": ("quiet",),
     "exercises": ("NOT_ANSWERED", "Exercise", "answer_errors"),
@@ -56,9 +65,9 @@ _SUBMODULES = frozenset({*_SOURCES, "launch"})
 __all__ = [  # every name the lazy loader serves
     "CHIPS", "NOT_ANSWERED", "Chip", "DeviceCountError", "Exercise", "StepEstimate", "TimedOp", "answer_errors",
     "assert_close", "chip_of", "collective_seconds", "collectives", "compile_with_log", "draw_memory", "draw_mesh",
-    "draw_permute", "draw_pipeline", "draw_roofline", "draw_schedule", "draw_sharding", "draw_shardings",
-    "draw_timeline", "estimate_step", "explore", "format_bytes", "memory_per_device", "memory_spaces", "quiet",
-    "schedule", "setup_devices", "shard_table", "tiles",
+    "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_roofline", "draw_schedule", "draw_sharding",
+    "draw_shardings", "draw_timeline", "estimate_step", "explore", "format_bytes", "memory_per_device",
+    "memory_spaces", "quiet", "schedule", "setup_devices", "shard_table", "tiles",
     "tpu_compiler_available", "type_string"
 ]
 

@@ -894,3 +894,73 @@ def draw_pipeline(work: Any, devices: Sequence[int], *, backward: Any = None, ti
     head = f"idle (white): {idle} of {grid.size} stage-iterations, {idle / grid.size:.0%}"
     fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
     return _finish(fig)
+def draw_ring_steps(panels: Mapping[str, Mapping[str, Sequence[Sequence[Any]]]], ids: Sequence[int], *,
+                    title: str | None = None) -> Figure:
+    """Draw which block each device works on at each step of a ring, with the share of it that is computed.
+
+    ``panels[name]`` holds three ``steps x devices`` tables: ``"holds"[s][i]``, the position along the ring of
+    the device whose block device ``ids[i]`` holds during step ``s`` (the cell takes that device's colour, so
+    a block keeps its colour as it travels); ``"work"[s][i]``, the fraction of that block's work done, 0 to 1
+    (the cell is filled over that fraction of its width; 0 is hatched, "skipped"); ``"labels"[s][i]``, the
+    cell's text (say which tokens the block holds). Time runs down: a row is one step, and since every device
+    waits for the ring before the next step, each row's busiest device sets its length (the right-hand
+    column). The bottom row sums each device's work. Cells have gid ``'ring-cell'``, labelled
+    ``'dev D, step S: block of dev B, work W'``.
+    """
+    if not isinstance(panels, Mapping) or not panels:
+        raise TypeError("draw_ring_steps takes {panel title: {'holds': ..., 'work': ..., 'labels': ...}}")
+    ids = [int(i) for i in ids]
+    n = len(ids)
+    if n < 2:
+        raise ValueError("draw_ring_steps: give the ids of at least 2 devices along the ring")
+    tables = {}
+    for name, parts in panels.items():
+        missing = {"holds", "work", "labels"} - set(parts) if isinstance(parts, Mapping) else {"holds"}
+        if missing:
+            raise ValueError(f"draw_ring_steps: panel {name!r} needs the tables 'holds', 'work' and 'labels' "
+                             f"(steps x devices); missing {sorted(missing)}")
+        holds, work = np.asarray(parts["holds"]), np.asarray(parts["work"], dtype=float)
+        labels = [list(row) for row in parts["labels"]]
+        if holds.ndim != 2 or holds.shape[1] != n or work.shape != holds.shape or \
+                [len(r) for r in labels] != [n] * holds.shape[0]:
+            raise ValueError(f"draw_ring_steps: panel {name!r}: 'holds', 'work' and 'labels' must each be "
+                             f"steps x {n} (one column per device); got {holds.shape}, {work.shape} and "
+                             f"{[len(r) for r in labels]}")
+        if holds.size and (holds.min() < 0 or holds.max() >= n):
+            raise ValueError(f"draw_ring_steps: panel {name!r}: 'holds' gives positions along the ring, 0..{n - 1}")
+        if np.any((work < 0) | (work > 1)):
+            raise ValueError(f"draw_ring_steps: panel {name!r}: 'work' is a fraction of a block, from 0 to 1")
+        tables[name] = (holds, work, labels)
+    steps = max(h.shape[0] for h, _, _ in tables.values())
+    fig, axes = plt.subplots(1, len(tables), figsize=(1.0 * (n + 1.6) * len(tables) + 0.4, 0.42 * (steps + 2) + 1.2),
+                             squeeze=False)
+    for ax, (name, (holds, work, labels)) in zip(axes[0], tables.items(), strict=True):
+        for s in range(holds.shape[0]):
+            for i in range(n):
+                color, w = device_color(ids[holds[s, i]]), work[s, i]
+                ax.add_patch(Rectangle((i, s), 1, 1, facecolor="white", edgecolor=color, linewidth=1.0,
+                                       hatch="///" if w == 0 else None))
+                cell = Rectangle((i, s), w, 1, facecolor=color, edgecolor="none", gid="ring-cell")
+                cell.set_label(f"dev {ids[i]}, step {s}: block of dev {ids[holds[s, i]]}, work {w:g}")
+                ax.add_patch(cell)
+                ax.text(i + 0.5, s + 0.5, str(labels[s][i]), ha="center", va="center", fontsize=6.5,
+                        bbox=dict(boxstyle="round,pad=0.1", facecolor="white", alpha=0.8, linewidth=0))
+            ax.text(n + 0.15, s + 0.5, f"{work[s].max():g}", ha="left", va="center", fontsize=7.5)
+        for i in range(n):
+            ax.text(i + 0.5, -0.15, f"dev {ids[i]}", ha="center", va="bottom", fontsize=7)
+            ax.text(i + 0.5, holds.shape[0] + 0.5, f"{work[:, i].sum():g}", ha="center", va="center", fontsize=7.5)
+        ax.text(n + 0.15, -0.15, "step's\nlength", ha="left", va="bottom", fontsize=7)
+        ax.text(-0.1, holds.shape[0] + 0.5, "work", ha="right", va="center", fontsize=7.5)
+        ax.text(n + 0.15, holds.shape[0] + 0.5, f"{work.max(axis=1).sum():g}", ha="left", va="center",
+                fontsize=7.5, fontweight="bold")
+        ax.set(xlim=(-0.9, n + 1.4), ylim=(steps + 1.1, -1.0), xticks=[], yticks=np.arange(holds.shape[0]) + 0.5,
+               yticklabels=[str(s) for s in range(holds.shape[0])])
+        ax.set_ylabel("ring step (time \u2193)", fontsize=8)
+        ax.tick_params(axis="y", length=0, labelsize=7.5)
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+        ax.set_title(name, fontsize=9)
+    fig.suptitle(title or "colour: the device the block started on; filled: the share of it computed", fontsize=10)
+    fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value
+    return fig
