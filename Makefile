@@ -22,6 +22,11 @@ SYNC = UV_PROJECT_ENVIRONMENT=$(1) $(UV) sync --locked --quiet --python $(2)
 export JAX_NUM_CPU_DEVICES ?= 8
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONHASHSEED := 0
+# Python keeps each compiled module in __pycache__, so a later process reads it rather than compiling jax's
+# 400-odd modules from source again: about 3 s of CPU in every notebook kernel, pytest worker and child process.
+# Shells and container images that set PYTHONDONTWRITEBYTECODE lose that on every run. The environments and the
+# (git-ignored) __pycache__ folders are the course's own, so make's commands write bytecode whatever the shell says.
+unexport PYTHONDONTWRITEBYTECODE
 # pytest-xdist: one worker per core (at most 4: each notebook kernel may take 1 GB), each test file whole on one
 # worker (its module fixtures compile once). `make test JOBS=0` runs in one process; `JOBS=` anything xdist takes.
 JOBS ?= auto --maxprocesses 4

@@ -511,11 +511,19 @@ def test_tpu_memory_counts_tile_padding_and_temp_leaves_out_on_chip_buffers(mesh
     assert mem.argument + mem.output <= mem.footprint < mem.peak
 
 
-def test_tpu_footprint_is_hbm_and_peak_counts_vmem_too(tpu_devices):
+@pytest.fixture(scope="module")
+def sin_matmul(tpu_devices):
+    """sum((sin(a) @ a.T) @ a) for a replicated f32[4096,4096] on the v5e:2x4 chips: (lowered, compiled), compiled
+    once at the default effort for both tests below (each compile of it costs seconds of CPU)."""
+    mesh = Mesh(np.array(tpu_devices), ("data",), axis_types=(AxisType.Auto,))
+    lowered = jax.jit(lambda a: jnp.sum((jnp.sin(a) @ a.T) @ a)).lower(_struct(mesh, (4096, 4096), P()))
+    return lowered, lowered.compile()
+
+
+def test_tpu_footprint_is_hbm_and_peak_counts_vmem_too(sin_matmul):
     """sum((sin(a) @ a.T) @ a) for a replicated f32[4096,4096]: 64 MiB of HBM; the compiler keeps sin(a) and a bf16
     copy (96 MiB) in on-chip VMEM, which peak counts and footprint does not."""
-    mesh = Mesh(np.array(tpu_devices), ("data",), axis_types=(AxisType.Auto,))
-    mem = memory_per_device(_compile(mesh, lambda a: jnp.sum((jnp.sin(a) @ a.T) @ a), ((4096, 4096), P())))
+    mem = memory_per_device(sin_matmul[1])
     assert mem.argument == 64 * 2**20 and mem.temp == 0 and mem.platform == "tpu"
     assert abs(mem.footprint - 64 * 2**20) <= 4096  # the argument, plus scalars each in a 512-byte tile
     assert mem.peak == mem.argument + mem.output + 96 * 2**20  # 160 MiB: not an HBM figure
@@ -524,13 +532,11 @@ def test_tpu_footprint_is_hbm_and_peak_counts_vmem_too(tpu_devices):
     assert "peak 160.0 MiB counting on-chip VMEM too (not HBM)" in text
 
 
-def test_memory_spaces_reads_hbm_and_vmem_apart(tpu_devices):
+def test_memory_spaces_reads_hbm_and_vmem_apart(sin_matmul):
     """The compiler's own report, one compilation more: 64 MiB of HBM and 96 MiB of VMEM, on both jax lines."""
-    mesh = Mesh(np.array(tpu_devices), ("data",), axis_types=(AxisType.Auto,))
-    lowered = jax.jit(lambda a: jnp.sum((jnp.sin(a) @ a.T) @ a)).lower(_struct(mesh, (4096, 4096), P()))
+    lowered, compiled = sin_matmul
     spaces = memory_spaces(lowered)
     assert abs(spaces["default"] - 64 * 2**20) <= 4096 and spaces["vmem"] == 96 * 2**20
-    compiled = lowered.compile()
     assert abs(memory_per_device(compiled).footprint - spaces["default"]) <= 4096
 
 

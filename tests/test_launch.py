@@ -322,6 +322,7 @@ def test_the_real_environment_is_read_without_pip():
     env = Environment()
     versions = env.versions()
     assert versions["pytest"] and "packaging" in versions
+    assert env.versions(["pytest", "Jax", "no-such-dist"]) == {"pytest": versions["pytest"], "jax": versions["jax"]}
     assert "numpy" in env.modules("numpy") and env.modules("no-such-dist") == set()
     assert env.requires("no-such-dist") == []
     assert any(line.startswith("jaxlib") for line in env.requires("jax"))
@@ -356,7 +357,8 @@ def test_version_note_names_what_differs_from_the_tested_versions(pyproject):
 def test_prepare_runtime_prints_the_version_note_once(monkeypatch, capsys):
     monkeypatch.delenv(launch.BINDER_ENV, raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    monkeypatch.setattr(Environment, "versions", lambda self: {"jax": "0.7.2", "jaxlib": "0.7.2", "flax": "0.11.2"})
+    monkeypatch.setattr(Environment, "versions",
+                        lambda self, names=None: {"jax": "0.7.2", "jaxlib": "0.7.2", "flax": "0.11.2"})
     assert prepare_runtime() is None
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith("Untested versions for Python") and "jax 0.7.2 (tested: " in out[0]
