@@ -547,11 +547,14 @@ assert (str(jax.typeof(kernel2)), str(jax.typeof(mu1))) == ("float32[256@model,1
 #
 # Three more strategies, each with a mesh axis and a collective of its own:
 #
-# | strategy | what it splits | the axis it adds | its collective |
-# |---|---|---|---|
-# | **pipeline** | the layers, into consecutive stages; micro-batches (section 2) flow through them | `stage` | collective-permute: each stage sends its activations to the next (and gradients back) |
-# | **expert** | the experts of a mixture-of-experts layer, whole experts per device | `expert` | all-to-all: every device sends each token to its expert's device, and the results back |
-# | **context** | the sequence, *inside* attention too | `context` (or `sequence`) | ring attention: collective-permutes pass key/value blocks around a ring; or an all-gather of keys and values (Llama 3), simpler, holding them whole |
+# | strategy | what it splits | the axis it adds | its collective | trained and proven in |
+# |---|---|---|---|---|
+# | **pipeline** | the layers, into consecutive stages; micro-batches (section 2) flow through them | `stage` | collective-permute: each stage sends its activations to the next (and gradients back) | [16 · Pipeline parallelism](16_pipeline.ipynb) |
+# | **expert** | the experts of a mixture-of-experts layer, whole experts per device | `expert` | all-to-all: every device sends each token to its expert's device, and the results back | [17 · Expert parallelism](17_experts.ipynb) |
+# | **context** | the sequence, *inside* attention too | `context` (or `sequence`) | ring attention: collective-permutes pass key/value blocks around a ring; or an all-gather of keys and values (Llama 3), simpler, holding them whole | [18 · Context parallelism](18_context.ipynb) |
+#
+# Notebooks 14 and 15 come first, because they give you the tool those three use to compare plans: an
+# estimate of the step's time read from the compiled program.
 #
 # Both collectives are cheap to show with `jax.shard_map` (notebook 06). First an expert-style
 # dispatch: each of 8 devices holds 8 blocks of tokens, block *e* for expert *e* on device *e*. One
@@ -616,7 +619,8 @@ draw_permute(ring_mesh, "context", ring, title="one step of the ring: every devi
 
 # %% [markdown]
 # A pipeline hands activations from stage to stage with the same collective-permute, without the
-# wrap-around. Where to go next:
+# wrap-around. Notebooks 16 to 18 build each strategy in full, check it against one device and compile it
+# for a TPU slice. To read further:
 #
 # - JAX's [distributed arrays and automatic parallelization](https://docs.jax.dev/en/latest/parallel.html)
 #   and [manual parallelism with `shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html);
