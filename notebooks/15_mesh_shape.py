@@ -8,16 +8,18 @@
 # device sends per step, and the layout that holds the least is not the one that sends the least.
 #
 # **You need:** notebooks 09 (a `data` x `model` mesh), 10 (FSDP), 11 (logical axis names and rule
-# tables; its transformer is reused here) and 12 (memory per device); `jax.ShapeDtypeStruct`,
-# `jax.jit(...).lower(...).compile()`.
+# tables; its transformer is reused here), 12 (memory per device) and 14 (a step's estimated time);
+# `jax.ShapeDtypeStruct`, `jax.jit(...).lower(...).compile()`.
 #
-# You compile notebook 11's transformer for 64 devices under five layouts and read the tables.
+# You compile notebook 11's transformer for 64 devices under five layouts, read the tables, and rank the
+# layouts by estimated step time.
 #
 # **You will learn**
 # - how to compile a train step for 64 devices without allocating anything, and read its memory per
 #   device and its collectives;
 # - how state, gradients and activations scale with the `data` and `model` axes, with and without FSDP;
 # - when the gradient sum can overlap the backward pass, and what a byte count leaves out;
+# - how to rank layouts by a step's estimated time, and what a small width hides;
 # - where the TPU compiler's program agrees with the CPU compiler's, and where it differs;
 # - what happens when an axis is wider than a dimension it splits.
 
