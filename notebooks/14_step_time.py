@@ -397,7 +397,7 @@ else:
 # in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
 #
 # Drawn on a time axis, FSDP's step at the default effort: the chip's work in one lane, the transfers
-# over `fsdp` in another, each op as long as `estimate_step` times it. A transfer is hatched while it runs
+# over `data` (the FSDP axis here) in another, each op as long as `estimate_step` times it. A transfer is hatched while it runs
 # beside a matmul and black where the chip has to wait for it, so the black is what communication costs
 # this step. Each gradient's reduce-scatter loop is drawn once, framed and marked with its trip count.
 
