@@ -390,8 +390,9 @@ else:
 # The TPU compiler overlaps FSDP's traffic in its own way: it cuts each weight gradient's reduce-scatter
 # into a ring of `collective-permute`s, each started before a matmul on one piece and finished after it (a
 # *collective matmul*; the loops of section 2). The weights' gathers stay `all-gather`s, started early. A
-# sum that waits for the matmul producing it cannot hide by rescheduling: DP's gradient all-reduce comes
-# after the backward matmuls of its block, and TP's sums cannot hide either, since each
+# sum needs the matmul that produces it: within one block, DP's gradient all-reduce has no later work of
+# the block left to hide behind (across layers it can overlap the next layer's backward pass), and TP's
+# sums cannot hide by rescheduling either, since each
 # waits for the matmul that produces it and the next matmul waits for it. MaxText's scripts turn on libtpu flags for this
 # (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
 # in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
