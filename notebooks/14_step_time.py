@@ -417,10 +417,10 @@ fsdp_fig
 
 # %% [markdown]
 # The same step's ops on a roofline: each op that reads HBM sits at its arithmetic intensity (FLOPs per
-# byte of HBM traffic) and the FLOP/s `estimate_step` gives it, under the v5e's two roofs. The matmuls sit
-# right of the ridge, on the flat roof, because 2,048 tokens per chip reuse each weight 2,048 times; the
-# light points left of the ridge are elementwise ops and copies that only move bytes. The star is the
-# whole step: below the roof by what memory-bound ops and exposed transfers cost it.
+# byte of HBM traffic) and the FLOP/s `estimate_step` gives it, under the v5e's two roofs (ops without
+# FLOPs, elementwise work and copies, have no place on it). Every matmul sits right of the ridge, on the
+# flat roof, because 2,048 tokens per chip reuse each weight 2,048 times. The star is the whole step: below
+# the roof by what memory-bound ops and exposed transfers cost it.
 
 # %%
 if ok:
@@ -470,6 +470,7 @@ if ok:
     ax.set(xscale="log", xlabel="tokens per chip, t", ylabel="estimated step / matmul time",
            title="when each strategy stops hiding its communication (TPU v5e, bf16)")
     ax.legend(fontsize=8)
+    fig.tight_layout()
     plt.close(fig)
 sweep_fig = fig if ok else None
 sweep_fig
