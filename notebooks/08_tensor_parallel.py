@@ -54,8 +54,8 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_schedule, draw_sharding, draw_shardings,
-                   memory_per_device, quiet, schedule, shard_table, type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, draw_timeline,
+                   estimate_step, memory_per_device, quiet, schedule, shard_table, type_string)
 
 # %% [markdown]
 # ## 1. A `model` axis: every device holds a slice of every kernel
@@ -462,7 +462,10 @@ assert 0.3 < ratio[8192, 1024] < 0.35  # 7,800 tokens per group, below 3d = 24,5
 # result of a matmul scheduled before it: the matmul that made its partial sums. The HLO line of an
 # all-reduce names that operand, so the cell below follows it back. The backward matmuls then wait for
 # the first all-reduce, because they need its sum. (On the CPU compiler each sum also comes *right*
-# after its matmul: the hidden cell below, with the CPU compiler's figures, checks that.)
+# after its matmul: the hidden cell below, with the CPU compiler's figures, checks that.) The picture puts
+# this program on a time axis, each op as long as it would take on a TPU v5e chip at its published rates
+# (`estimate_step(..., chip='v5e')`, which notebook 14 explains): the matmuls in one lane, the sums over
+# `model` in another, black where the chip waits for them. Here every sum is black: none can hide.
 
 # %%
 tp_compiled = block_grads.lower(ff_tp, *[jax.device_put(np.zeros((64, 64), np.float32), NamedSharding(mesh, P()))] * 2
@@ -479,7 +482,10 @@ print({ar: f"sums the result of {mm} (matmul {matmul_names.index(mm) + 1} of {le
        for ar, mm in producers.items()})
 assert {s.axes for s in tp_steps if s.kind != "matmul"} == {("model",)}  # every collective sums over model
 assert len(producers) == 2  # the output, forward, and the input's gradient, backward
-draw_schedule(tp_steps, title="feed-forward block, forward and backward, tensor parallel over 8 devices")
+tp_time = estimate_step(tp_compiled, mesh, chip="v5e")  # this program, timed at a v5e chip's rates
+assert tp_time.comm_hidden == 0 and tp_time.comm_exposed > 0  # the chip waits for every sum
+draw_timeline(tp_time, title="feed-forward block, forward and backward, tensor parallel over 8 devices "
+              "(this program at a TPU v5e's rates)")
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §5: the scheduled order

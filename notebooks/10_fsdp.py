@@ -64,8 +64,8 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_schedule, draw_shardings, format_bytes,
-                   memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
+from utils import (NOT_ANSWERED, assert_close, collectives, draw_shardings, draw_timeline, estimate_step,
+                   format_bytes, memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
@@ -617,7 +617,8 @@ sums_at = [i for i, s in enumerate(fsdp_steps)  # the gradients' sums (a scalar 
            if s.kind in ("all-reduce", "reduce-scatter") and not re.fullmatch(r"\w+\[\]", s.result_type)]
 assert set(fsdp_kinds[:matmul_at[0]]) == {"all-gather"}  # a weight is gathered before the first matmul
 assert matmul_at[-1] < sums_at[0]  # and the gradients are reduced after the last one
-draw_schedule(fsdp_steps, title=f"FSDP train step on 8 {'TPU v5e chips' if ok else 'devices'}")
+fsdp_time = estimate_step(tpu_fsdp, tpu_mesh) if ok else estimate_step(compiled_fsdp, mesh, chip="v5e")
+draw_timeline(fsdp_time, title=f"FSDP train step, {'compiled for' if ok else 'timed at the rates of'} a TPU v5e-8")
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU and TPU compilers' exact figures, §5: collectives and their order

@@ -8,16 +8,18 @@
 # device sends per step, and the layout that holds the least is not the one that sends the least.
 #
 # **You need:** notebooks 09 (a `data` x `model` mesh), 10 (FSDP), 11 (logical axis names and rule
-# tables; its transformer is reused here) and 12 (memory per device); `jax.ShapeDtypeStruct`,
-# `jax.jit(...).lower(...).compile()`.
+# tables; its transformer is reused here), 12 (memory per device) and 14 (a step's estimated time);
+# `jax.ShapeDtypeStruct`, `jax.jit(...).lower(...).compile()`.
 #
-# You compile notebook 11's transformer for 64 devices under five layouts and read the tables.
+# You compile notebook 11's transformer for 64 devices under five layouts, read the tables, and rank the
+# layouts by estimated step time.
 #
 # **You will learn**
 # - how to compile a train step for 64 devices without allocating anything, and read its memory per
 #   device and its collectives;
 # - how state, gradients and activations scale with the `data` and `model` axes, with and without FSDP;
 # - when the gradient sum can overlap the backward pass, and what a byte count leaves out;
+# - how to rank layouts by a step's estimated time, and what a small width hides;
 # - where the TPU compiler's program agrees with the CPU compiler's, and where it differs;
 # - what happens when an axis is wider than a dimension it splits.
 
@@ -54,7 +56,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_schedule, draw_shardings, format_bytes,
+from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, draw_timeline, estimate_step, format_bytes,
                    memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
 
 assert jax.device_count() == 64 == SETUP.count
@@ -288,22 +290,59 @@ print(f"{len(steps)} steps: {len(matmuls)} matmuls, the last at {max(matmuls)}; 
 # computed last (the embeddings') are in the same all-reduce as all the others. For one that can, see
 # notebook 12, section 3: a `scan` over layers sums each layer's gradient inside the backward loop.
 #
-# The 2-D layout's step in scheduled order: activations summed over `model` between the matmuls, the
-# gradients over `data`.
+# The 2-D layout's step on a time axis: activations summed over `model` between the matmuls, the
+# gradients over `data`. `estimate_step` (notebook 14) times each op of this program as a TPU v5e chip
+# would run it, at its published rates, and draws the transfers black where the chip waits for them.
 
 # %%
 steps_2d = schedule(compiled["2-D"], axes_of("2-D"))
 matmuls_2d = [i for i, s in enumerate(steps_2d) if s.kind == "matmul"]
 assert any(s.axes == ("model",) for s in steps_2d[matmuls_2d[0]:matmuls_2d[-1]])  # sums between matmuls
 assert any("data" in s.axes for s in steps_2d if s.kind != "matmul")  # and the gradients' over data
-draw_schedule(steps_2d, title="2-D layout, (8, 8) mesh: one train step")
+def mesh_of(name):
+    """The mesh a layout was compiled for (this machine's 64 devices), which estimate_step reads groups with."""
+    return jax.make_mesh(LAYOUTS[name][0], ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+step_time = {name: estimate_step(compiled[name], mesh_of(name), chip="v5e") for name in LAYOUTS}
+draw_timeline(step_time["2-D"], title="2-D layout, (8, 8) mesh: one train step, timed at a TPU v5e's rates")
+
+# %% [markdown]
+# Bytes are not seconds, so rank the five layouts by estimated step time: each compiled program timed op
+# by op at a v5e chip's published rates (matmuls by FLOPs, other ops by HBM bytes, each collective over
+# the links of its axis, hidden only where the schedule runs it beside other work). These are the CPU
+# compiler's programs at this notebook's small width (`d_model` 512), so the ranking is theirs: redo it
+# on a TPU compile at your own sizes before you choose.
+
+# %%
+print(f"{'layout':<11}{'step':>10}{'compute':>10}{'memory':>10}{'comm exposed':>14}")
+for name in sorted(LAYOUTS, key=lambda n: step_time[n].seconds):
+    e = step_time[name]
+    print(f"{name:<11}{e.seconds * 1e6:>8.1f}us{e.compute * 1e6:>8.1f}us{e.memory * 1e6:>8.1f}us"
+          f"{e.comm_exposed * 1e6:>12.1f}us")
+ranked = sorted(LAYOUTS, key=lambda n: step_time[n].seconds)
+computes = [step_time[n].compute for n in LAYOUTS]
+assert max(computes) < 1.01 * min(computes)  # every layout divides the same matmuls by 64
+
+# %% [markdown]
+# Every layout divides the same matmuls by 64, so their time is the same, 3.4 µs at this width. What
+# separates the layouts is what the matmuls leave: memory traffic and, above all, transfers the chip waits
+# for, because at this width a matmul is too short to hide anything behind. So this ranking is the order
+# of what each layout sends and waits for: the 2-D and FSDP x TP layouts first (their sums run inside
+# groups of 8), pure tensor parallelism last (it sums activations over all 64 devices several times per
+# layer). At a real width the matmuls grow with `d_model` squared and the per-pass rules of notebook 14
+# (FSDP: tokens per chip above about C/W; TP: `d_ff` / M above about (2/3) C/W) decide which transfers
+# hide, so redo the ranking on a TPU compile at your sizes.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §4: its collectives
 last = "after" if len(at) == 1 and max(matmuls) < at[0] else "not after"
 print(f"{jax.default_backend().upper()} compiler: data parallel has {comm['data'].count()} collective(s), its "
       f"all-reduce {last} the last matmul; the largest ring estimate: {max(comm, key=lambda n: comm[n].estimated_bytes)}")
+print(f"Ranked by estimated step at a v5e's rates: {', '.join(ranked)}")
 if CPU:
+    assert ranked[0] in ("2-D", "FSDP x TP") and ranked[-1] == "tensor"  # groups of 8 first, 64-way sums last
+    assert all(step_time[n].comm_exposed > step_time[n].compute for n in LAYOUTS)  # waiting dominates at this width
     assert comm["data"].counts["all-reduce"] == comm["data"].count() == 1  # every gradient in one sum
     assert not activations["data"]  # pure data parallelism moves no activations
     assert {op.kind for op in activations["2-D"]} == {"all-reduce"} and len(activations["tensor"]) >= 6
@@ -409,7 +448,8 @@ assert 60 * held["FSDP"] < held["data"]
 # on a `v5e:8x8` at O0, tensor parallelism needs 3190 MiB of HBM per chip, 2-D 1257 MiB and FSDP x TP
 # 956 MiB (`tests/test_tpu_side.py` compiles this notebook's step at that width and checks the order).
 # For your own model, read it from a TPU compile at your sizes. Throughput cannot be measured on
-# simulated devices, but it can be estimated from the compiled program, as notebook 14 did.
+# simulated devices, but it can be estimated from the compiled program, as section 4 did: there the
+# layouts that sum inside groups of 8 came first and pure tensor parallelism last.
 # What the tables support:
 #
 # 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every
@@ -526,4 +566,4 @@ answer_3 = NOT_ANSWERED  # ([shapes that lower], [shapes with whole heads per de
 ex.divisibility.check(answer_3);
 
 # %% [markdown]
-# **Next:** [19 · Compiling for TPU pods you don't have](19_tpu_pods.ipynb)
+# **Next:** [16 · Pipeline parallelism: stages, micro-batches and the bubble](16_pipeline.ipynb)
