@@ -447,9 +447,9 @@ if TPU_OK:
 #
 # | TPU v5e, default effort (jax 0.12.0.1, libtpu 0.0.50.1) | temporaries | HBM | step (estimate) |
 # |---|---|---|---|
-# | GPipe, M = 8 | 6.8 GiB | 7.3 GiB | 1.49 s |
-# | GPipe, M = 16 | 7.8 GiB | 8.3 GiB | 2.29 s |
-# | circular, 2 passes, M = 8 | 6.6 GiB | 6.7 GiB | 1.26 s |
+# | GPipe, M = 8 | 6.8 GiB | 7.3 GiB | 2.14 s |
+# | GPipe, M = 16 | 7.8 GiB | 8.3 GiB | 3.28 s |
+# | circular, 2 passes, M = 8 | 6.6 GiB | 6.7 GiB | 1.92 s |
 #
 # Eight more micro-batches cost GPipe 1 GiB more HBM, 128 MiB each (four of its 32 MiB activations),
 # and the circular schedule needs the least, at both efforts. So the bubble cannot be shrunk by adding

@@ -393,8 +393,7 @@ if TPU_OK:
 
 # %% [markdown]
 # Per chip the ring sends its 32 MiB key and value blocks 7 times each, 448 MiB in all, the bytes an
-# all-gather would send. Most of the estimate is memory-bound: in plain JAX each tile's scores go through
-# HBM, which a fused attention kernel (Pallas's flash or splash attention) avoids, so read the time as what
+# all-gather would send. In plain JAX each tile's scores go through HBM, which a fused attention kernel (Pallas's flash or splash attention) avoids, so read the time as what
 # this program would take, not what ring attention can reach. The hidden cell also compiles the
 # contiguous layout: `estimate_step` times a `cond` by its longer branch, as the lockstep ring runs, so the
 # contiguous program counts a whole block per step and the zig-zag half a block, and its estimate is
@@ -406,10 +405,10 @@ if TPU_OK:
 # @title The TPU compiler's exact figures, §3: HBM and estimated time per chip at the default effort
 # Compiled by tests/test_18_context_effort.py, which asserts this table (jax 0.12.0.1, libtpu 0.0.50.1):
 # (tokens, way) -> (HBM MiB at O0, HBM MiB at the default effort, estimated ms at the default effort)
-DEFAULT_EFFORT = {(32768, "ring"): (164.8, 48.6, 4.3), (32768, "all-gather"): (252.6, 160.1, 4.2),
-                  (65536, "ring"): (327.3, 240.9, 42.3), (65536, "all-gather"): (503.1, 448.2, 65.6),
-                  (131072, "ring"): (652.2, 561.3, 161.3), (131072, "all-gather"): (1004.2, 897.2, 257.3),
-                  (131072, "ring, contiguous"): (620.1, 609.8, 272.9)}
+DEFAULT_EFFORT = {(32768, "ring"): (164.8, 48.6, 15.0), (32768, "all-gather"): (252.6, 160.1, 21.0),
+                  (65536, "ring"): (327.3, 240.9, 73.8), (65536, "all-gather"): (503.1, 448.2, 115.6),
+                  (131072, "ring"): (652.2, 561.3, 283.1), (131072, "all-gather"): (1004.2, 897.2, 451.6),
+                  (131072, "ring, contiguous"): (620.1, 609.8, 485.6)}
 print(f"{'tokens':>7}  {'way':<17}{'HBM at O0':>10}{'HBM, default':>14}{'estimate, default':>19}")
 for (n, kind), (at_o0, at_default, ms) in DEFAULT_EFFORT.items():
     print(f"{n:>7}  {kind:<17}{at_o0:>6.1f} MiB{at_default:>10.1f} MiB{ms:>15.1f} ms")
