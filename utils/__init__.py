@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
     from .capture import quiet
     from .devices import DeviceCountError, assert_close, setup_devices
-    from .drawing import draw_memory, draw_mesh, draw_permute, draw_schedule, draw_sharding, draw_shardings
+    from .drawing import draw_memory, draw_mesh, draw_permute, draw_routing, draw_schedule, draw_sharding
+    from .drawing import draw_shardings as draw_shardings
     from .exercises import NOT_ANSWERED, Exercise, answer_errors
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
@@ -35,7 +36,8 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
 
 _SOURCES = {
     "devices": ("DeviceCountError", "assert_close", "setup_devices"),
-    "drawing": ("draw_memory", "draw_mesh", "draw_permute", "draw_schedule", "draw_sharding", "draw_shardings"),
+    "drawing": ("draw_memory", "draw_mesh", "draw_permute", "draw_routing", "draw_schedule", "draw_sharding",
+                "draw_shardings"),
     "capture": ("quiet",),
     "exercises": ("NOT_ANSWERED", "Exercise", "answer_errors"),
     "tpu": ("tpu_compiler_available",),
@@ -54,9 +56,9 @@ _SUBMODULES = frozenset({*_SOURCES, "launch"})
 __all__ = [  # every name the lazy loader serves
     "CHIPS", "NOT_ANSWERED", "Chip", "DeviceCountError", "Exercise", "StepEstimate", "TimedOp", "answer_errors",
     "assert_close", "chip_of", "collective_seconds", "collectives", "compile_with_log", "draw_memory", "draw_mesh",
-    "draw_permute", "draw_roofline", "draw_schedule", "draw_sharding", "draw_shardings", "draw_timeline",
-    "estimate_step", "explore", "format_bytes", "memory_per_device", "memory_spaces", "quiet", "schedule",
-    "setup_devices", "shard_table", "tiles",
+    "draw_permute", "draw_roofline", "draw_routing", "draw_schedule", "draw_sharding", "draw_shardings",
+    "draw_timeline", "estimate_step", "explore", "format_bytes", "memory_per_device", "memory_spaces", "quiet",
+    "schedule", "setup_devices", "shard_table", "tiles",
     "tpu_compiler_available", "type_string"
 ]
 
