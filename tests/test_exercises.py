@@ -294,6 +294,8 @@ ALSO_RIGHT = {
     "ex16_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
     "ex17_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex17_pmap_vs_spmd"].migrate_to_jit.solution)],
     "ex17_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
+    "ex31_experts.a2a_bytes": [(448 * 2**20, 448 * 2**20 * 63 / 64), [np.int64(469762048), 462422016.0]],
+    "ex31_experts.collapsed_balance": [8, np.float32(8.0), np.int64(8)],
     "ex19_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
     "ex19_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
                                           " {devices=[1,2,4]0,2,4,6,1,3,5,7  last_tile_dim_replicate} "],
