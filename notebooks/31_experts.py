@@ -110,10 +110,10 @@ def reference(params, x, *, k, capacity, groups):
             dropped, taken = dropped + (~fits), taken.at[e].add(1)
         return taken, (out, dropped, probs, top_e)
 
-    def one_group(_, xg):
-        return None, jax.lax.scan(one_token, jnp.zeros(experts, jnp.int32), xg)[1]
+    def one_group(xg):  # each group counts its own tokens from zero
+        return jax.lax.scan(one_token, jnp.zeros(experts, jnp.int32), xg)[1]
 
-    _, (out, dropped, probs, top_e) = jax.lax.scan(one_group, None, x.reshape(groups, -1, x.shape[-1]))
+    out, dropped, probs, top_e = jax.vmap(one_group)(x.reshape(groups, -1, x.shape[-1]))
     f = jax.nn.one_hot(top_e, experts).reshape(-1, experts).mean(0)  # fraction of the choices per expert
     return out.reshape(x.shape), experts * jnp.sum(f * probs.reshape(-1, experts).mean(0)), dropped.sum()
 
@@ -511,22 +511,31 @@ assert a2a_bytes == 1.25 * 2 * seq * width * 2  # k x tokens x width x bytes, wi
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The TPU compiler's exact figures, §5: the Mixtral-shaped step on v5p:2x4x4 (default effort)
 MIXTRAL_V5P = {  # compiled by tests/test_31_experts_tpu.py, which checks each figure (jax 0.12.0.1, libtpu 0.0.50.1)
-    "HBM per chip (GiB)": None,
-    "all-to-alls per layer": None,
-    "all-to-all result (MiB)": None,
-    "all-gathers per layer, over fsdp": None,
-    "estimated step (s)": None,
-    "of which compute (s)": None,
-    "of which exposed communication (s)": None,
+    "HBM per chip (GiB)": 30.1,
+    "all-to-alls per layer": 6,
+    "all-to-all result (MiB)": 80,
+    "all-gathers per layer, over fsdp": 6,
+    "estimated step (s)": 1.803,
+    "of which compute (s)": 1.329,
+    "of which exposed communication (s)": 0.241,
 }
 for what, figure in MIXTRAL_V5P.items():
     print(f"{what:<40}{figure}")
 
 # %% [markdown]
-# What the table says. The experts are 97% of the parameters but sit 8 ways apart, so each chip stores
-# one expert's share, 1/32 of the state in all. Each layer's step runs its all-to-alls over the 8 chips
-# of `expert` (forward, backward, and again in the rematerialised forward), each of the buffer the
-# formula gives, and FSDP's gathers and reduce-scatters over the 4 chips of `fsdp`.
+# What the table says. Each chip stores 1/32 of the weights and Adam's moments, 16.3 GiB, and needs
+# 30.1 GiB of HBM in all at the default effort, a third of a v5p chip's 95.7 GiB: this slice has room for
+# longer sequences or fewer chips. Each layer runs six all-to-alls over the 8 chips of `expert`, each of
+# the 80 MiB the formula gives: the dispatch and combine forward, again in the rematerialised forward,
+# and their transposes backward. FSDP adds its gathers over the 4 chips of `fsdp`, two per expert weight
+# (forward and rematerialised forward), and a reduce-scatter per weight for the gradients.
+#
+# `estimate_step` (notebook 14) times the program at 1.8 s per step, 1.33 s of it compute. By
+# `6 x active parameters x tokens / chips / peak`, the estimate for the useful work is
+# 6 x 12.9e9 x 4,096 / 459e12 = 0.69 s per chip: the rest is the rematerialised forward, the 25% of empty
+# slots the capacity factor pays for, attention's scores, and the one-hot dispatch and combine einsums,
+# which cost a fifth of the experts' FLOPs at this width. Sorting tokens by expert instead (a grouped
+# matmul) removes that last part.
 
 # %% [markdown]
 # ## Takeaways
