@@ -508,6 +508,21 @@ print(f"capacity {slots} tokens per expert; each all-to-all's result {format_byt
       f"{format_bytes(7 / 8 * a2a_bytes)} sent over the 8 chips of `expert`")
 assert a2a_bytes == 1.25 * 2 * seq * width * 2  # k x tokens x width x bytes, with the capacity's margin
 
+# %% [markdown]
+# The TPU compiler's exact figures are in the hidden cell below. Each chip stores 1/32 of the weights
+# and Adam's moments, 16.3 GiB, and needs 30.1 GiB of HBM in all at the default effort, a third of a v5p
+# chip's 95.7 GiB: this slice has room for longer sequences or fewer chips. Each layer runs six all-to-alls over the 8 chips of `expert`, each of
+# the 80 MiB the formula gives: the dispatch and combine forward, again in the rematerialised forward,
+# and their transposes backward. FSDP adds its gathers over the 4 chips of `fsdp`, two per expert weight
+# (forward and rematerialised forward), and a reduce-scatter per weight for the gradients.
+#
+# `estimate_step` (notebook 14) times the program at 1.8 s per step, 1.33 s of it compute. By
+# `6 x active parameters x tokens / chips / peak`, the estimate for the useful work is
+# 6 x 12.9e9 x 4,096 / 459e12 = 0.69 s per chip: the rest is the rematerialised forward, the 25% of empty
+# slots the capacity factor pays for, attention's scores, and the one-hot dispatch and combine einsums,
+# which cost a fifth of the experts' FLOPs at this width. Sorting tokens by expert instead (a grouped
+# matmul) removes that last part.
+
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The TPU compiler's exact figures, §5: the Mixtral-shaped step on v5p:2x4x4 (default effort)
 MIXTRAL_V5P = {  # compiled by tests/test_31_experts_tpu.py, which checks each figure (jax 0.12.0.1, libtpu 0.0.50.1)
@@ -521,21 +536,6 @@ MIXTRAL_V5P = {  # compiled by tests/test_31_experts_tpu.py, which checks each f
 }
 for what, figure in MIXTRAL_V5P.items():
     print(f"{what:<40}{figure}")
-
-# %% [markdown]
-# What the table says. Each chip stores 1/32 of the weights and Adam's moments, 16.3 GiB, and needs
-# 30.1 GiB of HBM in all at the default effort, a third of a v5p chip's 95.7 GiB: this slice has room for
-# longer sequences or fewer chips. Each layer runs six all-to-alls over the 8 chips of `expert`, each of
-# the 80 MiB the formula gives: the dispatch and combine forward, again in the rematerialised forward,
-# and their transposes backward. FSDP adds its gathers over the 4 chips of `fsdp`, two per expert weight
-# (forward and rematerialised forward), and a reduce-scatter per weight for the gradients.
-#
-# `estimate_step` (notebook 14) times the program at 1.8 s per step, 1.33 s of it compute. By
-# `6 x active parameters x tokens / chips / peak`, the estimate for the useful work is
-# 6 x 12.9e9 x 4,096 / 459e12 = 0.69 s per chip: the rest is the rematerialised forward, the 25% of empty
-# slots the capacity factor pays for, attention's scores, and the one-hot dispatch and combine einsums,
-# which cost a fifth of the experts' FLOPs at this width. Sorting tokens by expert instead (a grouped
-# matmul) removes that last part.
 
 # %% [markdown]
 # ## Takeaways
