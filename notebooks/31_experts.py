@@ -158,13 +158,15 @@ def route(router, x, *, k, capacity):
     top_p, top_e = jax.lax.top_k(probs, k)
     gates = top_p / top_p.sum(-1, keepdims=True)
     choice = jax.nn.one_hot(top_e, experts, dtype=x.dtype)  # (T, k, E)
-    queue = choice.reshape(-1, experts)  # the choices in token order, then by rank
-    slot = ((jnp.cumsum(queue, axis=0) - 1) * queue).sum(-1).reshape(top_e.shape)  # place in its expert's queue
+    queue = jax.nn.one_hot(top_e.reshape(-1), experts, dtype=jnp.int32)  # the choices in token order, then by rank
+    # place in its expert's queue, counted in integers (bfloat16 counts exactly only up to 256)
+    slot = ((jnp.cumsum(queue, axis=0) - 1) * queue).sum(-1).reshape(top_e.shape)
     fits = slot < capacity
     in_slot = jax.nn.one_hot(jnp.where(fits, slot, capacity), capacity, dtype=x.dtype)  # all zeros when dropped
     dispatch = jnp.einsum("tke,tkc->tec", choice, in_slot)
     combine = jnp.einsum("tke,tkc,tk->tec", choice, in_slot, gates.astype(x.dtype))
-    stats = {"dropped": jnp.sum(~fits), "f": queue.mean(0), "p": probs.mean(0), "expert": top_e, "slot": slot}
+    stats = {"dropped": jnp.sum(~fits), "f": queue.mean(0, dtype=jnp.float32), "p": probs.mean(0), "expert": top_e,
+             "slot": slot}
     return dispatch, combine, stats
 
 
