@@ -289,6 +289,8 @@ ALSO_RIGHT = {
     "ex12_training_memory.zero_specs": [lambda stage: list(_ex["ex12_training_memory"].zero_specs.solution(stage))],
     "ex13_sequence_batch.activation_bytes": [(np.int64(134217728), np.int64(16777216)),
                                              [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
+    "ex17_experts.a2a_bytes": [(448 * 2**20, 448 * 2**20 * 63 / 64), [np.int64(469762048), 462422016.0]],
+    "ex17_experts.collapsed_balance": [8, np.float32(8.0), np.int64(8)],
     "ex16_pipeline.bubble_fraction": [Fraction(3, 15), np.float64(0.2), np.float32(0.2)],
     "ex16_pipeline.micro_batches_needed": [[63, 16], (np.int64(63), np.int64(16))],
     "ex16_pipeline.stage_layers": [lambda s, p, r, n: np.arange(n).reshape(r, p, -1)[:, s].reshape(-1),

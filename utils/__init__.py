@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
         draw_permute,
         draw_pipeline,
         draw_ring_steps,
+        draw_routing,
         draw_schedule,
         draw_sharding,
         draw_shardings,
@@ -44,8 +45,8 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
 
 _SOURCES = {
     "devices": ("DeviceCountError", "assert_close", "setup_devices"),
-    "drawing": ("draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_schedule",
-                "draw_sharding",
+    "drawing": ("draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_routing",
+                "draw_schedule", "draw_sharding",
                 "draw_shardings"),
     "capture": ("quiet",),
     "exercises": ("NOT_ANSWERED", "Exercise", "answer_errors"),
@@ -65,9 +66,9 @@ _SUBMODULES = frozenset({*_SOURCES, "launch"})
 __all__ = [  # every name the lazy loader serves
     "CHIPS", "NOT_ANSWERED", "Chip", "DeviceCountError", "Exercise", "StepEstimate", "TimedOp", "answer_errors",
     "assert_close", "chip_of", "collective_seconds", "collectives", "compile_with_log", "draw_memory", "draw_mesh",
-    "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_roofline", "draw_schedule", "draw_sharding",
-    "draw_shardings", "draw_timeline", "estimate_step", "explore", "format_bytes", "memory_per_device",
-    "memory_spaces", "quiet", "schedule", "setup_devices", "shard_table", "tiles",
+    "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_roofline", "draw_routing", "draw_schedule",
+    "draw_sharding", "draw_shardings", "draw_timeline", "estimate_step", "explore", "format_bytes",
+    "memory_per_device", "memory_spaces", "quiet", "schedule", "setup_devices", "shard_table", "tiles",
     "tpu_compiler_available", "type_string"
 ]
 

@@ -48,8 +48,8 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 
 _show_figures_inline()
 
-__all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_rings",
-           "draw_schedule", "draw_sharding", "draw_shardings"]
+__all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_pipeline",
+           "draw_ring_steps", "draw_rings", "draw_routing", "draw_schedule", "draw_sharding", "draw_shardings"]
 
 _PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
                                                             ("tab20c", range(16))) for i in ids]
@@ -964,3 +964,52 @@ def draw_ring_steps(panels: Mapping[str, Mapping[str, Sequence[Sequence[Any]]]],
     fig.tight_layout()
     plt.close(fig)  # shown once, as the cell's value
     return fig
+def draw_routing(destinations: Any, sources: Sequence[int], *, title: str | None = None) -> Figure:
+    """Draw where a mixture-of-experts layer sends its tokens: one row per device that holds tokens, one cell
+    per (token, choice) it routes, in the colour of the device that holds the chosen expert.
+
+    ``destinations[i, j]`` is the device id that choice ``j`` of row ``i`` goes to (the all-to-all's destination),
+    or ``-1`` where the expert was full and the choice was dropped: a white, hatched cell (gid ``"dropped"``; the
+    others ``"routed"``, each labelled ``'dev S -> dev D'``). ``sources[i]`` is the device id holding row ``i``; its
+    label is in that device's colour. Each row ends with what the device keeps, sends to other devices and drops,
+    so the picture reads as the all-to-all's traffic as well as the router's choices.
+    """
+    dest = np.asarray(destinations)
+    if dest.ndim != 2 or dest.size == 0 or not np.issubdtype(dest.dtype, np.integer):
+        raise ValueError("destinations is a 2-D array of whole numbers (one row per source device, one column per "
+                         f"routed choice): device ids, or -1 for a dropped choice; got {dest.dtype} of shape "
+                         f"{dest.shape}")
+    if dest.min() < -1:
+        raise ValueError(f"destinations holds device ids (>= 0) or -1 for a dropped choice; found {int(dest.min())}")
+    srcs = [int(s) for s in sources] if not isinstance(sources, str) else []
+    if len(srcs) != dest.shape[0] or any(s < 0 for s in srcs):
+        raise ValueError(f"sources gives the device id (>= 0) of each of the {dest.shape[0]} rows of destinations; "
+                         f"got {sources!r}")
+    rows, cols = dest.shape
+    fig, ax = plt.subplots(figsize=(min(0.16 * cols, 9.0) + 3.2, 0.32 * rows + 1.3))
+    for (i, j), d in np.ndenumerate(dest):
+        if d < 0:
+            cell = Rectangle((j, i + 0.08), 0.92, 0.84, facecolor="white", edgecolor="0.4", hatch="////",
+                             linewidth=0.5, gid="dropped", label=f"dev {srcs[i]} -> dropped")
+        else:
+            cell = Rectangle((j, i + 0.08), 0.92, 0.84, facecolor=device_color(int(d)), edgecolor="none",
+                             gid="routed", label=f"dev {srcs[i]} -> dev {int(d)}")
+        ax.add_patch(cell)
+    for i, s in enumerate(srcs):
+        row = dest[i]
+        kept, dropped = int(np.sum(row == s)), int(np.sum(row < 0))
+        ax.text(cols + 0.5, i + 0.5, f"keeps {kept}, sends {row.size - kept - dropped}, drops {dropped}",
+                ha="left", va="center", fontsize=_MIN_FONT, gid="row-note")
+    ax.set(xlim=(0, cols + 0.1), ylim=(rows, 0))
+    ax.set_yticks(np.arange(rows) + 0.5, [f"dev {s}" for s in srcs])
+    for label, s in zip(ax.get_yticklabels(), srcs, strict=True):
+        label.set_color(tuple(0.7 * v for v in device_color(s)[:3]))
+    ax.set_xticks([])
+    ax.tick_params(length=0, labelsize=_MIN_FONT + 0.5)
+    _bare(ax)
+    ax.set_xlabel("each token's choices, in token order (colour: the device of the chosen expert)", fontsize=8)
+    ax.legend(handles=[Patch(facecolor="white", edgecolor="0.4", hatch="////", label="dropped: its expert was full")],
+              loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _finish(fig)
