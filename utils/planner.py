@@ -30,7 +30,8 @@ The search, in four steps:
    (:func:`activation_bytes`). A candidate whose parameters and moments alone exceed the chip's HBM is
    ``refused`` without compiling; one whose formula total exceeds it is ``pruned`` (an estimate: the
    compiler is not asked).
-3. **Compile.** The plausible candidates, fewest micro-steps first, up to ``max_compiles``: the
+3. **Compile.** The plausible candidates, in the order of a paper estimate of their step
+   (:func:`guess_seconds`), up to ``max_compiles``: the
    compiler's HBM (arguments + outputs - aliased + temporaries) decides ``fits``; a compile the compiler
    refuses (``RESOURCE_EXHAUSTED``) is ``refused`` with the GiB it asked for. For a mesh and remat whose
    larger micro-batch already fits, smaller ones are ``skipped`` (more micro-steps of the same program
@@ -44,9 +45,9 @@ The search, in four steps:
    matmul parameters x tokens plus causal attention) over the step and the chip's peak.
 
 Fitting plans are ranked by step time (the global batch is fixed, so also by tokens/s), then the refused,
-pruned, skipped and not compiled ones. Compile effort: the compiler's default unless ``effort="O0"``
-(least effort: 4-10x faster to compile, but nothing is placed in VMEM, so HBM reads higher than a run at
-the default effort; the table names the effort).
+pruned, unmappable (``"no layout"``), skipped and not compiled ones. Compile effort: the compiler's default
+unless ``effort="O0"`` (least effort: 4-10x faster to compile, but nothing is placed in VMEM, so HBM reads
+higher than a run at the default effort; the table names the effort).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ from typing import Any
 from .timing import CHIPS, Chip, StepEstimate
 from .train_step import REMAT_POLICIES, DecoderConfig, Parallelism, _param_specs
 
-__all__ = ["MFU_FORMULA", "Candidate", "Plan", "Ranking", "activation_bytes", "candidates", "plan", "state_bytes"]
+__all__ = ["MFU_FORMULA", "Candidate", "Plan", "Ranking", "activation_bytes", "candidates", "guess_seconds", "plan",
+           "state_bytes"]
 
 GiB = 2**30
 MFU_FORMULA = "per_matrix_causal"
@@ -68,8 +70,9 @@ MFU_FORMULA = "per_matrix_causal"
 EFFORTS = ("default", "O0", "O1", "O2", "O3")
 _OOM = re.compile(r"memory required for [^(]*\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# How much of a micro-step each remat policy recomputes in the backward pass, to order compiles (not a result).
-_RECOMPUTE = {"none": 0, "save_dots": 1, "minimal": 2, "full": 3, "offload": 4}
+# The share of a step's model FLOPs each remat policy adds by recomputing in the backward pass (full: the
+# forward again, 2 of 6; minimal and offload: the attention dots, a guess), for ordering compiles only.
+_RECOMPUTE = {"none": 0.0, "save_dots": 0.0, "minimal": 0.05, "offload": 0.05, "full": 1 / 3}
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,11 @@ class Plan:
 
     ``status``: ``"fits"`` (compiled, within HBM), ``"refused"`` (by the compiler, or by the formula when the
     parameters and moments alone exceed HBM: ``compiled`` says which), ``"pruned"`` (the formula's total
-    exceeds HBM; not compiled), ``"skipped"`` (a larger micro-batch of the same mesh and remat fits),
+    exceeds HBM; not compiled), ``"no layout"`` (``jax.experimental.mesh_utils`` cannot map the mesh onto the
+    slice's torus without splitting a physical axis; not compiled), ``"skipped"`` (a larger micro-batch of
+    the same mesh and remat fits),
     ``"not compiled"`` (past ``max_compiles``). ``formula_bytes``: the estimate of step 2 per chip;
+    ``formula_seconds``: :func:`guess_seconds`, the order in which plausible candidates were compiled;
     ``hbm_bytes``: the compiler's figure for one micro-step (None if not compiled), or for a refusal the
     bytes it asked for; ``accumulator_bytes``: the float32 gradient accumulator added when
     ``accumulation > 1`` (a formula); ``step_seconds``: the estimated step (micro-step x accumulation);
@@ -115,6 +121,7 @@ class Plan:
     candidate: Candidate
     status: str
     formula_bytes: int
+    formula_seconds: float = 0.0
     compiled: bool = False
     hbm_bytes: int | None = None
     accumulator_bytes: int = 0
@@ -228,7 +235,7 @@ class Ranking:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 def _bytes(dtype: str) -> int:
@@ -274,6 +281,28 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
                  "none": layer_input + projections + dots + rest}[remat]
     logits = 3 * 4 * m.vocab_size
     return t * (m.num_layers * per_token * a + logits)
+
+
+def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops: float) -> float:
+    """A paper estimate of a candidate's step, only to decide which candidates to compile first.
+
+    Per micro-step: the model FLOPs plus the remat's recomputation at peak; FSDP's weight gathers (twice, bf16)
+    and gradient reduce-scatter (float32) over ``fsdp`` on one torus axis's two links, hidden behind compute;
+    tensor parallelism's four activation all-reduces a layer (six with remat ``full``), exposed. Per step:
+    the gradient all-reduce over ``data`` (ICI) and the slices (DCN), exposed. ``model_flops``: per chip per
+    step. Far cruder than :func:`utils.timing.estimate_step`, which ranks the compiled plans.
+    """
+    k, params = c.accumulation, model.matmul_params()
+    compute = model_flops * (1 + _RECOMPUTE[c.remat]) / k / chip.peak_flops
+    ring = 2 * chip.link_bandwidth
+    fsdp = (c.fsdp - 1) / c.fsdp * params / c.tensor * (2 + 2 + 4) / ring
+    activations = c.per_device_batch * c.tensor * model.seq_len * model.d_model * _bytes(model.dtype)
+    passes = 6 if c.remat == "full" else 4
+    tensor = 2 * (c.tensor - 1) / c.tensor * activations * passes * model.num_layers / ring
+    grads = 4 * params / (c.fsdp * c.tensor)
+    data = 2 * (c.data - 1) / c.data * grads / ring
+    dcn = 2 * (c.slices - 1) / c.slices * grads / c.data / chip.dcn_bandwidth
+    return k * (max(compute, fsdp) + tensor) + data + dcn
 
 
 def _chip(chip: str | Chip, topology: str) -> Chip:
@@ -421,28 +450,37 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
         accumulator = grads if c.accumulation > 1 else 0
         formula = state + grads + accumulator + activation_bytes(model, c.remat, c.per_device_batch,
                                                                  attention=attention)
+        guess = guess_seconds(model, c, hw, model_flops=model_flops)
         if state > hbm:
-            plans[c] = Plan(c, "refused", formula, note=f"parameters and moments alone {state / GiB:.2f} GiB")
+            plans[c] = Plan(c, "refused", formula, guess, note=f"parameters and moments alone {state / GiB:.2f} GiB")
         elif formula > hbm:
-            plans[c] = Plan(c, "pruned", formula, note=f"formula {formula / GiB:.2f} GiB")
+            plans[c] = Plan(c, "pruned", formula, guess, note=f"formula {formula / GiB:.2f} GiB")
         else:
-            plausible.append((c, formula, accumulator))
-    order = sorted(plausible, key=lambda x: (x[0].accumulation, _RECOMPUTE[x[0].remat], x[0].tensor, x[0].data,
-                                             x[0].fsdp))
+            plausible.append((c, formula, accumulator, guess))
+    # the paper guess first; a mesh and remat's fewer micro-steps come first (the guess grows with them)
+    order = sorted(plausible, key=lambda x: (x[3], x[0].accumulation, x[0].label()))
     compiles, meshes_made, fitted = 0, {}, set()
-    for c, formula, accumulator in order:
+    for c, formula, accumulator, guess in order:
         key = (c.data, c.fsdp, c.tensor, c.remat)
         if key in fitted:
-            plans[c] = Plan(c, "skipped", formula, accumulator_bytes=accumulator,
+            plans[c] = Plan(c, "skipped", formula, guess, accumulator_bytes=accumulator,
                             note="a larger micro-batch of this mesh and remat fits")
             continue
         if compiles >= max_compiles:
-            plans[c] = Plan(c, "not compiled", formula, accumulator_bytes=accumulator,
+            plans[c] = Plan(c, "not compiled", formula, guess, accumulator_bytes=accumulator,
                             note=f"past max_compiles={max_compiles}")
             continue
         if (c.data, c.fsdp, c.tensor) not in meshes_made:
-            meshes_made[c.data, c.fsdp, c.tensor] = make_mesh(topology, c.parallelism, num_slices=num_slices)
+            try:
+                meshes_made[c.data, c.fsdp, c.tensor] = make_mesh(topology, c.parallelism, num_slices=num_slices)
+            except NotImplementedError:  # mesh_utils: an axis would have to split a physical torus axis
+                meshes_made[c.data, c.fsdp, c.tensor] = None
         mesh = meshes_made[c.data, c.fsdp, c.tensor]
+        if mesh is None:
+            plans[c] = Plan(c, "no layout", formula, guess, accumulator_bytes=accumulator,
+                            note=f"{c.data} x {c.fsdp} x {c.tensor} does not lay out on the {topology} torus "
+                                 "without splitting one of its axes")
+            continue
         compiles += 1
         lowered = lower_train_step(model, mesh, per_device_batch=c.per_device_batch, remat=c.remat,
                                    attention=attention)
@@ -452,22 +490,23 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             asked = _refusal(err)
             if asked is None:
                 raise
-            plans[c] = Plan(c, "refused", formula, compiled=True, hbm_bytes=asked, accumulator_bytes=accumulator,
+            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=asked, accumulator_bytes=accumulator,
                             note=f"the compiler needs {asked / GiB:.2f} GiB")
             continue
         m = compiled.memory_analysis()
         used = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
         if used + accumulator > hbm:
-            plans[c] = Plan(c, "refused", formula, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
-                            note=f"needs {(used + accumulator) / GiB:.2f} GiB with the accumulator")
+            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
+                            note=f"the compiler's program needs {used / GiB:.2f} GiB"
+                                 + (f", {(used + accumulator) / GiB:.2f} with the accumulator" if accumulator else ""))
             continue
         estimate = estimate_step(compiled, mesh, chip=hw)
         seconds = estimate.seconds * c.accumulation
         fitted.add(key)
-        plans[c] = Plan(c, "fits", formula, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
+        plans[c] = Plan(c, "fits", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
                         step_seconds=seconds, tokens_per_second_per_chip=global_batch_tokens / seconds / chips,
                         mfu=model_flops / seconds / hw.peak_flops, estimate=estimate)
-    rank = {"fits": 0, "refused": 1, "pruned": 2, "skipped": 3, "not compiled": 4}
+    rank = {"fits": 0, "refused": 1, "pruned": 2, "no layout": 3, "skipped": 4, "not compiled": 5}
     ordered = sorted(plans.values(), key=lambda p: (rank[p.status], p.step_seconds or 0.0,
                                                     p.total_hbm_bytes or p.formula_bytes, p.candidate.label()))
     return Ranking(tuple(ordered), model, hw, topology, num_slices, global_batch_tokens, effort)
