@@ -161,6 +161,19 @@ def test_a_mesh_the_dims_do_not_divide_names_the_dim():
     assert {c.tensor for c in candidates(odd, chips_per_slice=8, sequences=8)} == {1, 2}  # left out, not an error
 
 
+@needs_tpu_compiler
+def test_a_mesh_axis_of_8_on_a_4x4_torus_is_laid_out_only_by_splitting_a_torus_axis():
+    from utils.train_step import Parallelism, make_mesh
+
+    with pytest.raises(NotImplementedError):
+        make_mesh("v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2))
+    mesh = make_mesh("v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2), allow_split_physical_axes=True)
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 2}
+    mesh, split = planner._mesh(make_mesh, "v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2), 1)
+    assert split and mesh.size == 16
+    assert planner._mesh(make_mesh, "v5e:4x4", Parallelism(ici_fsdp=4, ici_tensor=4), 1)[1] is False
+
+
 # --- a compiled search ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -263,6 +276,9 @@ def test_two_slices_of_v5e_4x4_at_the_default_effort(capsys):
         print(f"\n{ranking}\n{ranking.why}")
     assert ranking.effort == "default" and len(ranking.fitting) >= 2
     assert all(p.candidate.slices == 2 for p in ranking)
+    assert "no layout" not in {p.status for p in ranking}
+    split = [p for p in ranking if p.compiled and (p.candidate.data, p.candidate.fsdp) in ((1, 8), (2, 8))]
+    assert split and all("allow_split_physical_axes" in p.note for p in split if p.fits)  # 8 of a 4x4 torus
     assert any("dcn" in op.lane for op in ranking.best.estimate.timeline)  # gradients cross slices
 
 

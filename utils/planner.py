@@ -108,7 +108,8 @@ class Plan:
     ``status``: ``"fits"`` (compiled, within HBM), ``"refused"`` (by the compiler, or by the formula when the
     parameters and moments alone exceed HBM: ``compiled`` says which), ``"pruned"`` (the formula's total
     exceeds HBM; not compiled), ``"no layout"`` (``jax.experimental.mesh_utils`` cannot map the mesh onto the
-    slice's torus without splitting a physical axis; not compiled), ``"skipped"`` (a larger micro-batch of
+    slice's torus even splitting its axes; not compiled; a mesh laid out only by splitting one says so in
+    ``note``), ``"skipped"`` (a larger micro-batch of
     the same mesh and remat fits),
     ``"not compiled"`` (past ``max_compiles``). ``formula_bytes``: the estimate of step 2 per chip;
     ``formula_seconds``: :func:`guess_seconds`, the order in which plausible candidates were compiled;
@@ -215,7 +216,9 @@ class Ranking:
         return text + "."
 
     def __str__(self) -> str:
-        head = (f"plans for {self.model.num_params() / 1e9:.2f}B parameters on {self.num_slices} x {self.topology} "
+        n = self.model.num_params()
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+        head = (f"plans for {size} parameters on {self.num_slices} x {self.topology} "
                 f"({self.chip.name}, {self.chip.hbm_bytes / GiB:.2f} GiB HBM), {self.global_batch_tokens:,} "
                 f"tokens a step; HBM from the compiler at effort {self.effort!r}, times estimated (utils.timing)")
         cols = f"{'#':>3} {'data x fsdp x tensor':<22}{'remat':<10}{'batch x acc':>12}{'formula':>10}{'HBM':>10}" \
@@ -228,7 +231,8 @@ class Ranking:
             step = "" if p.step_seconds is None else _ms(p.step_seconds)
             tok = "" if p.tokens_per_second_per_chip is None else f"{p.tokens_per_second_per_chip:,.0f}"
             mfu = "" if p.mfu is None else f"{p.mfu:.1%}"
-            status = p.bound if p.fits else p.status + (f": {p.note}" if p.note else "")
+            status = (p.bound + (f" ({p.note})" if p.note else "")) if p.fits else \
+                p.status + (f": {p.note}" if p.note else "")
             lines.append(f"{i:>3} {mesh:<22}{c.remat:<10}{f'{c.per_device_batch} x {c.accumulation}':>12}"
                          f"{p.formula_bytes / GiB:>9.2f}G{hbm:>10}{step:>11}{tok:>12}{mfu:>7}  {status}")
         return "\n".join(lines)
@@ -378,6 +382,18 @@ def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 
             for b in batches]
 
 
+def _mesh(make_mesh: Any, topology: str, parallelism: Parallelism, num_slices: int) -> tuple[Any, bool]:
+    """The candidate's mesh and whether a mesh axis had to split a torus axis ((None, True): no layout at all)."""
+    try:
+        return make_mesh(topology, parallelism, num_slices=num_slices), False
+    except NotImplementedError:  # mesh_utils maps each mesh axis onto whole torus axes unless told otherwise
+        pass
+    try:
+        return make_mesh(topology, parallelism, num_slices=num_slices, allow_split_physical_axes=True), True
+    except NotImplementedError:
+        return None, True
+
+
 def _compile(lowered: Any, effort: str) -> Any:
     """``lowered.compile()`` at ``effort`` (``jax_optimization_level``), putting the previous level back."""
     import jax
@@ -470,17 +486,15 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             plans[c] = Plan(c, "not compiled", formula, guess, accumulator_bytes=accumulator,
                             note=f"past max_compiles={max_compiles}")
             continue
-        if (c.data, c.fsdp, c.tensor) not in meshes_made:
-            try:
-                meshes_made[c.data, c.fsdp, c.tensor] = make_mesh(topology, c.parallelism, num_slices=num_slices)
-            except NotImplementedError:  # mesh_utils: an axis would have to split a physical torus axis
-                meshes_made[c.data, c.fsdp, c.tensor] = None
-        mesh = meshes_made[c.data, c.fsdp, c.tensor]
+        shape = (c.data, c.fsdp, c.tensor)
+        if shape not in meshes_made:
+            meshes_made[shape] = _mesh(make_mesh, topology, c.parallelism, num_slices)
+        mesh, split = meshes_made[shape]
         if mesh is None:
             plans[c] = Plan(c, "no layout", formula, guess, accumulator_bytes=accumulator,
-                            note=f"{c.data} x {c.fsdp} x {c.tensor} does not lay out on the {topology} torus "
-                                 "without splitting one of its axes")
+                            note=f"mesh_utils cannot lay {c.data} x {c.fsdp} x {c.tensor} out on {topology}")
             continue
+        split_note = "a mesh axis splits a torus axis: allow_split_physical_axes" if split else ""
         compiles += 1
         lowered = lower_train_step(model, mesh, per_device_batch=c.per_device_batch, remat=c.remat,
                                    attention=attention)
@@ -505,7 +519,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
         fitted.add(key)
         plans[c] = Plan(c, "fits", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
                         step_seconds=seconds, tokens_per_second_per_chip=global_batch_tokens / seconds / chips,
-                        mfu=model_flops / seconds / hw.peak_flops, estimate=estimate)
+                        mfu=model_flops / seconds / hw.peak_flops, estimate=estimate, note=split_note)
     rank = {"fits": 0, "refused": 1, "pruned": 2, "no layout": 3, "skipped": 4, "not compiled": 5}
     ordered = sorted(plans.values(), key=lambda p: (rank[p.status], p.step_seconds or 0.0,
                                                     p.total_hbm_bytes or p.formula_bytes, p.candidate.label()))
