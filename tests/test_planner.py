@@ -83,16 +83,19 @@ def test_activations_grow_as_remat_saves_more():
 def test_the_paper_guess_charges_what_each_choice_costs():
     chip, flops = CHIPS["v5e"], 1e12
 
-    def guess(**kw):
+    def guess(model_flops=flops, **kw):
         c = Candidate(**{"data": 1, "fsdp": 8, "tensor": 1, "slices": 1, "remat": "none", "per_device_batch": 2,
                          "accumulation": 1, **kw})
-        return guess_seconds(TINY, c, chip, model_flops=flops)
+        return guess_seconds(TINY, c, chip, model_flops=model_flops)
 
     assert guess() == pytest.approx(flops / chip.peak_flops)  # FSDP of a tiny model hides behind compute
     assert guess(remat="full") == pytest.approx(guess() * 4 / 3)  # the forward pass again
     assert guess(fsdp=4, tensor=2) > guess()  # tensor parallelism's all-reduces are exposed
     assert guess(data=8, fsdp=1) > guess()  # so is the data-parallel gradient all-reduce
     assert guess(slices=2) > guess()  # and its part over DCN
+    few = {"model_flops": 1e9, "per_device_batch": 64}  # PCIe: the saved projections' round trip
+    assert guess(remat="offload", **few) > guess(remat="minimal", **few)
+    assert guess(per_device_batch=1, accumulation=2) >= guess()  # never faster in more micro-steps
 
 
 def test_state_over_hbm_is_refused_without_compiling(monkeypatch):

@@ -290,23 +290,30 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
 def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops: float) -> float:
     """A paper estimate of a candidate's step, only to decide which candidates to compile first.
 
-    Per micro-step: the model FLOPs plus the remat's recomputation at peak; FSDP's weight gathers (twice, bf16)
-    and gradient reduce-scatter (float32) over ``fsdp`` on one torus axis's two links, hidden behind compute;
-    tensor parallelism's four activation all-reduces a layer (six with remat ``full``), exposed. Per step:
-    the gradient all-reduce over ``data`` (ICI) and the slices (DCN), exposed. ``model_flops``: per chip per
-    step. Far cruder than :func:`utils.timing.estimate_step`, which ranks the compiled plans.
+    Per step: the model FLOPs plus the remat's recomputation at peak; hidden behind them, FSDP's weight
+    gathers (twice, bf16) and gradient reduce-scatter (float32) over ``fsdp`` on one torus axis's two links,
+    once a micro-step, and with remat ``offload`` the saved projections' trip to host memory and back;
+    exposed, tensor parallelism's four activation all-reduces a layer (six with remat ``full``) and the
+    gradient all-reduce over ``data`` (ICI) and the slices (DCN). ``model_flops``: per chip per step.
+    Far cruder than :func:`utils.timing.estimate_step`, which ranks the compiled plans; it never decreases
+    with more micro-steps, so a mesh and remat's largest micro-batch is compiled first.
     """
     k, params = c.accumulation, model.matmul_params()
-    compute = model_flops * (1 + _RECOMPUTE[c.remat]) / k / chip.peak_flops
+    compute = model_flops * (1 + _RECOMPUTE[c.remat]) / chip.peak_flops
     ring = 2 * chip.link_bandwidth
-    fsdp = (c.fsdp - 1) / c.fsdp * params / c.tensor * (2 + 2 + 4) / ring
+    fsdp = k * (c.fsdp - 1) / c.fsdp * params / c.tensor * (2 + 2 + 4) / ring
+    host = 0.0
+    if c.remat == "offload":
+        saved = activation_bytes(model, "minimal", c.per_device_batch) - activation_bytes(model, "full",
+                                                                                          c.per_device_batch)
+        host = 2 * k * saved / chip.host_bandwidth
     activations = c.per_device_batch * c.tensor * model.seq_len * model.d_model * _bytes(model.dtype)
     passes = 6 if c.remat == "full" else 4
-    tensor = 2 * (c.tensor - 1) / c.tensor * activations * passes * model.num_layers / ring
+    tensor = k * 2 * (c.tensor - 1) / c.tensor * activations * passes * model.num_layers / ring
     grads = 4 * params / (c.fsdp * c.tensor)
     data = 2 * (c.data - 1) / c.data * grads / ring
     dcn = 2 * (c.slices - 1) / c.slices * grads / c.data / chip.dcn_bandwidth
-    return k * (max(compute, fsdp) + tensor) + data + dcn
+    return max(compute, fsdp, host) + tensor + data + dcn
 
 
 def _chip(chip: str | Chip, topology: str) -> Chip:
