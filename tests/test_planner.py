@@ -157,6 +157,12 @@ def test_bad_input_names_the_fix(kwargs, message):
         plan(TINY, **args)
 
 
+@needs_tpu_compiler
+def test_a_slice_libtpu_does_not_know_names_the_fix():
+    with pytest.raises(ValueError, match=r"libtpu cannot describe the slice 'v5e:3x3'.*Name a shape"):
+        plan(dataclasses.replace(TINY), chip="v5e", topology="v5e:3x3", global_batch_tokens=9 * 128)
+
+
 def test_a_mesh_the_dims_do_not_divide_names_the_dim():
     odd = dataclasses.replace(TINY, d_ff=510)
     with pytest.raises(ValueError, match="d_ff=510 is not a multiple of tensor=4"):
@@ -222,6 +228,20 @@ def test_hbm_is_the_compilers(searched):
     for p in compiled:
         assert p.total_hbm_bytes == p.hbm_bytes + p.accumulator_bytes <= CHIPS["v5e"].hbm_bytes
         assert p.hbm_bytes > state_bytes(TINY, p.candidate.data, p.candidate.fsdp, p.candidate.tensor)
+
+
+@needs_tpu_compiler
+def test_below_the_default_effort_times_are_the_roofline(searched):
+    """O0's per-matmul cycle counts are not a run's: an O0 plan is timed with use_cycles=False."""
+    from utils.timing import estimate_step
+    from utils.train_step import make_mesh
+
+    ranking, log = searched
+    assert "roofline only" in str(ranking).splitlines()[0]
+    for p in ranking.fitting:
+        mesh = make_mesh("v5e:2x4", p.candidate.parallelism)
+        mine = [c for c in log if _hbm(c) == p.hbm_bytes]  # the plan's own program (found by its HBM)
+        assert p.estimate.seconds in {estimate_step(c, mesh, chip="v5e", use_cycles=False).seconds for c in mine}
 
 
 @needs_tpu_compiler

@@ -37,7 +37,10 @@ The search, in four steps:
    larger micro-batch already fits, smaller ones are ``skipped`` (more micro-steps of the same program
    are never faster here). Candidates past the budget are ``not compiled``.
 4. **Time and rank.** :func:`utils.timing.estimate_step` on the compiled program gives one micro-step's
-   seconds. The builder has no gradient accumulation, so accumulation over ``k`` micro-steps is
+   seconds. Below the default effort it times by the roofline alone (``use_cycles=False``, a floor): the
+   compiler's per-matmul ``estimated_cycles`` at O0 are not the run's (MaxText's 16B row on ``v5e:16x16``
+   at O0: 96.5 s with them, 9.1 s without, against the 10.6 s its published MFU implies; libtpu 0.0.50.1).
+   The builder has no gradient accumulation, so accumulation over ``k`` micro-steps is
    estimated as the whole step run ``k`` times: time x k (the optimizer update and the gradient
    reduction are then counted k times, an overestimate), HBM of one micro-step plus a float32 gradient
    accumulator (the accumulator is the formula's, not the compiler's). MFU is the current MaxText count
@@ -220,7 +223,8 @@ class Ranking:
         size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
         head = (f"plans for {size} parameters on {self.num_slices} x {self.topology} "
                 f"({self.chip.name}, {self.chip.hbm_bytes / GiB:.2f} GiB HBM), {self.global_batch_tokens:,} "
-                f"tokens a step; HBM from the compiler at effort {self.effort!r}, times estimated (utils.timing)")
+                f"tokens a step; HBM from the compiler at effort {self.effort!r}, times estimated (utils.timing"
+                + ("" if self.effort == "default" else ", roofline only") + ")")
         cols = f"{'#':>3} {'data x fsdp x tensor':<22}{'remat':<10}{'batch x acc':>12}{'formula':>10}{'HBM':>10}" \
                f"{'step':>11}{'tok/s/chip':>12}{'MFU':>7}  {'bound / status':<s}"
         lines = [head, cols]
@@ -389,6 +393,26 @@ def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 
             for b in batches]
 
 
+def _describe(topology: str, num_slices: int) -> None:
+    """Check that libtpu knows the slice (before any compile); a ValueError naming the fix if not."""
+    from jax.experimental import topologies
+
+    from .capture import quiet
+    from .tpu import tpu_compiler_available
+
+    ok, why = tpu_compiler_available()
+    if not ok:
+        raise RuntimeError(f"planning needs the TPU compiler to compile candidates ({why}); max_compiles=0 "
+                           "ranks nothing but still lists, refuses and prunes by formula")
+    try:
+        with quiet():
+            topologies.get_topology_desc(topology, "tpu", **({"num_slices": num_slices} if num_slices > 1 else {}))
+    except Exception as err:  # libtpu's own message, in one line
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ValueError(f"libtpu cannot describe the slice {topology!r}: {first}. Name a shape the chip is sold "
+                         "in, like 'v5e:2x4', 'v5e:16x16' or 'v5p:4x4x8'") from None
+
+
 def _mesh(make_mesh: Any, topology: str, parallelism: Parallelism, num_slices: int) -> tuple[Any, bool]:
     """The candidate's mesh and whether a mesh axis had to split a torus axis ((None, True): no layout at all)."""
     try:
@@ -480,6 +504,8 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             plans[c] = Plan(c, "pruned", formula, guess, note=f"formula {formula / GiB:.2f} GiB")
         else:
             plausible.append((c, formula, accumulator, guess))
+    if max_compiles and plausible:
+        _describe(topology, num_slices)
     # the paper guess first; a mesh and remat's fewer micro-steps come first (the guess grows with them)
     order = sorted(plausible, key=lambda x: (x[3], x[0].accumulation, x[0].label()))
     compiles, meshes_made, fitted = 0, {}, set()
@@ -521,7 +547,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
                             note=f"the compiler's program needs {used / GiB:.2f} GiB"
                                  + (f", {(used + accumulator) / GiB:.2f} with the accumulator" if accumulator else ""))
             continue
-        estimate = estimate_step(compiled, mesh, chip=hw)
+        estimate = estimate_step(compiled, mesh, chip=hw, use_cycles=effort == "default")
         seconds = estimate.seconds * c.accumulation
         fitted.add(key)
         plans[c] = Plan(c, "fits", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
