@@ -112,9 +112,8 @@ class Plan:
     parameters and moments alone exceed HBM: ``compiled`` says which), ``"pruned"`` (the formula's total
     exceeds HBM; not compiled), ``"no layout"`` (``jax.experimental.mesh_utils`` cannot map the mesh onto the
     slice's torus even splitting its axes; not compiled; a mesh laid out only by splitting one says so in
-    ``note``), ``"skipped"`` (a larger micro-batch of
-    the same mesh and remat fits),
-    ``"not compiled"`` (past ``max_compiles``). ``formula_bytes``: the estimate of step 2 per chip;
+    ``note``), ``"skipped"`` (a larger micro-batch of the same mesh and remat fits), ``"not compiled"``
+    (past ``max_compiles``). ``formula_bytes``: the estimate of step 2 per chip;
     ``formula_seconds``: :func:`guess_seconds`, the order in which plausible candidates were compiled;
     ``hbm_bytes``: the compiler's figure for one micro-step (None if not compiled), or for a refusal the
     bytes it asked for; ``accumulator_bytes``: the float32 gradient accumulator added when
