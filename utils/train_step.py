@@ -179,13 +179,16 @@ class Parallelism:
         return shape  # type: ignore[return-value]
 
 
-def make_mesh(topology: str, parallelism: Parallelism = Parallelism(), *, num_slices: int = 1) -> Mesh:
+def make_mesh(topology: str, parallelism: Parallelism = Parallelism(), *, num_slices: int = 1,
+              allow_split_physical_axes: bool = False) -> Mesh:
     """A mesh with axes ``('data', 'fsdp', 'tensor')`` over a TPU topology's compile-only devices.
 
     ``topology`` is a ``get_topology_desc`` name (``"v5e:16x16"``, ``"v5p:4x4x4"``); ``num_slices > 1``
     describes that many slices joined by DCN (``get_topology_desc(..., num_slices=n)``), and the mesh
     puts the DCN split outside the ICI split of each axis (``create_hybrid_device_mesh``), as MaxText does.
-    Needs libtpu; nothing runs on the devices.
+    ``mesh_utils`` maps each mesh axis onto whole torus axes (on ``v5e:4x4`` a mesh axis of 8 raises
+    NotImplementedError); ``allow_split_physical_axes=True`` lets an axis take part of one (MaxText's
+    option of the same name). Needs libtpu; nothing runs on the devices.
     """
     _positive("make_mesh", num_slices=num_slices)
     ok, why = tpu_compiler_available()  # also sets libtpu's environment before it loads
@@ -195,10 +198,11 @@ def make_mesh(topology: str, parallelism: Parallelism = Parallelism(), *, num_sl
         kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
         devices = topologies.get_topology_desc(topology, "tpu", **kwargs).devices
     ici, dcn = parallelism.resolve(len(devices) // num_slices, num_slices)
+    split = {"allow_split_physical_axes": True} if allow_split_physical_axes else {}
     if num_slices == 1:
-        grid = mesh_utils.create_device_mesh(ici, devices)
+        grid = mesh_utils.create_device_mesh(ici, devices, **split)
     else:
-        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, **split)
     return Mesh(grid, AXES)
 
 

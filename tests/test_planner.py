@@ -1,0 +1,318 @@
+"""The planner (utils.planner): candidates, pruning by formula, compiles, ranking, the explanation, bad input.
+
+The compiled tests plan a one-layer model on v5e:2x4 at the compiler's least effort (O0: about 2.5 s of CPU a
+compile); a larger search (v5e:4x4, two slices, the default effort) is marked slow.
+"""
+
+import dataclasses
+import math
+
+import pytest
+
+from utils import planner
+from utils.planner import Candidate, activation_bytes, candidates, guess_seconds, plan, state_bytes
+from utils.published_rows import maxtext_flops_per_device
+from utils.timing import CHIPS
+from utils.tpu import tpu_compiler_available
+from utils.train_step import REMAT_POLICIES, DecoderConfig
+
+
+@pytest.fixture(scope="module")
+def tpu_compiler():
+    """Skip, with the reason, where libtpu cannot compile TPU programs (loaded here, not at collection)."""
+    ok, why = tpu_compiler_available()
+    if not ok:
+        pytest.skip(why)
+
+
+needs_tpu_compiler = pytest.mark.usefixtures("tpu_compiler")
+
+TINY = DecoderConfig(num_layers=1, d_model=256, num_heads=4, head_dim=64, d_ff=512, vocab_size=512, seq_len=128)
+# 64 layers of d_model 16384: 200B parameters, 2.4 TB of parameters and moments; no split of 8 chips holds them
+HUGE = DecoderConfig(num_layers=64, d_model=16384, num_heads=128, head_dim=128, d_ff=65536, vocab_size=32768,
+                     seq_len=2048)
+
+
+def _hbm(compiled) -> int:
+    m = compiled.memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+
+
+# --- candidates and formulas (no compiler needed) -----------------------------------------------------
+
+def test_candidates_are_every_split_the_model_divides():
+    found = candidates(TINY, chips_per_slice=8, sequences=16, remats=("full", "none"))
+    meshes = {(c.data, c.fsdp, c.tensor) for c in found}
+    every = {(d, f, t) for d in range(1, 9) for f in range(1, 9) for t in range(1, 9) if d * f * t == 8}
+    assert meshes == {m for m in every if m[2] <= 4}  # 4 heads: tensor 8 does not divide them
+    assert len(every) == 10 and len(meshes) == 9
+    # 16 sequences on 8 chips: 2 a chip, as 2 x 1 or 1 x 2 (micro-batch x accumulation), for each remat
+    assert {(c.per_device_batch, c.accumulation) for c in found} == {(2, 1), (1, 2)}
+    assert len(found) == 9 * 2 * 2 and {c.remat for c in found} == {"full", "none"}
+    assert all(c.slices == 1 for c in found)
+
+
+def test_candidates_put_data_parallelism_across_slices():
+    found = candidates(TINY, chips_per_slice=8, num_slices=2, sequences=64, remats=("full",))
+    assert {c.slices for c in found} == {2}
+    assert {(c.per_device_batch, c.accumulation) for c in found} == {(4, 1), (2, 2), (1, 4)}  # 64 / 16 chips
+    assert found[0].parallelism.resolve(8, 2)[1] == (2, 1, 1)
+
+
+def test_default_remats_are_the_builders():
+    assert {c.remat for c in candidates(TINY, chips_per_slice=8, sequences=8)} == set(REMAT_POLICIES)
+
+
+def test_state_is_twelve_bytes_a_parameter_over_the_weight_sharding():
+    """f32 parameters and AdamW's two moments; without tensor parallelism every weight (norms too) is split fsdp
+    ways, so it is exactly 12 N / fsdp; data parallelism replicates it."""
+    n = TINY.num_params()
+    assert state_bytes(TINY, 1, 1, 1) == 12 * n
+    assert state_bytes(TINY, 1, 8, 1) == 12 * n // 8 == state_bytes(TINY, 2, 8, 1)
+    assert 12 * n / 8 <= state_bytes(TINY, 1, 2, 4) < 12 * n / 8 * 1.01  # norms only over fsdp
+
+
+def test_activations_grow_as_remat_saves_more():
+    saved = [activation_bytes(TINY, r, 2) for r in ("full", "minimal", "save_dots", "none")]
+    assert saved == sorted(saved) and len(set(saved)) == 4
+    assert activation_bytes(TINY, "offload", 2) == saved[0]  # offloaded to host: the device keeps the inputs
+    assert activation_bytes(TINY, "none", 4) == 2 * activation_bytes(TINY, "none", 2)
+    assert activation_bytes(TINY, "save_dots", 2, attention="flash") < saved[2]  # no S x S scores
+
+
+def test_the_paper_guess_charges_what_each_choice_costs():
+    chip, flops = CHIPS["v5e"], 1e12
+
+    def guess(model_flops=flops, **kw):
+        c = Candidate(**{"data": 1, "fsdp": 8, "tensor": 1, "slices": 1, "remat": "none", "per_device_batch": 2,
+                         "accumulation": 1, **kw})
+        return guess_seconds(TINY, c, chip, model_flops=model_flops)
+
+    assert guess() == pytest.approx(flops / chip.peak_flops)  # FSDP of a tiny model hides behind compute
+    assert guess(remat="full") == pytest.approx(guess() * 4 / 3)  # the forward pass again
+    assert guess(fsdp=4, tensor=2) > guess()  # tensor parallelism's all-reduces are exposed
+    assert guess(data=8, fsdp=1) > guess()  # so is the data-parallel gradient all-reduce
+    assert guess(slices=2) > guess()  # and its part over DCN
+    few = {"model_flops": 1e9, "per_device_batch": 64}  # PCIe: the saved projections' round trip
+    assert guess(remat="offload", **few) > guess(remat="minimal", **few)
+    assert guess(per_device_batch=1, accumulation=2) >= guess()  # never faster in more micro-steps
+
+
+def test_state_over_hbm_is_refused_without_compiling(monkeypatch):
+    def no_compiles(*args, **kwargs):
+        raise AssertionError("compiled a candidate whose state exceeds HBM")
+
+    monkeypatch.setattr("utils.train_step.lower_train_step", no_compiles)
+    monkeypatch.setattr("utils.train_step.make_mesh", no_compiles)
+    ranking = plan(HUGE, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 2048, remats=("full",))
+    assert len(ranking) > 0 and all(p.status == "refused" and not p.compiled for p in ranking)
+    assert all(p.formula_bytes > CHIPS["v5e"].hbm_bytes for p in ranking)
+    assert "parameters and moments alone" in ranking[0].note
+    with pytest.raises(ValueError, match="no plan fits"):
+        _ = ranking.best
+    assert "no winner" in ranking.why
+
+
+def test_activations_over_hbm_are_pruned_without_compiling(monkeypatch):
+    """Small state, but remat 'none' with 32k-token sequences keeps 32k x 32k scores per head: pruned by formula."""
+    long = dataclasses.replace(TINY, seq_len=32768)
+    monkeypatch.setattr("utils.train_step.lower_train_step", lambda *a, **k: pytest.fail("compiled"))
+    ranking = plan(long, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 32768, remats=("none",),
+                   meshes=[(1, 8, 1)])
+    (only,) = ranking
+    assert only.status == "pruned" and not only.compiled
+    assert state_bytes(long, 1, 8, 1) < CHIPS["v5e"].hbm_bytes < only.formula_bytes
+
+
+def test_an_out_of_hbm_compile_is_read_as_the_bytes_it_asked_for():
+    message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required "
+               "for HLO temporaries (61.97G) exceeds available HBM (15.75G). HLO module: jit_train_step.")
+    assert planner._refusal(RuntimeError(message)) == int(61.97 * 2**30)
+    assert planner._refusal(RuntimeError("INVALID_ARGUMENT: something else")) is None
+
+
+# --- bad input ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(chip="v9"), "unknown chip 'v9'; known chips: v5e"),
+    (dict(topology="v5p:2x2x2"), "not a v5e slice; name a 'v5e:...' topology or chip='v5p'"),
+    (dict(topology="v5e-8"), "topology must name a TPU slice like 'v5e:16x16'"),
+    (dict(topology="v5e:2xfour"), "chip counts joined by 'x'"),
+    (dict(global_batch_tokens=1000), "not a whole number of sequences of seq_len=128: use a multiple of 128"),
+    (dict(global_batch_tokens=4 * 128), "4 sequences a step do not split over 8 chips: make the global batch a "
+                                        "multiple of 8 x seq_len = 1,024 tokens"),
+    (dict(global_batch_tokens=8 * 128, num_slices=2), "do not split over 16 chips"),
+    (dict(num_slices=0), "num_slices must be a positive integer"),
+    (dict(meshes=[(2, 2, 1)]), r"mesh \(2, 2, 1\): \(data, fsdp, tensor\) must be positive and multiply to the 8"),
+    (dict(meshes=[(1, 1, 8)]), r"mesh \(1, 1, 8\) does not divide the model: num_heads=4 and num_kv_heads=4 must "
+                               "be multiples of tensor=8"),
+    (dict(remats=("selective",)), "unknown remat 'selective'; choose from"),
+    (dict(effort="fast"), "effort must be one of"),
+    (dict(max_compiles=-1), "max_compiles must be a whole number"),
+    (dict(attention="ring"), "attention must be 'dot' or 'flash'"),
+])
+def test_bad_input_names_the_fix(kwargs, message):
+    args = {"chip": "v5e", "topology": "v5e:2x4", "global_batch_tokens": 16 * 128, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        plan(TINY, **args)
+
+
+@needs_tpu_compiler
+def test_a_slice_libtpu_does_not_know_names_the_fix():
+    with pytest.raises(ValueError, match=r"libtpu cannot describe the slice 'v5e:3x3'.*Name a shape"):
+        plan(dataclasses.replace(TINY), chip="v5e", topology="v5e:3x3", global_batch_tokens=9 * 128)
+
+
+def test_a_mesh_the_dims_do_not_divide_names_the_dim():
+    odd = dataclasses.replace(TINY, d_ff=510)
+    with pytest.raises(ValueError, match="d_ff=510 is not a multiple of tensor=4"):
+        plan(odd, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 128, meshes=[(1, 2, 4)])
+    assert {c.tensor for c in candidates(odd, chips_per_slice=8, sequences=8)} == {1, 2}  # left out, not an error
+
+
+@needs_tpu_compiler
+def test_a_mesh_axis_of_8_on_a_4x4_torus_is_laid_out_only_by_splitting_a_torus_axis():
+    from utils.train_step import Parallelism, make_mesh
+
+    with pytest.raises(NotImplementedError):
+        make_mesh("v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2))
+    mesh = make_mesh("v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2), allow_split_physical_axes=True)
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 2}
+    mesh, split = planner._mesh(make_mesh, "v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2), 1)
+    assert split and mesh.size == 16
+    assert planner._mesh(make_mesh, "v5e:4x4", Parallelism(ici_fsdp=4, ici_tensor=4), 1)[1] is False
+
+
+# --- a compiled search ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def searched(tpu_compiler):
+    """A search of TINY on v5e:2x4 at O0 whose compiles are recorded: (ranking, [(candidate, compiled)])."""
+    compiled_log = []
+    real = planner._compile
+
+    def recording(lowered, effort):
+        compiled = real(lowered, effort)
+        compiled_log.append(compiled)
+        return compiled
+
+    planner._compile = recording
+    try:
+        ranking = plan(TINY, chip="v5e", topology="v5e:2x4", global_batch_tokens=16 * 128, remats=("full", "none"),
+                       meshes=[(1, 8, 1), (1, 4, 2)], max_compiles=3, effort="O0")
+    finally:
+        planner._compile = real
+    return ranking, compiled_log
+
+
+@needs_tpu_compiler
+def test_search_compiles_at_most_max_compiles_and_lists_every_candidate(searched):
+    ranking, log = searched
+    assert len(ranking) == 2 * 2 * 2  # 2 meshes x 2 remats x 2 micro-batches
+    assert {p.candidate for p in ranking} == set(candidates(TINY, chips_per_slice=8, sequences=16,
+                                                            remats=("full", "none"), meshes=[(1, 8, 1), (1, 4, 2)]))
+    assert len(log) == sum(p.compiled for p in ranking) == 3
+    statuses = {p.status for p in ranking}
+    assert statuses <= {"fits", "skipped", "not compiled"} and "fits" in statuses and "not compiled" in statuses
+    # compiled in the order of the paper guess: none left out guesses faster than one compiled
+    compiled = [p.formula_seconds for p in ranking if p.compiled]
+    left = [p.formula_seconds for p in ranking if p.status == "not compiled"]
+    assert max(compiled) <= min(left)
+
+
+@needs_tpu_compiler
+def test_hbm_is_the_compilers(searched):
+    ranking, log = searched
+    compiled = [p for p in ranking if p.compiled]
+    assert sorted(p.hbm_bytes for p in compiled) == sorted(_hbm(c) for c in log)
+    for p in compiled:
+        assert p.total_hbm_bytes == p.hbm_bytes + p.accumulator_bytes <= CHIPS["v5e"].hbm_bytes
+        assert p.hbm_bytes > state_bytes(TINY, p.candidate.data, p.candidate.fsdp, p.candidate.tensor)
+
+
+@needs_tpu_compiler
+def test_below_the_default_effort_times_are_the_roofline(searched):
+    """O0's per-matmul cycle counts are not a run's: an O0 plan is timed with use_cycles=False."""
+    from utils.timing import estimate_step
+    from utils.train_step import make_mesh
+
+    ranking, log = searched
+    assert "roofline only" in str(ranking).splitlines()[0]
+    for p in ranking.fitting:
+        mesh = make_mesh("v5e:2x4", p.candidate.parallelism)
+        mine = [c for c in log if _hbm(c) == p.hbm_bytes]  # the plan's own program (found by its HBM)
+        assert p.estimate.seconds in {estimate_step(c, mesh, chip="v5e", use_cycles=False).seconds for c in mine}
+
+
+@needs_tpu_compiler
+def test_ranking_follows_the_estimates(searched):
+    ranking, _ = searched
+    fits = ranking.fitting
+    assert len(fits) >= 2 and ranking.best is fits[0] is ranking[0]
+    seconds = [p.step_seconds for p in fits]
+    assert seconds == sorted(seconds)
+    chips, tokens = 8, 16 * 128
+    flops = maxtext_flops_per_device(TINY, per_device_batch=2, formula="per_matrix_causal")
+    for p in fits:
+        assert p.step_seconds == pytest.approx(p.estimate.seconds * p.candidate.accumulation)
+        assert p.tokens_per_second_per_chip == pytest.approx(tokens / p.step_seconds / chips)
+        assert p.mfu == pytest.approx(flops / p.step_seconds / CHIPS["v5e"].peak_flops)
+        assert math.fsum(p.parts().values()) == pytest.approx(p.step_seconds)
+    ranks = [i for i, p in enumerate(ranking) if not p.fits]
+    assert ranks == list(range(len(fits), len(ranking)))  # every plan that fits comes before every other
+
+
+@needs_tpu_compiler
+def test_why_names_the_bounding_term_and_the_runner_up(searched):
+    ranking, _ = searched
+    best, second = ranking.fitting[:2]
+    parts = best.parts()
+    assert best.bound == max(parts, key=parts.__getitem__)
+    assert f"bound by {best.bound}" in ranking.why
+    assert f"runner-up, {second.candidate.label()}" in ranking.why
+    table = str(ranking)
+    assert "effort 'O0'" in table and len(table.splitlines()) == 2 + len(ranking)
+    assert table.splitlines()[2].split()[1:6] == ["1", "x", str(best.candidate.fsdp), "x", str(best.candidate.tensor)]
+
+
+@needs_tpu_compiler
+def test_a_plan_over_the_chips_hbm_after_compiling_is_refused_with_the_bytes():
+    """A chip with less HBM than the compiled step needs (but more than the formula's estimate): refused after
+    its compile, with the compiler's figure."""
+    small = dataclasses.replace(CHIPS["v5e"], hbm_bytes=6 * 2**20)
+    ranking = plan(TINY, chip=small, topology="v5e:2x4", global_batch_tokens=8 * 128, remats=("full",),
+                   meshes=[(1, 8, 1)], max_compiles=1, effort="O0")
+    (only,) = ranking
+    assert only.formula_bytes < small.hbm_bytes < only.hbm_bytes
+    assert only.status == "refused" and only.compiled and "GiB" in only.note
+
+
+# --- slow: a bigger slice, two slices, the default effort, the compiler's own refusal -----------------------
+
+@pytest.mark.slow
+@needs_tpu_compiler
+def test_two_slices_of_v5e_4x4_at_the_default_effort(capsys):
+    model = dataclasses.replace(TINY, num_layers=2, d_model=512, num_heads=8)
+    ranking = plan(model, chip="v5e", topology="v5e:4x4", num_slices=2, global_batch_tokens=64 * 128,
+                   remats=("full", "minimal"), meshes=[(1, 16, 1), (1, 8, 2), (2, 8, 1)], max_compiles=4)
+    with capsys.disabled():
+        print(f"\n{ranking}\n{ranking.why}")
+    assert ranking.effort == "default" and len(ranking.fitting) >= 2
+    assert all(p.candidate.slices == 2 for p in ranking)
+    assert "no layout" not in {p.status for p in ranking}
+    split = [p for p in ranking if p.compiled and (p.candidate.data, p.candidate.fsdp) in ((1, 8), (2, 8))]
+    assert split and all("allow_split_physical_axes" in p.note for p in split if p.fits)  # 8 of a 4x4 torus
+    assert any("dcn" in op.lane for op in ranking.best.estimate.timeline)  # gradients cross slices
+
+
+@pytest.mark.slow
+@needs_tpu_compiler
+def test_the_compiler_refuses_what_the_formula_let_through():
+    """remat 'none' on 10k-token sequences, 2 a chip: the formula's lower estimate (12.9 GiB) lets it through,
+    the compiled program needs 16.4 GiB at O0 (libtpu 0.0.50.1), over the v5e's 15.75; one a chip fits."""
+    long = dataclasses.replace(TINY, seq_len=10240, num_layers=2)
+    ranking = plan(long, chip="v5e", topology="v5e:2x4", global_batch_tokens=16 * 10240, remats=("none",),
+                   meshes=[(1, 8, 1)], max_compiles=2, effort="O0")
+    refused = next(p for p in ranking if p.compiled and p.candidate.per_device_batch == 2)
+    assert refused.status == "refused" and refused.hbm_bytes > CHIPS["v5e"].hbm_bytes >= refused.formula_bytes
+    assert ranking.best.candidate.accumulation == 2 and ranking.best.hbm_bytes < CHIPS["v5e"].hbm_bytes

@@ -1,0 +1,558 @@
+"""Plan a training run: a model and a TPU slice in, the sharding plans ranked by estimated step time out.
+
+Why: "which mesh, which remat, which per-device batch, will it fit, what MFU should I expect?" is the
+question a learner brings to the course. :func:`plan` answers it with the compiler itself rather than on
+paper: it lists every candidate, throws out by formula the ones that cannot fit, compiles the plausible
+ones ahead of time for the real topology (:func:`utils.train_step.lower_train_step`, nothing allocated),
+reads their HBM from the compiler and times them with :func:`utils.timing.estimate_step`.
+
+Call::
+
+    from utils.planner import plan
+    from utils.train_step import DecoderConfig
+
+    model = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                          d_ff=14336, vocab_size=128_256, seq_len=8192)
+    ranking = plan(model, chip="v5e", topology="v5e:16x16", global_batch_tokens=2**21)
+    print(ranking)          # the table, best first
+    print(ranking.why)      # which term bounds the winner, and what the runner-up loses to
+    best = ranking.best     # a Plan: mesh, remat, per-device batch, HBM, step seconds, MFU
+
+The search, in four steps:
+
+1. **Candidates.** Every factorisation of a slice's chips over ``(data, fsdp, tensor)`` whose sizes the
+   model's dimensions divide (heads, key/value heads, ``d_ff`` and the vocabulary by ``tensor``;
+   ``d_model`` by ``fsdp``), with data parallelism over DCN across ``num_slices`` slices; each remat
+   policy of ``remats``; each per-device micro-batch that divides the sequences each chip gets per step,
+   the rest made up by gradient accumulation.
+2. **Formula.** Parameters and AdamW moments per chip (12 bytes a float32 parameter, exact from each
+   weight's sharding) plus float32 gradients (4 more) plus the activations the remat policy saves
+   (:func:`activation_bytes`). A candidate whose parameters and moments alone exceed the chip's HBM is
+   ``refused`` without compiling; one whose formula total exceeds it is ``pruned`` (an estimate: the
+   compiler is not asked).
+3. **Compile.** The plausible candidates, in the order of a paper estimate of their step
+   (:func:`guess_seconds`), up to ``max_compiles``: the
+   compiler's HBM (arguments + outputs - aliased + temporaries) decides ``fits``; a compile the compiler
+   refuses (``RESOURCE_EXHAUSTED``) is ``refused`` with the GiB it asked for. For a mesh and remat whose
+   larger micro-batch already fits, smaller ones are ``skipped`` (more micro-steps of the same program
+   are never faster here). Candidates past the budget are ``not compiled``.
+4. **Time and rank.** :func:`utils.timing.estimate_step` on the compiled program gives one micro-step's
+   seconds. Below the default effort it times by the roofline alone (``use_cycles=False``, a floor): the
+   compiler's per-matmul ``estimated_cycles`` at O0 are not the run's (MaxText's 16B row on ``v5e:16x16``
+   at O0: 96.5 s with them, 9.1 s without, against the 10.6 s its published MFU implies; libtpu 0.0.50.1).
+   The builder has no gradient accumulation, so accumulation over ``k`` micro-steps is
+   estimated as the whole step run ``k`` times: time x k (the optimizer update and the gradient
+   reduction are then counted k times, an overestimate), HBM of one micro-step plus a float32 gradient
+   accumulator (the accumulator is the formula's, not the compiler's). MFU is the current MaxText count
+   of model FLOPs (:func:`utils.published_rows.maxtext_flops_per_device`, ``per_matrix_causal``: 6 x
+   matmul parameters x tokens plus causal attention) over the step and the chip's peak.
+
+Fitting plans are ranked by step time (the global batch is fixed, so also by tokens/s), then the refused,
+pruned, unmappable (``"no layout"``), skipped and not compiled ones. Compile effort: the compiler's default
+unless ``effort="O0"`` (least effort: 4-10x faster to compile, but nothing is placed in VMEM, so HBM reads
+higher than a run at the default effort; the table names the effort).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .timing import CHIPS, Chip, StepEstimate
+from .train_step import REMAT_POLICIES, DecoderConfig, Parallelism, _param_specs
+
+__all__ = ["MFU_FORMULA", "Candidate", "Plan", "Ranking", "activation_bytes", "candidates", "guess_seconds", "plan",
+           "state_bytes"]
+
+GiB = 2**30
+MFU_FORMULA = "per_matrix_causal"
+"""MaxText's current model-FLOP count (:data:`utils.published_rows.FORMULAS`), used for every plan's MFU."""
+EFFORTS = ("default", "O0", "O1", "O2", "O3")
+_OOM = re.compile(r"memory required for [^(]*\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# The share of a step's model FLOPs each remat policy adds by recomputing in the backward pass (full: the
+# forward again, 2 of 6; minimal and offload: the attention dots, a guess), for ordering compiles only.
+_RECOMPUTE = {"none": 0.0, "save_dots": 0.0, "minimal": 0.05, "offload": 0.05, "full": 1 / 3}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan to try: the mesh inside a slice, DCN data parallelism, remat, micro-batch and accumulation.
+
+    ``per_device_batch`` is sequences per chip per micro-step (``lower_train_step``'s argument);
+    ``accumulation`` micro-steps make one step, so sequences per step = per_device_batch x accumulation
+    x chips in all.
+    """
+
+    data: int
+    fsdp: int
+    tensor: int
+    slices: int
+    remat: str
+    per_device_batch: int
+    accumulation: int
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return Parallelism(ici_data=self.data, ici_fsdp=self.fsdp, ici_tensor=self.tensor, dcn_data=self.slices)
+
+    def label(self) -> str:
+        mesh = f"{self.data}x{self.fsdp}x{self.tensor}" + (f" x{self.slices} DCN" if self.slices > 1 else "")
+        return f"{mesh} {self.remat} b{self.per_device_batch}x{self.accumulation}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A candidate and what the planner found about it.
+
+    ``status``: ``"fits"`` (compiled, within HBM), ``"refused"`` (by the compiler, or by the formula when the
+    parameters and moments alone exceed HBM: ``compiled`` says which), ``"pruned"`` (the formula's total
+    exceeds HBM; not compiled), ``"no layout"`` (``jax.experimental.mesh_utils`` cannot map the mesh onto the
+    slice's torus even splitting its axes; not compiled; a mesh laid out only by splitting one says so in
+    ``note``), ``"skipped"`` (a larger micro-batch of the same mesh and remat fits), ``"not compiled"``
+    (past ``max_compiles``). ``formula_bytes``: the estimate of step 2 per chip;
+    ``formula_seconds``: :func:`guess_seconds`, the order in which plausible candidates were compiled;
+    ``hbm_bytes``: the compiler's figure for one micro-step (None if not compiled), or for a refusal the
+    bytes it asked for; ``accumulator_bytes``: the float32 gradient accumulator added when
+    ``accumulation > 1`` (a formula); ``step_seconds``: the estimated step (micro-step x accumulation);
+    ``estimate``: the micro-step's :class:`utils.timing.StepEstimate`.
+    """
+
+    candidate: Candidate
+    status: str
+    formula_bytes: int
+    formula_seconds: float = 0.0
+    compiled: bool = False
+    hbm_bytes: int | None = None
+    accumulator_bytes: int = 0
+    step_seconds: float | None = None
+    tokens_per_second_per_chip: float | None = None
+    mfu: float | None = None
+    estimate: StepEstimate | None = field(default=None, repr=False)
+    note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "fits"
+
+    @property
+    def total_hbm_bytes(self) -> int | None:
+        """The compiler's HBM for a micro-step plus the accumulator: what the step needs per chip."""
+        return None if self.hbm_bytes is None else self.hbm_bytes + self.accumulator_bytes
+
+    def parts(self) -> dict[str, float]:
+        """The step's seconds by term (each micro-step's part x accumulation): compute, memory, the exposed
+        communication and host transfers; empty where not timed."""
+        if self.estimate is None:
+            return {}
+        k, e = self.candidate.accumulation, self.estimate
+        return {"compute": k * e.compute, "memory": k * e.memory, "exposed communication": k * e.comm_exposed,
+                "host transfers": k * e.host_exposed}
+
+    @property
+    def bound(self) -> str | None:
+        """The term that takes the largest share of the step (None where not timed)."""
+        parts = self.parts()
+        return max(parts, key=parts.__getitem__) if parts else None
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Every plan, best first (:func:`plan`); iterate it, index it, print it as a table, read ``why``."""
+
+    plans: tuple[Plan, ...]
+    model: DecoderConfig
+    chip: Chip
+    topology: str
+    num_slices: int
+    global_batch_tokens: int
+    effort: str
+
+    def __iter__(self) -> Iterator[Plan]:
+        return iter(self.plans)
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def __getitem__(self, i: int) -> Plan:
+        return self.plans[i]
+
+    @property
+    def fitting(self) -> tuple[Plan, ...]:
+        return tuple(p for p in self.plans if p.fits)
+
+    @property
+    def best(self) -> Plan:
+        """The fastest plan that fits; a ValueError saying what to change if none does."""
+        if not self.fitting:
+            raise ValueError(f"no plan fits {self.chip.name}'s {self.chip.hbm_bytes / GiB:.2f} GiB per chip: "
+                             "use more chips (a bigger topology or more slices), a smaller global batch "
+                             "(more accumulation), or allow remat 'full'; or raise max_compiles if candidates "
+                             "were left 'not compiled'")
+        return self.fitting[0]
+
+    @property
+    def why(self) -> str:
+        """Why the winner wins: the term that bounds its step, and the term the runner-up loses most on."""
+        if not self.fitting:
+            return "No candidate fits, so there is no winner: use more chips, a smaller global batch or remat 'full'."
+        best = self.best
+        parts = best.parts()
+        share = parts[best.bound] / best.step_seconds
+        text = (f"The winner, {best.candidate.label()}, is bound by {best.bound}: {share:.0%} of its estimated "
+                f"{_ms(best.step_seconds)} step ({', '.join(f'{k} {_ms(v)}' for k, v in parts.items())}).")
+        if len(self.fitting) < 2:
+            return text + " No other candidate fits, so there is no runner-up."
+        second = self.fitting[1]
+        extra = {k: v - parts[k] for k, v in second.parts().items()}
+        lost = max(extra, key=extra.__getitem__)
+        text += (f" The runner-up, {second.candidate.label()}, takes {_ms(second.step_seconds)} "
+                 f"({second.step_seconds / best.step_seconds - 1:+.1%}): it loses most on {lost}, "
+                 f"+{_ms(extra[lost])}")
+        if second.candidate.accumulation != best.candidate.accumulation:
+            text += (f", with {second.candidate.accumulation} micro-steps against "
+                     f"{best.candidate.accumulation}")
+        return text + "."
+
+    def __str__(self) -> str:
+        n = self.model.num_params()
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+        head = (f"plans for {size} parameters on {self.num_slices} x {self.topology} "
+                f"({self.chip.name}, {self.chip.hbm_bytes / GiB:.2f} GiB HBM), {self.global_batch_tokens:,} "
+                f"tokens a step; HBM from the compiler at effort {self.effort!r}, times estimated (utils.timing"
+                + ("" if self.effort == "default" else ", roofline only") + ")")
+        cols = f"{'#':>3} {'data x fsdp x tensor':<22}{'remat':<10}{'batch x acc':>12}{'formula':>10}{'HBM':>10}" \
+               f"{'step':>11}{'tok/s/chip':>12}{'MFU':>7}  {'bound / status':<s}"
+        lines = [head, cols]
+        for i, p in enumerate(self.plans, 1):
+            c = p.candidate
+            mesh = f"{c.data} x {c.fsdp} x {c.tensor}" + (f" (x{c.slices})" if c.slices > 1 else "")
+            hbm = "" if p.total_hbm_bytes is None else f"{p.total_hbm_bytes / GiB:.2f}G"
+            step = "" if p.step_seconds is None else _ms(p.step_seconds)
+            tok = "" if p.tokens_per_second_per_chip is None else f"{p.tokens_per_second_per_chip:,.0f}"
+            mfu = "" if p.mfu is None else f"{p.mfu:.1%}"
+            status = (p.bound + (f" ({p.note})" if p.note else "")) if p.fits else \
+                p.status + (f": {p.note}" if p.note else "")
+            lines.append(f"{i:>3} {mesh:<22}{c.remat:<10}{f'{c.per_device_batch} x {c.accumulation}':>12}"
+                         f"{p.formula_bytes / GiB:>9.2f}G{hbm:>10}{step:>11}{tok:>12}{mfu:>7}  {status}")
+        return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _bytes(dtype: str) -> int:
+    return {"bfloat16": 2, "float32": 4}[dtype]
+
+
+def state_bytes(model: DecoderConfig, data: int, fsdp: int, tensor: int) -> int:
+    """Parameters and AdamW's two moments per chip, in the master dtype: 12 bytes a float32 parameter,
+    each weight divided by the axes it is sharded over (:func:`utils.train_step.lower_train_step`'s rules;
+    ``data`` and DCN replicate it). Exact for the builder's weights; gradients not included."""
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    per_chip = 0
+    for shape, spec in _param_specs(model).values():
+        n = 1
+        for dim, axes in zip(shape, spec, strict=True):
+            ways = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
+            n *= -(-dim // ways)
+        per_chip += n
+    return 3 * _bytes(model.weight_dtype) * per_chip
+
+
+def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *, attention: str = "dot") -> int:
+    """The activations one micro-step keeps for the backward pass per chip, by remat policy (an estimate).
+
+    Per token and layer, in the activation dtype, what the policy saves (the batch is split over
+    data x fsdp and the features over tensor, so a chip holds ``per_device_batch`` sequences' worth):
+    ``full`` and ``offload`` (on the device) the layer's input; ``minimal`` also every projection's output
+    (q, k, v, attention out, the feed-forward matrices); ``save_dots`` also the attention scores and their
+    product with v; ``none`` also the softmax (float32 and the activation dtype), norms and activation
+    function outputs. The scores are S per head per token with ``attention="dot"`` and none with
+    ``"flash"``. Plus the float32 logits, their log-softmax and the one-hot targets (3 x 4 bytes x vocabulary
+    per token). A lower estimate: no working space of the recomputed layer, no compiler copies.
+    """
+    m, t = model, per_device_batch * model.seq_len
+    a = _bytes(m.dtype)
+    scores = 0 if attention == "flash" else m.num_heads * m.seq_len
+    layer_input = m.d_model
+    projections = (m.num_heads + 2 * m.kv_heads) * m.head_dim + m.d_model + (2 if m.gated else 1) * m.d_ff + m.d_model
+    dots = scores + m.num_heads * m.head_dim
+    rest = scores * (1 + 4 // a) + 2 * m.d_model + m.d_ff
+    per_token = {"full": layer_input, "offload": layer_input, "minimal": layer_input + projections,
+                 "save_dots": layer_input + projections + dots,
+                 "none": layer_input + projections + dots + rest}[remat]
+    logits = 3 * 4 * m.vocab_size
+    return t * (m.num_layers * per_token * a + logits)
+
+
+def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops: float) -> float:
+    """A paper estimate of a candidate's step, only to decide which candidates to compile first.
+
+    Per step: the model FLOPs plus the remat's recomputation at peak; hidden behind them, FSDP's weight
+    gathers (twice, bf16) and gradient reduce-scatter (float32) over ``fsdp`` on one torus axis's two links,
+    once a micro-step, and with remat ``offload`` the saved projections' trip to host memory and back;
+    exposed, tensor parallelism's four activation all-reduces a layer (six with remat ``full``) and the
+    gradient all-reduce over ``data`` (ICI) and the slices (DCN). ``model_flops``: per chip per step.
+    Far cruder than :func:`utils.timing.estimate_step`, which ranks the compiled plans; it never decreases
+    with more micro-steps, so a mesh and remat's largest micro-batch is compiled first.
+    """
+    k, params = c.accumulation, model.matmul_params()
+    compute = model_flops * (1 + _RECOMPUTE[c.remat]) / chip.peak_flops
+    ring = 2 * chip.link_bandwidth
+    fsdp = k * (c.fsdp - 1) / c.fsdp * params / c.tensor * (2 + 2 + 4) / ring
+    host = 0.0
+    if c.remat == "offload":
+        saved = activation_bytes(model, "minimal", c.per_device_batch) - activation_bytes(model, "full",
+                                                                                          c.per_device_batch)
+        host = 2 * k * saved / chip.host_bandwidth
+    activations = c.per_device_batch * c.tensor * model.seq_len * model.d_model * _bytes(model.dtype)
+    passes = 6 if c.remat == "full" else 4
+    tensor = k * 2 * (c.tensor - 1) / c.tensor * activations * passes * model.num_layers / ring
+    grads = 4 * params / (c.fsdp * c.tensor)
+    data = 2 * (c.data - 1) / c.data * grads / ring
+    dcn = 2 * (c.slices - 1) / c.slices * grads / c.data / chip.dcn_bandwidth
+    return max(compute, fsdp, host) + tensor + data + dcn
+
+
+def _chip(chip: str | Chip, topology: str) -> Chip:
+    if isinstance(chip, Chip):
+        found = chip
+    elif chip in CHIPS:
+        found = CHIPS[chip]
+    else:
+        raise ValueError(f"unknown chip {chip!r}; known chips: {', '.join(CHIPS)} (or pass a utils.timing.Chip)")
+    if not isinstance(topology, str) or ":" not in topology:
+        raise ValueError(f"topology must name a TPU slice like 'v5e:16x16' or 'v5p:4x4x8', got {topology!r}")
+    if topology.split(":")[0] != found.name:
+        raise ValueError(f"topology {topology!r} is not a {found.name} slice; name a '{found.name}:...' topology "
+                         f"or chip={topology.split(':')[0]!r}")
+    return found
+
+
+def _slice_chips(topology: str) -> int:
+    dims = topology.split(":", 1)[1].split("x")
+    if not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"topology {topology!r}: the part after ':' must be chip counts joined by 'x', "
+                         "like 'v5e:16x16'")
+    return math.prod(int(d) for d in dims)
+
+
+def _divides(model: DecoderConfig, data: int, fsdp: int, tensor: int) -> str:
+    """'' if every sharded dimension of the model divides this mesh, else what does not (and the fix)."""
+    if model.num_heads % tensor or model.kv_heads % tensor:
+        return (f"num_heads={model.num_heads} and num_kv_heads={model.kv_heads} must be multiples of "
+                f"tensor={tensor}")
+    for dim, name, ways, axis in ((model.d_ff, "d_ff", tensor, "tensor"), (model.vocab_size, "vocab_size", tensor,
+                                  "tensor"), (model.d_model, "d_model", fsdp, "fsdp")):
+        if dim % ways:
+            return f"{name}={dim} is not a multiple of {axis}={ways}"
+    return ""
+
+
+def _factorisations(n: int) -> list[tuple[int, int, int]]:
+    return [(d, f, n // (d * f)) for d in range(1, n + 1) if n % d == 0
+            for f in range(1, n // d + 1) if (n // d) % f == 0]
+
+
+def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 1, sequences: int,
+               remats: Sequence[str] = REMAT_POLICIES,
+               meshes: Sequence[tuple[int, int, int]] | None = None) -> list[Candidate]:
+    """Every candidate of step 1 (see the module's text): meshes ``(data, fsdp, tensor)`` of one slice that
+    the model divides (``meshes`` to choose them yourself: each must multiply to ``chips_per_slice`` and
+    divide the model), each remat of ``remats``, each micro-batch dividing ``sequences / chips``.
+    ValueErrors name the fix."""
+    for r in remats:
+        if r not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat {r!r}; choose from {REMAT_POLICIES}")
+    chips = chips_per_slice * num_slices
+    if sequences % chips:
+        raise ValueError(f"{sequences} sequences a step do not split over {chips} chips: make the global batch a "
+                         f"multiple of {chips} x seq_len = {chips * model.seq_len:,} tokens (the builder gives every "
+                         "chip the same whole number of sequences)")
+    if meshes is None:
+        shapes = [s for s in _factorisations(chips_per_slice) if not _divides(model, *s)]  # (n, 1, 1) always
+    else:
+        shapes = []
+        for s in meshes:
+            s = tuple(int(x) for x in s)
+            if len(s) != 3 or min(s) < 1 or math.prod(s) != chips_per_slice:
+                raise ValueError(f"mesh {s}: (data, fsdp, tensor) must be positive and multiply to the "
+                                 f"{chips_per_slice} chips of a slice (for example (1, {chips_per_slice}, 1))")
+            if why := _divides(model, *s):
+                raise ValueError(f"mesh {s} does not divide the model: {why}; choose another split or change the model")
+            shapes.append(s)
+    per_chip = sequences // chips
+    batches = sorted((b for b in range(1, per_chip + 1) if per_chip % b == 0), reverse=True)
+    return [Candidate(d, f, t, num_slices, r, b, per_chip // b) for (d, f, t) in shapes for r in remats
+            for b in batches]
+
+
+def _describe(topology: str, num_slices: int) -> None:
+    """Check that libtpu knows the slice (before any compile); a ValueError naming the fix if not."""
+    from jax.experimental import topologies
+
+    from .capture import quiet
+    from .tpu import tpu_compiler_available
+
+    ok, why = tpu_compiler_available()
+    if not ok:
+        raise RuntimeError(f"planning needs the TPU compiler to compile candidates ({why}); max_compiles=0 "
+                           "ranks nothing but still lists, refuses and prunes by formula")
+    try:
+        with quiet():
+            topologies.get_topology_desc(topology, "tpu", **({"num_slices": num_slices} if num_slices > 1 else {}))
+    except Exception as err:  # libtpu's own message, in one line
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ValueError(f"libtpu cannot describe the slice {topology!r}: {first}. Name a shape the chip is sold "
+                         "in, like 'v5e:2x4', 'v5e:16x16' or 'v5p:4x4x8'") from None
+
+
+def _mesh(make_mesh: Any, topology: str, parallelism: Parallelism, num_slices: int) -> tuple[Any, bool]:
+    """The candidate's mesh and whether a mesh axis had to split a torus axis ((None, True): no layout at all)."""
+    try:
+        return make_mesh(topology, parallelism, num_slices=num_slices), False
+    except NotImplementedError:  # mesh_utils maps each mesh axis onto whole torus axes unless told otherwise
+        pass
+    try:
+        return make_mesh(topology, parallelism, num_slices=num_slices, allow_split_physical_axes=True), True
+    except NotImplementedError:
+        return None, True
+
+
+def _compile(lowered: Any, effort: str) -> Any:
+    """``lowered.compile()`` at ``effort`` (``jax_optimization_level``), putting the previous level back."""
+    import jax
+
+    from .capture import quiet
+
+    before = jax.config.jax_optimization_level
+    jax.config.update("jax_optimization_level", "UNKNOWN" if effort == "default" else effort)
+    try:
+        with quiet():
+            return lowered.compile()
+    finally:
+        jax.config.update("jax_optimization_level", before)
+
+
+def _refusal(err: Exception) -> int | None:
+    """The bytes an out-of-HBM compile asked for (None if ``err`` is not one)."""
+    m = _OOM.search(str(err))
+    return int(float(m.group(1)) * _UNIT[m.group(2)]) if m and "RESOURCE_EXHAUSTED" in str(err) else None
+
+
+def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: int = 1, global_batch_tokens: int,
+         remats: Sequence[str] = REMAT_POLICIES, meshes: Sequence[tuple[int, int, int]] | None = None,
+         attention: str = "dot", max_compiles: int = 8, effort: str = "default") -> Ranking:
+    """Rank the sharding plans for training ``model`` on ``num_slices`` slices of ``topology``.
+
+    ``model``: a :class:`utils.train_step.DecoderConfig`; ``chip``: a name of :data:`utils.timing.CHIPS`
+    (``"v5e"``, ``"v5p"``, ``"v6e"``) or a :class:`utils.timing.Chip`; ``topology``: the slice
+    (``"v5e:16x16"``); ``global_batch_tokens``: tokens per optimizer step, all slices together (a multiple of
+    chips x ``seq_len``); ``remats``: the remat policies to try; ``meshes``: restrict the ICI meshes
+    ``(data, fsdp, tensor)`` (default: every one the model divides); ``attention``: ``"dot"`` or ``"flash"``
+    (:func:`utils.train_step.lower_train_step`); ``max_compiles``: at most this many ahead-of-time compiles
+    (each takes seconds to minutes of CPU); ``effort``: ``"default"`` (what a training run gets) or
+    ``"O0"``... (``jax_optimization_level``). Returns a :class:`Ranking` (see the module's text for the
+    search). Needs libtpu for the compiles (a RuntimeError says so); bad input raises a ValueError naming
+    the fix.
+    """
+    from .train_step import lower_train_step, make_mesh
+
+    hw = _chip(chip, topology)
+    per_slice = _slice_chips(topology)
+    if not isinstance(num_slices, int) or num_slices < 1:
+        raise ValueError(f"num_slices must be a positive integer, got {num_slices!r}")
+    if not isinstance(global_batch_tokens, int) or global_batch_tokens < 1:
+        raise ValueError(f"global_batch_tokens must be a positive integer, got {global_batch_tokens!r}")
+    if global_batch_tokens % model.seq_len:
+        raise ValueError(f"global_batch_tokens={global_batch_tokens:,} is not a whole number of sequences of "
+                         f"seq_len={model.seq_len}: use a multiple of {model.seq_len}")
+    if effort not in EFFORTS:
+        raise ValueError(f"effort must be one of {EFFORTS}, got {effort!r}")
+    if not isinstance(max_compiles, int) or max_compiles < 0:
+        raise ValueError(f"max_compiles must be a whole number >= 0, got {max_compiles!r}")
+    if attention not in ("dot", "flash"):
+        raise ValueError(f"attention must be 'dot' or 'flash', got {attention!r}")
+    sequences = global_batch_tokens // model.seq_len
+    chips = per_slice * num_slices
+    found = candidates(model, chips_per_slice=per_slice, num_slices=num_slices, sequences=sequences,
+                       remats=remats, meshes=meshes)
+
+    from .published_rows import maxtext_flops_per_device
+    from .timing import estimate_step
+
+    model_flops = maxtext_flops_per_device(model, per_device_batch=sequences / chips, formula=MFU_FORMULA)
+    hbm = hw.hbm_bytes
+    plans: dict[Candidate, Plan] = {}
+    plausible = []
+    for c in found:
+        state = state_bytes(model, c.data, c.fsdp, c.tensor)
+        grads = state // 3
+        accumulator = grads if c.accumulation > 1 else 0
+        formula = state + grads + accumulator + activation_bytes(model, c.remat, c.per_device_batch,
+                                                                 attention=attention)
+        guess = guess_seconds(model, c, hw, model_flops=model_flops)
+        if state > hbm:
+            plans[c] = Plan(c, "refused", formula, guess, note=f"parameters and moments alone {state / GiB:.2f} GiB")
+        elif formula > hbm:
+            plans[c] = Plan(c, "pruned", formula, guess, note=f"formula {formula / GiB:.2f} GiB")
+        else:
+            plausible.append((c, formula, accumulator, guess))
+    if max_compiles and plausible:
+        _describe(topology, num_slices)
+    # the paper guess first; a mesh and remat's fewer micro-steps come first (the guess grows with them)
+    order = sorted(plausible, key=lambda x: (x[3], x[0].accumulation, x[0].label()))
+    compiles, meshes_made, fitted = 0, {}, set()
+    for c, formula, accumulator, guess in order:
+        key = (c.data, c.fsdp, c.tensor, c.remat)
+        if key in fitted:
+            plans[c] = Plan(c, "skipped", formula, guess, accumulator_bytes=accumulator,
+                            note="a larger micro-batch of this mesh and remat fits")
+            continue
+        if compiles >= max_compiles:
+            plans[c] = Plan(c, "not compiled", formula, guess, accumulator_bytes=accumulator,
+                            note=f"past max_compiles={max_compiles}")
+            continue
+        shape = (c.data, c.fsdp, c.tensor)
+        if shape not in meshes_made:
+            meshes_made[shape] = _mesh(make_mesh, topology, c.parallelism, num_slices)
+        mesh, split = meshes_made[shape]
+        if mesh is None:
+            plans[c] = Plan(c, "no layout", formula, guess, accumulator_bytes=accumulator,
+                            note=f"mesh_utils cannot lay {c.data} x {c.fsdp} x {c.tensor} out on {topology}")
+            continue
+        split_note = "a mesh axis splits a torus axis: allow_split_physical_axes" if split else ""
+        compiles += 1
+        lowered = lower_train_step(model, mesh, per_device_batch=c.per_device_batch, remat=c.remat,
+                                   attention=attention)
+        try:
+            compiled = _compile(lowered, effort)
+        except Exception as err:  # the compiler's refusal is a result; anything else is a real error
+            asked = _refusal(err)
+            if asked is None:
+                raise
+            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=asked, accumulator_bytes=accumulator,
+                            note=f"the compiler needs {asked / GiB:.2f} GiB")
+            continue
+        m = compiled.memory_analysis()
+        used = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+        if used + accumulator > hbm:
+            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
+                            note=f"the compiler's program needs {used / GiB:.2f} GiB"
+                                 + (f", {(used + accumulator) / GiB:.2f} with the accumulator" if accumulator else ""))
+            continue
+        estimate = estimate_step(compiled, mesh, chip=hw, use_cycles=effort == "default")
+        seconds = estimate.seconds * c.accumulation
+        fitted.add(key)
+        plans[c] = Plan(c, "fits", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
+                        step_seconds=seconds, tokens_per_second_per_chip=global_batch_tokens / seconds / chips,
+                        mfu=model_flops / seconds / hw.peak_flops, estimate=estimate, note=split_note)
+    rank = {"fits": 0, "refused": 1, "pruned": 2, "no layout": 3, "skipped": 4, "not compiled": 5}
+    ordered = sorted(plans.values(), key=lambda p: (rank[p.status], p.step_seconds or 0.0,
+                                                    p.total_hbm_bytes or p.formula_bytes, p.candidate.label()))
+    return Ranking(tuple(ordered), model, hw, topology, num_slices, global_batch_tokens, effort)
