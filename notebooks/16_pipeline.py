@@ -394,7 +394,7 @@ if TPU_OK:
     for micro, repeats in ((M, 1), (M, REPEATS)):
         program, tpu_mesh = compile_tpu(micro, repeats)
         cps = [op for op in collectives(program).ops if op.kind == "collective-permute"]
-        mem, est = memory_per_device(program), estimate_step(program, tpu_mesh)
+        mem, est = memory_per_device(program), estimate_step(program, tpu_mesh, use_cycles=False)  # O0: roofline
         tpu[micro, repeats] = (cps, mem, est)
         name = f"{'GPipe' if repeats == 1 else 'circular'}, M = {micro}"
         print(f"{name:<28}{cps[0].trips:>6}  {len(cps)} x {cps[0].result_type:<18}{format_bytes(mem.temp):>12}"

@@ -518,9 +518,10 @@ assert a2a_bytes == 1.25 * 2 * seq * width * 2  # k x tokens x width x bytes, wi
 # and their transposes backward. FSDP adds its gathers over the 4 chips of `fsdp`, two per expert weight
 # (forward and rematerialised forward), and a reduce-scatter per weight for the gradients.
 #
-# `estimate_step` (notebook 14) times the program at 1.8 s per step, 1.33 s of it compute. By
-# `6 x active parameters x tokens / chips / peak`, the estimate for the useful work is
-# 6 x 12.9e9 x 4,096 / 459e12 = 0.69 s per chip: the rest is the rematerialised forward, the 25% of empty
+# `estimate_step` (notebook 14) times the program at 2.9 s per step, 2.64 s of it compute: 1.33 s
+# by the matmuls' FLOPs at the chip's peak, the rest what the compiler's cycle counts add for its fused
+# one-hot and attention matmuls. By `6 x active parameters x tokens / chips / peak`, the estimate for the
+# useful work is 6 x 12.9e9 x 4,096 / 459e12 = 0.69 s per chip: the rest of the FLOPs is the rematerialised forward, the 25% of empty
 # slots the capacity factor pays for, attention's scores, and the one-hot dispatch and combine einsums,
 # which cost a fifth of the experts' FLOPs at this width. Sorting tokens by expert instead (a grouped
 # matmul) removes that last part.
@@ -532,9 +533,9 @@ MIXTRAL_V5P = {  # compiled by tests/test_17_experts_tpu.py, which checks each f
     "all-to-alls per layer": 6,
     "all-to-all result (MiB)": 80,
     "all-gathers per layer, over fsdp": 6,
-    "estimated step (s)": 1.803,
-    "of which compute (s)": 1.329,
-    "of which exposed communication (s)": 0.241,
+    "estimated step (s)": 2.887,
+    "of which compute (s)": 2.64,
+    "of which exposed communication (s)": 0.235,
 }
 for what, figure in MIXTRAL_V5P.items():
     print(f"{what:<40}{figure}")

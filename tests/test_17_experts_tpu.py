@@ -57,4 +57,6 @@ def test_the_figures_in_the_notebooks_table(compiled):
     assert abs(step.seconds - table["estimated step (s)"]) < 0.005
     assert abs(step.compute - table["of which compute (s)"]) < 0.005
     assert abs(step.comm_exposed - table["of which exposed communication (s)"]) < 0.005
+    roofline = estimate_step(program, mesh, use_cycles=False)  # the prose's "1.33 s by the matmuls' FLOPs at peak"
+    assert abs(roofline.compute - 1.329) < 0.005 and step.compute > roofline.compute
     assert memory.footprint < 0.5 * 95.73 * GiB and round(n_params / 1e9, 1) == 46.7
