@@ -67,6 +67,8 @@ def _figures(kind: str, length: int) -> tuple[float, float, float]:
 
     o0, _ = _compiled(kind, length, "O0")
     default, mesh = _compiled(kind, length, "UNKNOWN")
+    if memory_per_device(default).allocated is None:  # jax 0.10.2: footprint is the course's estimated sum
+        pytest.skip("the table holds jax 0.12's figures with libtpu 0.0.50.1, which reports the HBM allocated")
     return (memory_per_device(o0).footprint / MiB, memory_per_device(default).footprint / MiB,
             estimate_step(default, mesh).seconds * 1e3)
 
