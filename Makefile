@@ -113,7 +113,7 @@ lock: $(UV)
 
 # requirements.txt: what `make lab` and `make test` install (the project, groups test, lab and tpu), exported
 # from uv.lock with each line's markers, so plain `pip install -r requirements.txt` gets either Python line.
-# tests/test_tooling.py runs this same command and compares. binder/requirements.txt comes from pyproject.
+# tests/test_tooling.py runs this same command and compares. tools/binder.py then pins Binder's packages from it.
 REQUIREMENTS_EXPORT := export --frozen --offline --no-hashes --format requirements-txt --no-default-groups \
 	--group test --group lab --group tpu -o requirements.txt
 requirements: $(UV)

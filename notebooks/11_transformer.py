@@ -672,10 +672,15 @@ assert expected["data"] == 655_880  # parameters and Adam state, whole on every 
 #   which here is more than the gradients. FSDP gathers each weight. The CPU compiler then sums the full
 #   gradients, where the TPU and GPU compilers reduce-scatter some or all of them.
 #
-# Notebook 15 scales this comparison to 64 devices.
+# A TPU v5e-8 compiles the same four steps differently (the hidden cell's second table, at the default
+# effort). The state each chip keeps falls in the same order, from 898 KiB for data parallelism to 142 KiB
+# for FSDP, and tensor parallelism again sends the most, 3.7 times data parallelism's bytes. But every
+# strategy needs 2.1 to 2.7 MiB of HBM per chip, more than twice the largest state, because at this toy size
+# the padded tiles and temporaries outweigh the state, and FSDP needs the most. So compare strategies'
+# memory at a real size: notebook 10 does it for FSDP, and notebook 15 scales this comparison to 64 devices.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title The CPU compiler's exact figures, §6: the bytes of each strategy's step
+# @title The CPU and TPU compilers' exact figures, §6: the bytes of each strategy's step
 print("This compiler's temporaries per device:", ", ".join(f"{name} {format_bytes(memory[name].temp)}"
                                                              for name in STRATEGIES) + ".")
 if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
@@ -684,6 +689,22 @@ if CPU:  # exact byte counts of the CPU compiler (accelerators pad small arrays)
         assert memory[name].argument == held_by[name] + batch_bytes and memory[name].alias == held_by[name]
     assert memory["tensor"].temp > memory["data"].temp and memory["FSDP"].temp > memory["data"].temp
     assert moved["tensor"] > moved["2-D"] > moved["data"]  # activations cost more than gradients, at this size
+# A TPU v5e-8 at the default effort, compiled ahead of time by tests/test_07_11_tpu_tables.py, which asserts
+# this table (jax 0.12.0.1, libtpu 0.0.50.1): KiB per chip (HBM, state aliased), collectives, KiB sent (ring)
+TPU_STRATEGIES = {"data": (2488.0, 898.0, {"all-reduce": 1}, 373.6),
+                  "tensor": (2300.5, 190.0, {"all-reduce": 7, "all-gather": 2}, 1379.0),
+                  "2-D": (2140.0, 466.0, {"all-reduce": 8, "all-gather": 2}, 358.3),
+                  "FSDP": (2712.5, 142.0, {"all-reduce": 2, "all-gather": 12, "reduce-scatter": 1}, 383.3)}
+print(f"A TPU v5e-8's figures at the default effort:\n{'strategy':<9}{'HBM':>12}{'state aliased':>15}   "
+      f"{'collectives per step':<42}{'ring estimate':>14}")
+for name, (hbm_kib, alias_kib, counts, sent_kib) in TPU_STRATEGIES.items():
+    kinds = ", ".join(f"{n} {k}" for k, n in counts.items())
+    print(f"{name:<9}{hbm_kib:>8.1f} KiB{alias_kib:>11.1f} KiB   {kinds:<42}{sent_kib:>10.1f} KiB")
+tpu_hbm, tpu_state, _, tpu_sent = (dict(zip(TPU_STRATEGIES, column, strict=True))
+                                   for column in zip(*TPU_STRATEGIES.values(), strict=True))
+assert tpu_state["data"] > tpu_state["2-D"] > tpu_state["tensor"] > tpu_state["FSDP"]  # as on the CPU
+assert tpu_sent["tensor"] > 3 * tpu_sent["data"]  # activations cost more than gradients here too
+assert min(tpu_hbm.values()) > 2 * max(tpu_state.values()) and max(tpu_hbm, key=tpu_hbm.get) == "FSDP"
 
 # %% [markdown]
 # ## 7. Save under FSDP, restore as tensor parallel

@@ -701,6 +701,21 @@ if ok:
 # candidate, left out because its compile takes several times longer: add it to `ROWS` and compare.
 # The split shown is one that fits, not the only one.
 #
+# It is not the split MaxText publishes for this model on a v5e-256, either. That script
+# (`configs/v5e/llama3/llama3_8b.sh`) uses FSDP only, over two axes of 16 (`ici_fsdp_transpose_parallelism=16`,
+# the rest of the slice on the default FSDP axis), with full rematerialisation and one sequence of 8,192
+# tokens per chip. This notebook's model could not run that, because its attention keeps the whole score
+# matrix: at 8,192 tokens that is 8 GiB of float32 per chip for one layer (computed below), half a v5e
+# chip. Training code at that length uses a fused attention kernel instead, flash attention, which goes
+# through the scores block by block and never stores them whole (JAX ships one for TPU,
+# `jax.experimental.pallas.ops.tpu.splash_attention`).
+
+# %%
+maxtext_scores = 1 * LLAMA3_8B.heads * 8192 * 8192 * 4  # one sequence per chip, all 32 heads, float32
+print(f"whole attention scores at 8,192 tokens: {format_bytes(maxtext_scores)} per chip, per layer")
+assert maxtext_scores == 8 * GiB and maxtext_scores > HBM["v5e"][1] * GiB / 2  # half of the usable HBM, or more
+
+# %% [markdown]
 # For other slices: `jax.make_mesh` raises `NotImplementedError` when it cannot lay a mesh shape along
 # the slice's links, as for `(64, 4)` on `v6e:16x16`; `mesh_utils.create_device_mesh(shape, devices,
 # allow_split_physical_axes=True)` then gives devices for a `Mesh`. A verdict holds for the slice compiled

@@ -734,6 +734,35 @@ assert mesh_param.default is inspect.Parameter.empty  # mark_sharding has no def
 np.testing.assert_array_equal(doubled.cpu().numpy(), np.asarray(jdoubled))
 
 # %% [markdown]
+# Inside the manual region a sum over devices is yours to write, as `jax.lax.psum` is inside `shard_map`.
+# torch_xla 2.9 has no public call for it. `xm.all_reduce`, the collective of its multi-process mode,
+# returns its input unchanged here, because an SPMD program runs as one process (world size 1) and the call
+# skips the sum when it is alone. torch_xla's own tests use a private binding instead,
+# `torch_xla._XLAC._xla_spmd_all_reduce`, which writes an all-reduce over global device ids into the
+# region. Being private, it may change without notice:
+
+# %%
+import torch_xla.core.xla_model as xm
+
+block = xs.enable_manual_sharding(t, ("data", None)).global_tensor
+skipped = xm.all_reduce(xm.REDUCE_SUM, block)  # the multi-process call: alone in its "world", it sums nothing
+summed = torch_xla._XLAC._xla_spmd_all_reduce(xm.REDUCE_SUM, block, 1.0, [list(range(8))])
+region_hlo = torch_xla._XLAC._get_xla_tensors_hlo([summed])
+skipped = xs.disable_manual_sharding(skipped, ("data", None), t.shape).global_tensor
+summed = xs.disable_manual_sharding(summed, ("data", None), t.shape).global_tensor
+torch_xla.sync()
+
+use_shardy()
+with jax.set_mesh(jmesh_dp):
+    jsummed = jax.shard_map(lambda b: jax.lax.psum(b, "data"), in_specs=P("data"), out_specs=P("data"))(values)
+print("each device's block after the sum: torch_xla", summed[0].tolist(), "| jax", np.asarray(jsummed)[0].tolist())
+(reduce_line,) = [line for line in region_hlo.splitlines() if " all-reduce(" in line]
+print(reduce_line.split("=", 1)[1].split(", to_apply")[0].strip())
+np.testing.assert_array_equal(skipped.cpu().numpy(), values)  # xm.all_reduce: no sum at all
+np.testing.assert_array_equal(summed.cpu().numpy(), np.asarray(jsummed))  # every block holds the column sums
+assert "replica_groups={{0,1,2,3,4,5,6,7}}" in reduce_line and "use_global_device_ids=true" in reduce_line
+
+# %% [markdown]
 # **FSDPv2.** `SpmdFullyShardedDataParallel(module, mesh=...)` shards every parameter on its largest
 # dimension over the mesh axis `fsdp`, and the output on the batch. It is FSDP written as annotations, like
 # notebook 10, so the partitioner adds the same collectives: an all-gather of each weight before it is used,
@@ -820,6 +849,7 @@ assert hybrid == "AssertionError"
 # | re-place | `jax.device_put` again | `xs.clear_sharding`, then `mark_sharding` |
 # | activation | `jax.lax.with_sharding_constraint` | `xs.mark_sharding` in `forward` |
 # | per-device code | `jax.shard_map` | `xs.enable_manual_sharding` |
+# | a sum inside it | `jax.lax.psum(x, 'data')` | none public: `torch_xla._XLAC._xla_spmd_all_reduce` (private) |
 # | inspect | `x.sharding` | `torch_xla._XLAC._get_xla_sharding_spec(t)` |
 # | compiled program | `.compile().as_text()` | `XLA_FLAGS=--xla_dump_to=DIR` |
 # | compile once | `jax.jit` | `torch.compile(model, backend="openxla")` |

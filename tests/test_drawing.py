@@ -549,6 +549,16 @@ def test_color_by_colours_the_cards_by_a_group_of_devices():
     assert [label.split("\n")[0] for label in tile_labels(fig)] == [f"dev {i}" for i in range(8)]  # still by device
 
 
+def test_show_slices_labels_each_block_with_its_part_of_the_array():
+    fig = draw_sharding((16, 8), _ns(P("data", None)), show_slices=True, show_bytes=False)
+    rows = [label.split("\n")[-1] for label in tile_labels(fig)]  # after "dev 0,1", "(4, 8)" and "2 copies"
+    assert sorted(rows, key=lambda r: int(r[1:].split(":")[0])) == [f"[{4 * i}:{4 * i + 4}, :]" for i in range(4)]
+    plain = draw_sharding((16, 8), _ns(P("data", None)), show_bytes=False)
+    assert not any("[" in label for label in tile_labels(plain))  # off by default
+    with pytest.raises(TypeError, match="show_slices is True or False"):
+        draw_sharding((16, 8), _ns(P("data", None)), show_slices="rows")
+
+
 # --- draw_memory: stacked bars of bytes per device ------------------------------------------------------------------
 
 

@@ -381,21 +381,44 @@ def test_binder_installs_what_pyproject_says_and_nothing_of_its_server(python, l
     here = [r for r in reqs if r.marker is None or r.marker.evaluate(markers)]
     pins = {r.name: str(r.specifier) for r in here}
     assert len(pins) == len(here), "one line per package for each Python"
-    assert pins["jax"] == pins["jaxlib"] == f"=={line}" and pins["numpy"] == ">=2.0"
+    assert pins["jax"] == pins["jaxlib"] == f"=={line}"
+    assert all(pin.startswith("==") for pin in pins.values()), "every package pinned, as uv.lock pins it"
+    assert {"numpy", "ml-dtypes", "scipy", "matplotlib", "pillow", "optax", "orbax-checkpoint"} <= set(pins)
     assert pins["libtpu"] == str(next(r.specifier for r in requirements(environment=markers, groups=["tpu"])
                                       if r.name == "libtpu"))
     names = {canonicalize(r.name) for r in reqs}
     assert not names & KERNEL_PACKAGES and not names & {"jupyterlab", "ipykernel", "notebook"}
 
 
-def test_binder_requirements_leave_kernel_packages_out_and_check_runtime(tmp_path, pyproject):
+def test_binder_requirements_pin_the_locked_closure_less_the_kernel_and_check_their_inputs(tmp_path):
     (tmp_path / "runtime.txt").write_text("python-3.11\n")
-    text = binder_requirements(pyproject, tmp_path / "runtime.txt")
-    assert "jax==0.12.0.1" in text and "0.4.0" not in text and "ipykernel" not in text and "Python 3.11" in text
-    assert "libtpu==0.0.50.1" in text.splitlines() and "0.0.1" not in text and "ruff" not in text
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\ndependencies = ["jax==0.12.0.1", "ipywidgets>=7.7", "ipykernel==7.4.0"]\n'
+        '[dependency-groups]\ntpu = ["libtpu==0.0.50.1; sys_platform == \'linux\'"]\ntest = ["ruff"]\n')
+    graph = {"jax": ["ml-dtypes", "numpy"], "ml-dtypes": ["numpy"], "numpy": [], "libtpu": [], "ruff": [],
+             "ipywidgets": ["ipython", "widgetsnbextension"], "ipython": ["jedi"], "jedi": [],
+             "widgetsnbextension": [], "ipykernel": ["tornado"], "tornado": []}
+    (tmp_path / "uv.lock").write_text("".join(
+        f'[[package]]\nname = "{name}"\ndependencies = [{", ".join(f"{{ name = {dep!r} }}" for dep in deps)}]\n'
+        for name, deps in graph.items()).replace("'", '"'))
+    export = "# exported\n" + "".join(f"{name}==1.{i} ; sys_platform == 'linux'\n    # via someone\n"
+                                         for i, name in enumerate(graph))
+    (tmp_path / "requirements.txt").write_text(export)
+    paths = {"pyproject": tmp_path / "pyproject.toml", "runtime": tmp_path / "runtime.txt",
+             "lock": tmp_path / "uv.lock", "export": tmp_path / "requirements.txt"}
+    text = binder_requirements(**paths)
+    pins = [line.split("==")[0] for line in text.splitlines() if not line.startswith("#")]
+    assert pins == ["jax", "ml-dtypes", "numpy", "libtpu", "ipywidgets", "widgetsnbextension"]  # export's order
+    assert "Python 3.11" in text and "jax==1.0 ; sys_platform == 'linux'" in text.splitlines()  # the export's line
+    (tmp_path / "requirements.txt").write_text(export.replace("numpy==1.2", "numpyx==1.2"))
+    with pytest.raises(ValueError, match="lacks numpy: run `make requirements`"):
+        binder_requirements(**paths)
+    (tmp_path / "uv.lock").write_text('[[package]]\nname = "jax"\n')
+    with pytest.raises(ValueError, match="run `make lock`"):
+        binder_requirements(**paths)
     (tmp_path / "runtime.txt").write_text("3.12\n")
     with pytest.raises(ValueError, match=r"python-3\.12"):
-        binder_requirements(pyproject, tmp_path / "runtime.txt")
+        binder_requirements(**paths)
 
 
 def test_binder_start_sets_devices_path_and_keeps_memory_small():

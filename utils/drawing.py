@@ -134,7 +134,8 @@ def _tile_lines(t: Tile, itemsize: int, show_bytes: bool, extra: Sequence[str] =
     3. its bytes, unless drawn with ``show_bytes=False``: ``'32.0 KiB'``;
     4. only for a block of an uneven layout: ``'padded to (3)'``;
     5. only for a replicated block (held by k > 1 devices): ``'k copies'``, e.g. ``'4 copies'``;
-    6. and 7. ``extra``: what the block holds (``contents=``), or its role in notebook 04's matmul pictures.
+    6. and 7. ``extra``: the part of the array it is (``show_slices=``), what it holds (``contents=``), or its
+       role in notebook 04's matmul pictures.
     """
     lines = [device_label(t.devices), str(t.shape).replace(",)", ")")]
     if show_bytes:
@@ -397,8 +398,8 @@ def _contents_lines(x: Any, panel_tiles: list[Tile], contents: Callable[[np.ndar
 
 def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Sequence[int] | None = None,
                   title: str | None = None, show_bytes: bool = True, max_panels: int = 16,
-                  contents: Callable[[np.ndarray], str] | None = None, color_by: Callable[[Any], int] | None = None
-                  ) -> Figure:
+                  contents: Callable[[np.ndarray], str] | None = None, color_by: Callable[[Any], int] | None = None,
+                  show_slices: bool = False) -> Figure:
     """Draw where every block of an array lives.
 
     ``x`` is a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct``, or a shape
@@ -416,7 +417,11 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
     shows where blocks live, so a ``ppermute`` changes only these lines.
     ``color_by`` colours each card by a group of its ``jax.Device`` instead of
     the device itself, e.g. ``color_by=lambda d: d.process_index`` (hosts).
+    ``show_slices=True`` adds the part of the array each block is, ``'[48:56, :]'`` (``:`` for a whole
+    dimension), so that which rows a device or host holds can be read off the picture.
     """
+    if not isinstance(show_slices, bool):
+        raise TypeError(f"show_slices is True or False; got {show_slices!r}")
     shape, dtype, sharding = as_layout(x, sharding, mesh)
     r, c = _panel_dims(len(shape), dims)
     panels = _panels(shape, tiles(shape, sharding), r, c)
@@ -426,7 +431,12 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
             f"pick the sharded dimensions with dims=(i, j), or raise max_panels"
         )
     itemsize = np.dtype(dtype).itemsize
-    labelled = [[(t, _tile_lines(t, itemsize, show_bytes, extra.get(i, ()))) for i, t in enumerate(panel_tiles)]
+    def slices(t: Tile) -> list[str]:
+        return ["[" + ", ".join(":" if (a, b) == (0, n) else f"{a}:{b}" for a, b, n in zip(t.start, t.stop, shape,
+                                                                                          strict=True)) + "]"]
+
+    labelled = [[(t, _tile_lines(t, itemsize, show_bytes, (slices(t) if show_slices else []) + extra.get(i, [])))
+                 for i, t in enumerate(panel_tiles)]
                 for (_, panel_tiles), extra in ((p, _contents_lines(x, p[1], contents)) for p in panels)]
     by_id = {d.id: d for d in sharding.device_set}
     tint = device_color if color_by is None else (lambda dev: device_color(int(color_by(by_id[dev]))))
