@@ -380,6 +380,18 @@ assert_close(dx, dh @ ff_tp.linear1.kernel[...].T)
 # and the input's gradient in the backward pass, so its traffic grows with the tokens per step. Data
 # parallelism all-reduces the block's gradients, 33,088 floats, whatever the tokens. Both run over 8
 # devices, so the ring factor is the same and the crossover is where the all-reduced bytes are equal.
+#
+# **Pop quiz.** Work it out before the cell does: at how many tokens per step do the two send the same
+# bytes?
+#
+# <details><summary>Answer</summary>
+#
+# About 258. Tensor parallelism all-reduces `2 x 64` floats per token, and data parallelism all-reduces
+# the block's 33,088 parameters once, so the two meet at 33,088 / 128 = 258.5 tokens. The cell reads
+# both from the compiled programs and asserts it.
+#
+# </details>
+#
 # Compiled again at the token counts just below and above it, tensor parallelism sends less, then more:
 
 # %%
@@ -387,6 +399,7 @@ tp64, dp64 = traffic[64]
 per_token = tp64.result_bytes / 64  # 2 x 64 floats per token
 crossover = dp64.result_bytes / per_token
 print(f"crossover (estimate): {crossover:.1f} tokens per step; 4 x the width = {4 * 64}")
+assert crossover == 33_088 / (2 * 64)  # the block's parameters over the floats summed per token
 
 sent = {}  # ring estimates (tensor parallel, data parallel) at the token counts 8 devices can split around it
 for t in (8 * int(crossover // 8), 8 * int(crossover // 8) + 8):

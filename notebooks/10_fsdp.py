@@ -304,6 +304,19 @@ if CPU:  # the CPU compiler's temporaries
 
 # %% [markdown]
 # ## 5. The compiled step: all-gathers, and what happens to the gradient
+#
+# **Pop quiz.** Before you read the program: each device holds 1/8 of every kernel, and its 8 examples
+# need whole kernels. Which collectives must an FSDP step run, and where?
+#
+# <details><summary>Answer</summary>
+#
+# An all-gather of each kernel before the matmul that uses it, because no device can multiply with an
+# eighth of a kernel, and a reduce-scatter of each kernel's gradient after the backward pass, because
+# each device must add up the 8 partial gradients of its own block only. The cell below asserts the
+# gathers. The reduce-scatter depends on the compiler: the TPU program below has one, while the CPU
+# compiler all-reduces and slices, as this section shows.
+#
+# </details>
 
 # %%
 comm, dp_comm = collectives(compiled_fsdp), collectives(compiled_dp)
