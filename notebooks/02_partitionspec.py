@@ -127,8 +127,9 @@ assert shard_table(placed["P()"]).total_bytes == 8 * x.nbytes  # P(): a full cop
 
 # %% [markdown]
 # Copies are sometimes what you want (in data parallelism every device holds all the weights), but they
-# cost memory: `P()` on this mesh keeps 8 copies. In the picture, a block held by several devices names
-# all of them.
+# cost memory: `P()` on this mesh keeps 8 copies. This section is about *which* devices hold the same
+# block. Notebook 03 §5 counts what the copies cost, per device and on the whole mesh, for every layout
+# of this array. In the picture, a block held by several devices names all of them.
 
 # %%
 draw_sharding(rows)
