@@ -49,6 +49,7 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 # %%
 
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -284,13 +285,13 @@ draw_sharding((10,), uneven)
 # 4 partial sums with one all-reduce. Each padded zero would add `cos(0) = 1` to the sum, so a right
 # answer means XLA masked the padding:
 
-# %%
-def sum_of_cosines(a):
-    b = jax.lax.with_sharding_constraint(a * 2, uneven)  # 10 elements split 4 ways, inside jit
+# %% tags=["save"]
+def sum_of_cosines(a, layout):
+    b = jax.lax.with_sharding_constraint(a * 2, layout)  # here: 10 elements split 4 ways, inside jit
     return jnp.cos(b).sum()
 
-
-compiled = jax.jit(sum_of_cosines).lower(v).compile()
+# %%
+compiled = jax.jit(partial(sum_of_cosines, layout=uneven)).lower(v).compile()
 hlo = compiled.as_text()
 total = compiled(v)
 print("padded to f32[12]:", "f32[12]" in hlo, "| blocks of f32[3]:", "f32[3]" in hlo)
