@@ -615,7 +615,8 @@ if ok:
     gather_sent = (n - 1) / n * 2 * (W1 + W2)  # both kernels, gathered in bf16
     scatter_sent = (n - 1) / n * 4 * W1  # linear1's gradient, reduce-scattered in float32
     tpu_time = estimate_step(tpu_fsdp, tpu_mesh)  # the TPU program, op by op
-    gathers = [op for op in tpu_time.timeline if op.kind == "all-gather" and "kernel" in op.op_name]
+    first_matmul = next(k for k, op in enumerate(tpu_time.timeline) if op.flops)
+    gathers = [op for op in tpu_time.timeline[:first_matmul] if op.kind == "all-gather"]  # the kernels, first
     (scattered,) = [op for op in tpu_time.timeline if op.kind == "reduce-scatter"]
     print(f"cost line (estimate, v5e rates): compute {fsdp_flops:,} FLOPs / C = {fsdp_flops / C * 1e9:.1f} ns; "
           f"gathers {gather_sent:,.0f} B / W = {gather_sent / W * 1e6:.2f} µs; "
