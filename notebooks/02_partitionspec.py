@@ -49,6 +49,7 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 # %%
 
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -127,8 +128,9 @@ assert shard_table(placed["P()"]).total_bytes == 8 * x.nbytes  # P(): a full cop
 
 # %% [markdown]
 # Copies are sometimes what you want (in data parallelism every device holds all the weights), but they
-# cost memory: `P()` on this mesh keeps 8 copies. In the picture, a block held by several devices names
-# all of them.
+# cost memory: `P()` on this mesh keeps 8 copies. This section is about *which* devices hold the same
+# block. Notebook 03 §5 counts what the copies cost, per device and on the whole mesh, for every layout
+# of this array. In the picture, a block held by several devices names all of them.
 
 # %%
 draw_sharding(rows)
@@ -283,13 +285,13 @@ draw_sharding((10,), uneven)
 # 4 partial sums with one all-reduce. Each padded zero would add `cos(0) = 1` to the sum, so a right
 # answer means XLA masked the padding:
 
-# %%
-def sum_of_cosines(a):
-    b = jax.lax.with_sharding_constraint(a * 2, uneven)  # 10 elements split 4 ways, inside jit
+# %% tags=["save"]
+def sum_of_cosines(a, layout):
+    b = jax.lax.with_sharding_constraint(a * 2, layout)  # here: 10 elements split 4 ways, inside jit
     return jnp.cos(b).sum()
 
-
-compiled = jax.jit(sum_of_cosines).lower(v).compile()
+# %%
+compiled = jax.jit(partial(sum_of_cosines, layout=uneven)).lower(v).compile()
 hlo = compiled.as_text()
 total = compiled(v)
 print("padded to f32[12]:", "f32[12]" in hlo, "| blocks of f32[3]:", "f32[3]" in hlo)

@@ -3,9 +3,10 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/03_namedsharding.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/03_namedsharding.ipynb)
 #
-# Every copy of a block costs memory: a `(128, 512)` float32 array of 256 KiB, replicated on 8
-# devices, fills 2 MiB of the mesh, and fully sharded it fills 256 KiB. A model is a whole tree of such
-# arrays, and each needs its own layout, placed in one call.
+# A spec (notebook 02) says how an array is cut, but not on which devices, and a model is not one array:
+# it is a tree of dozens of them, each with its own layout. How many bytes each layout leaves on each
+# device decides whether the model fits: a `(128, 512)` float32 array of 256 KiB fills 2 MiB of an
+# 8-device mesh when replicated, and 256 KiB when fully sharded.
 #
 # **You need:** notebooks 00 (shard table, `type_string`, `draw_sharding`), 01 (meshes and their axis
 # types) and 02 (`PartitionSpec`); `jax.numpy` and pytrees (`jax.tree.map`).
@@ -282,9 +283,10 @@ draw_sharding(acts2)
 # %% [markdown]
 # ## 5. What replication costs: bytes per device and on the whole mesh
 #
-# Place the same `(128, 512)` float32 array (256 KiB) four ways and count each device's bytes twice: from
-# the block it holds (`x.addressable_shards[i].data.nbytes`) and from the type, the block shape
-# `x.sharding.shard_shape(x.shape)` times 4 bytes per float32. The whole mesh holds the array once
+# Notebook 02 §2 showed *which* devices hold the copies of a block (`replica_id`). This section counts
+# what the copies cost. Place the same `(128, 512)` float32 array (256 KiB) four ways and count each
+# device's bytes twice: from the block it holds (`x.addressable_shards[i].data.nbytes`) and from the
+# type, the block shape `x.sharding.shard_shape(x.shape)` times 4 bytes per float32. The whole mesh holds the array once
 # per **copy** of each block, and the number of copies is the product of the sizes of the mesh axes the
 # spec does **not** name.
 

@@ -463,7 +463,19 @@ if ok:
 #
 # When you combine arrays that are sharded differently, propagation picks one sharding for the result,
 # and the partitioner then moves whatever does not fit it. For example, add `x` at `P('data', None)` to
-# `y` in five layouts:
+# `y` in five layouts.
+#
+# **Pop quiz.** Before you run the cell: `y` at `P(None, 'data')` cuts its columns over `data`, where
+# `x` cuts its rows. Does anything move, and if so, which collective?
+#
+# <details><summary>Answer</summary>
+#
+# One all-to-all over `data`, in groups of 4. Each device holds a column block of `y` but needs a row
+# block, and both are cut over the same axis, so the 4 devices of each `data` group swap pieces: each
+# sends 3 quarters of its block and receives 3 quarters of its new one. No device needs a whole copy,
+# so an all-gather would move more than necessary. The cell asserts the all-to-all and its group.
+#
+# </details>
 
 # %%
 x = jax.device_put(X, NamedSharding(mesh, P("data", None)))

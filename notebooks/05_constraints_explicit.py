@@ -48,6 +48,8 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 # %%
 import re
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -186,15 +188,15 @@ rng = np.random.default_rng(0)
 batch = rng.normal(size=(128, 256)).astype(np.float32)
 w = jax.device_put(rng.normal(size=(256, 16)).astype(np.float32) / 16, NamedSharding(mesh, P()))
 
-
-def score(w, b):
+# %% tags=["save"]
+def score(w, b, pin=None):
+    """The mean of tanh(b @ w). `pin`: a sharding the batch is constrained to where it enters, or None."""
+    if pin is not None:
+        b = jax.lax.with_sharding_constraint(b, pin)
     return jnp.mean(jnp.tanh(b @ w))
 
-
-def score_pinned(w, b):
-    b = jax.lax.with_sharding_constraint(b, NamedSharding(mesh, P("data", None)))
-    return jnp.mean(jnp.tanh(b @ w))
-
+# %%
+score_pinned = partial(score, pin=NamedSharding(mesh, P("data", None)))
 
 plain, pinned = (jax.jit(f).lower(w, batch).compile() for f in (score, score_pinned))
 for name, c in (("no constraint", plain), ("constrained", pinned)):
@@ -328,15 +330,17 @@ if CPU:
 w1 = jax.device_put(rng.normal(size=(512, 1024)).astype(np.float32) / 20, NamedSharding(mesh, P("model", None)))
 w2 = jax.device_put(rng.normal(size=(1024, 512)).astype(np.float32) / 30, NamedSharding(mesh, P("model", None)))
 
-
-def chain(x, w1, w2):
-    return jax.nn.relu(x @ w1) @ w2
-
-
-def chain_pinned(x, w1, w2):
-    h = jax.lax.with_sharding_constraint(jax.nn.relu(x @ w1), NamedSharding(mesh, P("data", None)))
+# %% tags=["save"]
+def chain(x, w1, w2, pin=None):
+    """Two layers, relu(x @ w1) @ w2. `pin`: a sharding the hidden activation is constrained to, or None to
+    let the compiler choose."""
+    h = jax.nn.relu(x @ w1)
+    if pin is not None:
+        h = jax.lax.with_sharding_constraint(h, pin)
     return h @ w2
 
+# %%
+chain_pinned = partial(chain, pin=NamedSharding(mesh, P("data", None)))
 
 chosen, pinned = (jax.jit(f).lower(x, w1, w2).compile() for f in (chain, chain_pinned))
 for name, c in (("the compiler's plan", chosen), ("h pinned", pinned)):
@@ -361,18 +365,23 @@ chain_plans = chosen, pinned  # their exact figures close this section
 # `P(None, 'model')`, which gathers only the columns each device keeps. `compile_with_log` catches what the
 # compiler prints.
 
+# %% tags=["save"]
+def reshard_via(v, *layouts):
+    """v constrained to each sharding of `layouts` in turn: the last is where it ends, any before it a waypoint."""
+    for layout in layouts:
+        v = jax.lax.with_sharding_constraint(v, layout)
+    return v
+
 # %%
 target = NamedSharding(mesh, P(None, "model"))
 
 
 def direct(v):
-    return jax.lax.with_sharding_constraint(v, target)
+    return reshard_via(v, target)
 
 
 def waypoint(v):
-    v = jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P("data", "model")))  # a local slice
-    return jax.lax.with_sharding_constraint(v, target)
-
+    return reshard_via(v, NamedSharding(mesh, P("data", "model")), target)  # a local slice first, then target
 
 (direct_c, direct_log), (waypoint_c, waypoint_log) = (compile_with_log(jax.jit(f).lower(x)) for f in (direct, waypoint))
 print("direct:\n", collectives(direct_c), "\n\nwaypoint:\n", collectives(waypoint_c), sep="")

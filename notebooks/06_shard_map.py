@@ -463,19 +463,24 @@ draw_rings(frames, ids)
 W = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 100
 w = jax.device_put(W, NamedSharding(mesh, P(None, "model")))
 
+# %% tags=["save"]
+def sums_of_product(xb, wb):
+    """One device's rows of x times w, summed over the rows, then added up over `data`."""
+    return jax.lax.psum((xb @ wb).sum(axis=0), "data")
 
+# %%
 inside = {}
 
 
-def sums_of_product(xb, wb):
+def watched(xb, wb):  # sums_of_product, noting what the body sees: the axis types and w's block
     inside["axis types"], inside["w"] = jax.sharding.get_abstract_mesh().axis_types, wb.shape
-    return jax.lax.psum((xb @ wb).sum(axis=0), "data")
+    return sums_of_product(xb, wb)
 
 
 specs = dict(mesh=mesh, in_specs=(P("data", None), P()), out_specs=P())
-full = jax.shard_map(sums_of_product, **specs)
+full = jax.shard_map(watched, **specs)
 full_c = program(full, x_rows, w)
-partial = jax.shard_map(sums_of_product, **specs, axis_names={"data"})
+partial = jax.shard_map(watched, **specs, axis_names={"data"})
 partial_c = program(partial, x_rows, w)
 print("all axes manual:\n", collectives(full_c), "\n\nonly data manual:", inside, "\n", collectives(partial_c), sep="")
 assert inside == {"axis types": (AxisType.Manual, AxisType.Auto), "w": (8, 16)}

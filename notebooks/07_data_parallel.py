@@ -55,12 +55,14 @@ from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 from utils import (
+    CHIPS,
     NOT_ANSWERED,
     assert_close,
     collectives,
     draw_mesh,
     draw_sharding,
     draw_shardings,
+    estimate_step,
     format_bytes,
     memory_per_device,
     shard_table,
@@ -331,6 +333,46 @@ for line in pieces:
 # The fifth piece, `jvp()/reduce_sum`, is the forward loss: the mean over the global batch needs the
 # same sum across devices.
 #
+# ### The cost line: what the chain costs in seconds (an estimate)
+#
+# The typed chain says what moves. A cost line under it says how long that takes, so that you can tell
+# whether the all-reduce matters. Take a TPU v5e chip's published rates (notebook 14 explains them):
+# `C` = 197 TFLOP/s of matmul, and `W` = 50 GB/s, what one chip sends along an axis of 8 chips (on a
+# v5e such an axis is a line, because its wraparound link needs 16 chips). With `N` parameters of 4
+# bytes, `t` examples per device and `n` devices on `data`, per device and per step:
+#
+# | part | formula | why |
+# |---|---|---|
+# | compute | `(4t·W1 + 6t·W2) / C`, about `6Nt / C` | the forward pass multiplies by both kernels (`2t` FLOPs per weight), the backward pass makes both kernels' gradients (`2t` each) and `h`'s gradient (`2t·W2`); no gradient flows into the data `x` |
+# | communication | `2(n-1)/n · 4(N+1) / W` | a ring all-reduce over `data` of every gradient and the loss |
+#
+# The all-reduce does not grow with `t`, and the matmuls do. So the transfer can hide behind the
+# compute only when `6Nt / C > 2(n-1)/n · 4N / W`, that is when `t > (4/3)(n-1)/n · C/W`: about 4,600
+# examples (tokens, in a language model) per device for float32 gradients, half that for bfloat16.
+# The cell computes both lines from the formulas and checks the bytes against the compiled program's
+# collectives; the hidden cell at the end of this section checks the FLOPs and the seconds against
+# `estimate_step`, which times that program op by op (notebook 14).
+
+# %%
+V5E = CHIPS["v5e"]
+C, W = V5E.peak_flops, V5E.axis_bandwidth(8, 8)  # 197e12 FLOP/s; 50e9 B/s along a line of 8 chips
+N, t, n = param_bytes // 4, x_dp.sharding.shard_shape(x_dp.shape)[0], mesh.shape["data"]
+W1, W2 = 64 * 256, 256 * 10  # the two kernels' sizes
+dp_flops = 2 * t * (W1 + W2) + 2 * t * (W1 + W2) + 2 * t * W2  # forward, kernels' gradients, h's gradient
+dp_sent = 2 * (n - 1) / n * 4 * (N + 1)  # ring all-reduce of every gradient and the loss
+print(f"cost line (estimate, v5e rates): compute {dp_flops:,} FLOPs / C = {dp_flops / C * 1e9:.1f} ns; "
+      f"all-reduce(data) {dp_sent:,.0f} B / W = {dp_sent / W * 1e6:.2f} µs")
+print(f"the all-reduce hides above t = (4/3)(n-1)/n · C/W = {4 / 3 * (n - 1) / n * C / W:,.0f} examples per device; "
+      f"here t = {t}")
+assert np.isclose(comm.estimated_bytes, dp_sent)  # the compiled program sends what the formula says
+assert dp_sent / W > 100 * dp_flops / C  # this step is all communication ...
+assert round(4 / 3 * (n - 1) / n * C / W / t) == 575  # ... because t is 575 times below the rule
+
+# %% [markdown]
+# This MLP's step is all communication, because its 8 examples per device are about 575 times too few
+# to hide the sum. A real model on a v5e does the same arithmetic with its own `N` and `t`: `N` drops
+# out of the rule, so the tokens per device decide. Notebook 14 refines it pass by pass.
+#
 # ### What donation saves
 #
 # Per device, the step's arguments are the whole model, the whole Adam state (two moments per parameter
@@ -360,7 +402,11 @@ assert plain.alias == 0 and donated.alias > 0
 # and optimizer state side by side, which for a large model is a second copy of everything it stores.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title The CPU and TPU compilers' exact figures, §4: the all-reduce and the step's bytes
+# @title The CPU and TPU compilers' exact figures, §4: the all-reduce, the cost line and the step's bytes
+dp_time = estimate_step(compiled, mesh, chip="v5e")  # this program, timed op by op at a v5e chip's rates
+dp_data_seconds = sum(op.seconds * op.trips for op in dp_time.timeline if op.lane == "data")
+print(f"estimate_step reads {dp_time.flops:,.0f} matmul FLOPs (formula: {dp_flops:,}) and "
+      f"{dp_data_seconds * 1e6:.2f} µs over data (formula: {dp_sent / W * 1e6:.2f} µs) from this compiler's program.")
 print(f"This compiler merges the step's sums into {comm.count()} all-reduce(s). Donation aliases "
       f"{format_bytes(donated.alias)} of the {format_bytes(state_bytes)} state and saves "
       f"{format_bytes(plain.total - donated.total)} of allocation.")
@@ -372,6 +418,9 @@ if CPU:
     assert donated.argument == state_bytes + 8 * 64 * 4 + 8 * 4  # + this device's 8 rows of x and 8 labels
     assert donated.alias == state_bytes  # the whole model and Adam state are updated in place
     assert 0 < plain.total - donated.total < state_bytes  # a saving, smaller than the state: larger temporaries
+    # the cost line, op by op: a GPU's matmuls are library calls that carry no FLOP count, so CPU only
+    assert dp_time.flops == dp_flops  # every matmul of the compiled step, counted from its shapes
+    assert np.isclose(dp_data_seconds, dp_sent / W)  # the all-reduce at the v5e's rate for an 8-chip line
 # A TPU v5e-8 at the default effort, compiled ahead of time by tests/test_07_11_tpu_tables.py, which asserts
 # this table (jax 0.12.0.1, libtpu 0.0.50.1): KiB per chip (arguments, outputs, temporaries, aliased, HBM)
 TPU_DONATION = {"no donation": (250.0, 246.5, 756.0, 0.0, 877.5),
@@ -482,6 +531,17 @@ print("the 8 copies of linear2/kernel are bit-identical after 5 steps")
 # Data parallelism scales by keeping the **per-device** batch fixed and adding devices: the **global**
 # batch grows with the device count. Build meshes of 2, 4 and 8 devices, give each device 8 examples,
 # and compile the same train step on each.
+#
+# **Pop quiz.** Before you run it: from 2 to 8 devices the global batch grows 4 times. What happens to
+# the bytes the all-reduce carries, and to the ring estimate of what each device sends?
+#
+# <details><summary>Answer</summary>
+#
+# The all-reduce carries the same 76,844 bytes on every mesh, because it sums the gradients, which are
+# the size of the model, not of the batch. The ring estimate, `2(n-1)/n` times those bytes, grows only
+# from 1 to 1.75 times them. The cell asserts the first, and the table after it shows the second.
+#
+# </details>
 
 # %%
 rows, batches = [], {}

@@ -54,7 +54,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, draw_timeline,
+from utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, draw_timeline,
                    estimate_step, memory_per_device, quiet, schedule, shard_table, type_string)
 
 # %% [markdown]
@@ -380,6 +380,18 @@ assert_close(dx, dh @ ff_tp.linear1.kernel[...].T)
 # and the input's gradient in the backward pass, so its traffic grows with the tokens per step. Data
 # parallelism all-reduces the block's gradients, 33,088 floats, whatever the tokens. Both run over 8
 # devices, so the ring factor is the same and the crossover is where the all-reduced bytes are equal.
+#
+# **Pop quiz.** Work it out before the cell does: at how many tokens per step do the two send the same
+# bytes?
+#
+# <details><summary>Answer</summary>
+#
+# About 258. Tensor parallelism all-reduces `2 x 64` floats per token, and data parallelism all-reduces
+# the block's 33,088 parameters once, so the two meet at 33,088 / 128 = 258.5 tokens. The cell reads
+# both from the compiled programs and asserts it.
+#
+# </details>
+#
 # Compiled again at the token counts just below and above it, tensor parallelism sends less, then more:
 
 # %%
@@ -387,6 +399,7 @@ tp64, dp64 = traffic[64]
 per_token = tp64.result_bytes / 64  # 2 x 64 floats per token
 crossover = dp64.result_bytes / per_token
 print(f"crossover (estimate): {crossover:.1f} tokens per step; 4 x the width = {4 * 64}")
+assert crossover == 33_088 / (2 * 64)  # the block's parameters over the floats summed per token
 
 sent = {}  # ring estimates (tensor parallel, data parallel) at the token counts 8 devices can split around it
 for t in (8 * int(crossover // 8), 8 * int(crossover // 8) + 8):
@@ -487,11 +500,51 @@ assert tp_time.comm_hidden == 0 and tp_time.comm_exposed > 0  # the chip waits f
 draw_timeline(tp_time, title="feed-forward block, forward and backward, tensor parallel over 8 devices "
               "(this program at a TPU v5e's rates)")
 
+# %% [markdown]
+# ### The cost line: what the two chains cost in seconds (an estimate)
+#
+# Under the forward chain of section 2 and the `dx` chain above, the cost line of notebook 07, at a TPU
+# v5e chip's published rates: `C` = 197 TFLOP/s, and `W` = 50 GB/s along an axis of 8 chips (a line
+# on a v5e). For a block of width `d` and hidden width `d_ff` on `M` devices along `model`, with `t`
+# tokens that every device sees whole, per device:
+#
+# | part | formula | why |
+# |---|---|---|
+# | compute | `6 · 2t·d·d_ff / M / C` | six matmuls (two forward, and for each its weight's and its input's gradient), each over `1/M` of the hidden units |
+# | communication | `2 · 2(M-1)/M · 4td / W` | two ring all-reduces of a `[t, d]` float32 array: the output forward and `dx` backward |
+#
+# Both grow with `t`, so `t` cancels from their ratio: the sums can hide behind the matmuls only when
+# `d_ff / M > (4/3)(M-1)/M · C/W`, about 4,600 in float32 and 2,300 in bfloat16, whatever the batch.
+# That pools the whole step, as if the forward sum could hide behind backward work. Pass by pass the
+# forward rule is 1.5 times stricter, because the forward pass has one sum against a third of the
+# FLOPs (notebook 14 §3 checks both on a real block). So a tensor-parallel axis must stay small
+# enough that each device keeps thousands of hidden units. This block keeps 32, so its step is all
+# communication, as the black boxes above showed. The bytes are checked against the compiled
+# program's collectives here, and the FLOPs and seconds against `estimate_step` in the hidden cell below.
+
+# %%
+V5E = CHIPS["v5e"]
+C, W = V5E.peak_flops, V5E.axis_bandwidth(8, 8)  # 197e12 FLOP/s; 50e9 B/s along a line of 8 chips
+d, d_ff, M, t = 64, 256, mesh.shape["model"], 64
+tp_flops = 6 * 2 * t * d * d_ff // M  # six matmuls, each over 1/M of the hidden units
+tp_sent = 2 * 2 * (M - 1) / M * 4 * t * d  # two ring all-reduces of [t, d] in float32
+print(f"cost line (estimate, v5e rates): compute {tp_flops:,} FLOPs / C = {tp_flops / C * 1e9:.1f} ns; "
+      f"2 all-reduces(model) {tp_sent:,.0f} B / W = {tp_sent / W * 1e6:.2f} µs")
+print(f"the sums hide when d_ff / M > (4/3)(M-1)/M · C/W = {4 / 3 * (M - 1) / M * C / W:,.0f}; here d_ff / M = {d_ff // M}")
+assert np.isclose(collectives(tp_compiled).estimated_bytes, tp_sent)  # the compiled block sends what the formula says
+assert d_ff / M < 4 / 3 * (M - 1) / M * C / W / 100  # far below the rule: the chip waits for every sum
+
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title The CPU compiler's exact figures, §5: the scheduled order
+# @title The CPU compiler's exact figures, §5: the scheduled order and the cost line
 print("scheduled order:", " ".join("MM" if s.kind == "matmul" else f"{s.kind}({','.join(s.axes)})" for s in tp_steps))
+tp_model_seconds = sum(op.seconds * op.trips for op in tp_time.timeline if op.lane == "model")
+print(f"estimate_step reads {tp_time.flops:,.0f} matmul FLOPs (formula: {tp_flops:,}) and {tp_model_seconds * 1e6:.2f} µs "
+      f"over model (formula: {tp_sent / W * 1e6:.2f} µs) from this compiler's program.")
 if CPU:  # each sum is scheduled right after the matmul that made its partial sums
     assert all(tp_steps[k - 1].name == producers[s.name] for k, s in enumerate(tp_steps) if s.kind != "matmul")
+    # the cost line, op by op: a GPU's matmuls are library calls that carry no FLOP count, so CPU only
+    assert tp_time.flops == tp_flops  # the six matmuls of the compiled block, counted from their shapes
+    assert np.isclose(tp_model_seconds, tp_sent / W)  # both sums at the v5e's rate for an 8-chip line
 
 # %% [markdown]
 # ## 6. Training the tensor-parallel MLP

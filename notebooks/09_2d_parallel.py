@@ -62,12 +62,14 @@ from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 from utils import (
+    CHIPS,
     NOT_ANSWERED,
     assert_close,
     collectives,
     draw_mesh,
     draw_sharding,
     draw_shardings,
+    estimate_step,
     format_bytes,
     memory_per_device,
     shard_table,
@@ -373,6 +375,45 @@ assert_close(dw1, full_dw1["linear1"]["kernel"][...])  # the summed products are
 # traffic crosses nodes. Simulated devices have no nodes to show this, and notebook 21 builds such a
 # mesh.
 #
+# ### The cost line, one per axis (an estimate)
+#
+# Under the chain of the opening, notebook 07's cost line, with one communication line per axis. At a
+# TPU v5e chip's published rates, `C` = 197 TFLOP/s and `W` = 50 GB/s along each axis (axes of 4 and 2
+# chips are lines on a v5e). With `N` parameters, `D` devices on `data`, `M` on `model` and `t`
+# examples per row of the mesh (64 / `D` = 16), per device:
+#
+# | part | formula | why |
+# |---|---|---|
+# | compute | `(4t·W1 + 6t·W2) / M / C` | notebook 07's matmuls for this row's `t` examples, over `1/M` of the hidden units |
+# | over `model` | `2(M-1)/M · 4·10t / W` | the all-reduce of the row's `[t, 10]` partial logits (notebook 08's pairing) |
+# | over `data` | `2(D-1)/D · 4(N/M + 1) / W` | the all-reduce of the gradients this device holds, about half of them, and the loss |
+#
+# Each axis obeys the rule of the 1-D strategy it comes from, with its own size: the gradient sum over
+# `data` hides when `t > (4/3)(D-1)/D · C/W` (notebook 07's rule, `D` for `n`), and the sums over
+# `model` follow notebook 08's rule with `M`. So a 2-D mesh lets you pick each axis's size against its
+# own rule. The bytes are checked against the compiled step's collectives here, and the FLOPs and each
+# axis's seconds against `estimate_step` in the hidden cell at the end of this section.
+
+# %%
+V5E = CHIPS["v5e"]
+C = V5E.peak_flops  # 197e12 FLOP/s
+D, M = mesh.shape["data"], mesh.shape["model"]
+W = {"data": V5E.axis_bandwidth(D, D), "model": V5E.axis_bandwidth(M, M)}  # 50e9 B/s each: lines
+t, W1, W2 = 64 // D, 64 * 256, 256 * 10
+flops_2d = (4 * t * W1 + 6 * t * W2) // M
+sent_2d = {"model": 2 * (M - 1) / M * 4 * 10 * t, "data": 2 * (D - 1) / D * 4 * (half_params + 1)}
+print(f"cost line (estimate, v5e rates): compute {flops_2d:,} FLOPs / C = {flops_2d / C * 1e9:.1f} ns; "
+      + "; ".join(f"over {axis} {b:,.0f} B / W = {b / W[axis] * 1e6:.3f} µs" for axis, b in sent_2d.items()))
+assert np.isclose(sum(op.estimated_bytes for op in along_model), sent_2d["model"])  # the compiled step's
+assert np.isclose(sum(op.estimated_bytes for op in along_data), sent_2d["data"])  # ring estimates, per axis
+assert round(sent_2d["data"] / sent_2d["model"]) == 90  # here the gradient sum over data dominates
+
+# %% [markdown]
+# Here the gradient sum over `data` costs about 90 times the logits' sum over `model`, because this
+# MLP's output is only 10 wide, while a transformer's `model` sums carry `[t, d]` activations in every
+# layer. Both dwarf the 3.3 ns of compute, for the reason notebook 07 gave: 16 examples per row are far
+# below the thousands the rule asks for.
+#
 # Per device, the step's arguments are the parameters, Adam's two moments (laid out like the
 # parameters), two 4-byte counters and this device's quarter of the batch:
 
@@ -386,12 +427,21 @@ assert params_per_device == half_params * 4
 assert memory.alias >= 3 * params_per_device  # model and Adam state donated, updated in place
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title The CPU compiler's exact figures, §4: the step's arguments, byte for byte
+# @title The CPU compiler's exact figures, §4: the step's arguments, byte for byte, and the cost line
+time_2d = estimate_step(compiled_2d, mesh, chip="v5e")  # this program, timed op by op at a v5e chip's rates
+seconds_2d = {axis: sum(op.seconds * op.trips for op in time_2d.timeline if op.lane == axis) for axis in sent_2d}
+print(f"estimate_step reads {time_2d.flops:,.0f} matmul FLOPs (formula: {flops_2d:,}) and "
+      + ", ".join(f"{seconds_2d[axis] * 1e6:.3f} µs over {axis} (formula: {b / W[axis] * 1e6:.3f})"
+                  for axis, b in sent_2d.items()) + " from this compiler's program.")
 print(f"This compiler's step takes {memory.argument:,} B of arguments and aliases {memory.alias:,} B of them. "
       "On the CPU compiler these are exact sums; accelerators pad small arrays.")
 if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
     assert memory.argument == 3 * params_per_device + 8 + 16 * 64 * 4 + 16 * 4
     assert memory.alias == 3 * params_per_device + 8  # model and Adam state donated, updated in place
+    # the cost line, op by op: a GPU's matmuls are library calls that carry no FLOP count, so CPU only
+    assert time_2d.flops == flops_2d  # every matmul of the compiled step, counted from its shapes
+    for axis, b in sent_2d.items():
+        assert np.isclose(seconds_2d[axis], b / W[axis]), axis  # each axis's sums at the v5e's rate
 
 # %% [markdown]
 # ## 5. Training: one device, data parallel, 2-D

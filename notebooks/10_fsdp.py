@@ -64,7 +64,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_shardings, draw_timeline, estimate_step,
+from utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, draw_shardings, draw_timeline, estimate_step,
                    format_bytes, memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
 
 # %% [markdown]
@@ -304,6 +304,19 @@ if CPU:  # the CPU compiler's temporaries
 
 # %% [markdown]
 # ## 5. The compiled step: all-gathers, and what happens to the gradient
+#
+# **Pop quiz.** Before you read the program: each device holds 1/8 of every kernel, and its 8 examples
+# need whole kernels. Which collectives must an FSDP step run, and where?
+#
+# <details><summary>Answer</summary>
+#
+# An all-gather of each kernel before the matmul that uses it, because no device can multiply with an
+# eighth of a kernel, and a reduce-scatter of each kernel's gradient after the backward pass, because
+# each device must add up the 8 partial gradients of its own block only. The cell below asserts the
+# gathers. The reduce-scatter depends on the compiler: the TPU program below has one, while the CPU
+# compiler all-reduces and slices, as this section shows.
+#
+# </details>
 
 # %%
 comm, dp_comm = collectives(compiled_fsdp), collectives(compiled_dp)
@@ -570,6 +583,55 @@ assert_close(jax.jit(by_reduce_scatter)(partial_grads), partial_grads.reshape(8,
 # %%
 print(f"FSDP {format_bytes(comm.estimated_bytes)}, data parallel {format_bytes(dp_comm.estimated_bytes)}"
       " per device per step (ring estimates from the compiled programs)")
+
+# %% [markdown]
+# ### The cost line: what the chain costs in seconds (an estimate)
+#
+# Under the opening's chain, the cost line of notebooks 07 to 09, at a TPU v5e chip's published rates:
+# `C` = 197 TFLOP/s, and `W` = 100 GB/s here, because on a v5e-8 (a 2x4 torus) the 8-chip `fsdp` axis
+# spans both torus axes, so a ring sends over two links at once. With `t` examples per device, `n`
+# devices, kernels of `K` weights (`W1 + W2`) gathered in `b` bytes per weight, per device:
+#
+# | part | formula | why |
+# |---|---|---|
+# | compute | `(4t·W1 + 6t·W2) / C`, about `6Nt / C` | notebook 07's matmuls: each device multiplies whole kernels with its own `t` examples |
+# | gathers | `(n-1)/n · b·K / W` | each device receives the 7/8 of every kernel it does not hold |
+# | reduce-scatter | `(n-1)/n · 4K / W` | each device receives 7/8 of the partial sums of its own block of each gradient |
+#
+# With `b` = 4 the two transfers add up to data parallelism's all-reduce, `2(n-1)/n · 4N`, so the rule
+# is notebook 07's: they hide when `t > (4/3)(n-1)/n · C/W`, and the examples per device decide, not the
+# model's size. The TPU program above departs from the textbook in two ways, so the cell checks the
+# formulas on the parts it does by the book: it gathers both kernels in bf16 (`b` = 2), and it
+# reduce-scatters `linear1`'s gradient but all-reduces the narrow `linear2` kernel's with the biases.
+# The bytes are read from its collectives and the seconds from `estimate_step`, which times that
+# program op by op on the v5e-8 it was compiled for:
+
+# %%
+if ok:
+    V5E = CHIPS["v5e"]
+    C, W = V5E.peak_flops, V5E.axis_bandwidth(2, 2) + V5E.axis_bandwidth(4, 4)  # 197e12; 2 x 50e9 B/s
+    n, t, W1, W2 = tpu_mesh.shape["fsdp"], x_fsdp.sharding.shard_shape(x.shape)[0], 64 * 256, 256 * 10
+    fsdp_flops = 4 * t * W1 + 6 * t * W2  # notebook 07's matmuls, for this device's 8 examples
+    gather_sent = (n - 1) / n * 2 * (W1 + W2)  # both kernels, gathered in bf16
+    scatter_sent = (n - 1) / n * 4 * W1  # linear1's gradient, reduce-scattered in float32
+    tpu_time = estimate_step(tpu_fsdp, tpu_mesh)  # the TPU program, op by op
+    first_matmul = next(k for k, op in enumerate(tpu_time.timeline) if op.flops)
+    gathers = [op for op in tpu_time.timeline[:first_matmul] if op.kind == "all-gather"]  # the kernels, first
+    (scattered,) = [op for op in tpu_time.timeline if op.kind == "reduce-scatter"]
+    print(f"cost line (estimate, v5e rates): compute {fsdp_flops:,} FLOPs / C = {fsdp_flops / C * 1e9:.1f} ns; "
+          f"gathers {gather_sent:,.0f} B / W = {gather_sent / W * 1e6:.2f} µs; "
+          f"reduce-scatter {scatter_sent:,.0f} B / W = {scatter_sent / W * 1e6:.2f} µs")
+    print(f"estimate_step: {tpu_time.flops:,.0f} FLOPs; gathers {sum(op.seconds for op in gathers) * 1e6:.2f} µs; "
+          f"reduce-scatter {scattered.seconds * 1e6:.2f} µs")
+    print(f"in float32 the transfers hide above t = (4/3)(n-1)/n · C/W = {4 / 3 * (n - 1) / n * C / W:,.0f} "
+          f"examples per device; here t = {t}")
+    assert tpu_time.flops == fsdp_flops  # every matmul of the TPU program, counted from its shapes
+    assert len(gathers) == 2 and np.isclose(sum(op.bytes for op in gathers), 2 * (W1 + W2))  # both kernels, bf16
+    assert np.isclose(sum(op.seconds for op in gathers), gather_sent / W)  # the formula's seconds
+    assert np.isclose(scattered.bytes, 4 * W1 / n) and np.isclose(scattered.seconds, scatter_sent / W)
+    assert gather_sent / W + scatter_sent / W > 100 * fsdp_flops / C  # 8 examples: all communication
+else:
+    print(why)
 
 # %% [markdown]
 # **FSDP saves memory, not communication.** Counted in values, it sends the same traffic as data

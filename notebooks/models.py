@@ -1,4 +1,4 @@
-"""Code saved from the notebooks: notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/11_transformer.py, notebooks/18_context.py. GENERATED, do not edit.
+"""Code saved from the notebooks: notebooks/02_partitionspec.py, notebooks/05_constraints_explicit.py, notebooks/06_shard_map.py, notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/11_transformer.py, notebooks/18_context.py. GENERATED, do not edit.
 
 Each part is a notebook cell tagged 'save'. Edit the cell in its notebook, then run
 `python tools/notebooks.py save`; tests/test_saved_code.py fails while this file is out of date.
@@ -10,6 +10,44 @@ from flax import nnx
 from jax.sharding import NamedSharding
 import numpy as np
 from flax.linen import with_logical_constraint
+
+
+# --- from notebooks/02_partitionspec.py
+def sum_of_cosines(a, layout):
+    b = jax.lax.with_sharding_constraint(a * 2, layout)  # here: 10 elements split 4 ways, inside jit
+    return jnp.cos(b).sum()
+
+
+# --- from notebooks/05_constraints_explicit.py
+def score(w, b, pin=None):
+    """The mean of tanh(b @ w). `pin`: a sharding the batch is constrained to where it enters, or None."""
+    if pin is not None:
+        b = jax.lax.with_sharding_constraint(b, pin)
+    return jnp.mean(jnp.tanh(b @ w))
+
+
+# --- from notebooks/05_constraints_explicit.py
+def chain(x, w1, w2, pin=None):
+    """Two layers, relu(x @ w1) @ w2. `pin`: a sharding the hidden activation is constrained to, or None to
+    let the compiler choose."""
+    h = jax.nn.relu(x @ w1)
+    if pin is not None:
+        h = jax.lax.with_sharding_constraint(h, pin)
+    return h @ w2
+
+
+# --- from notebooks/05_constraints_explicit.py
+def reshard_via(v, *layouts):
+    """v constrained to each sharding of `layouts` in turn: the last is where it ends, any before it a waypoint."""
+    for layout in layouts:
+        v = jax.lax.with_sharding_constraint(v, layout)
+    return v
+
+
+# --- from notebooks/06_shard_map.py
+def sums_of_product(xb, wb):
+    """One device's rows of x times w, summed over the rows, then added up over `data`."""
+    return jax.lax.psum((xb @ wb).sum(axis=0), "data")
 
 
 # --- from notebooks/07_data_parallel.py

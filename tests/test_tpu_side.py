@@ -6,9 +6,11 @@ programs ahead of time for a TPU v5e-8 (``v5e:2x4``) or, for notebook 15, a ``v5
 needed) and checks those facts on the TPU program; where a notebook asserts a fact on the CPU only because
 the TPU program differs, the test asserts the TPU's form. What it checks, and where each program comes from:
 
-- 01, 02, 05, 06, and the single-layer programs of 08 and 09: small programs (a matmul, a constraint,
-  a ``shard_map``) written here at the notebook's shapes and layouts (the notebooks write them inline,
-  not as a definition this file could read);
+- 02, 05 and 06: the notebooks' own programs (a constraint inside ``jit``, ``score``, ``chain``,
+  ``reshard_via``, a ``shard_map`` body), imported from ``notebooks/models.py`` (cells tagged ``save``);
+  08: its modules, layouts and ``block_grads``, read from its source by ``from_notebook``;
+- 01, 05, 06 and 09's one-operator programs (a matmul, a sum, one collective): written here at the
+  notebook's shapes and layouts, because the operator is the program (naming it would add nothing);
 - 07, 08, 09, 13: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
   own, read from its source by ``from_notebook`` (which follows 08's and 09's import of notebook 07's MLP
   from ``notebooks/models.py``), the step is ``abstract_train_step`` below; 13's feed-forward block and its
@@ -133,6 +135,26 @@ def integer_labels_loss(model, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
 
 
+def abstract_module(mesh, make, layout):
+    """(graphdef, state) of what ``make()`` builds (a module, or a tuple of them), its state as types laid out on
+    ``mesh`` as ``layout`` says (name -> spec, matched on the end of each leaf's name; ``P()`` for the rest):
+    nothing is allocated."""
+    graphdef, state = nnx.split(nnx.eval_shape(make))
+
+    def spec_of(path):
+        name = path_name(path)
+        return next((spec for key, spec in layout.items() if name.endswith(key)), P())
+
+    return graphdef, jax.tree_util.tree_map_with_path(lambda p, s: struct(s.shape, mesh, spec_of(p), s.dtype), state)
+
+
+def compile_module(graphdef, state, *args, method=None, **jit_kwargs):
+    """The program of ``method(module, *args)`` (default: calling the module), for the module ``graphdef``
+    and the abstract ``state`` rebuild."""
+    return compile_tpu(lambda state, *a: (method or (lambda m, *b: m(*b)))(nnx.merge(graphdef, state), *a), state,
+                       *args, **jit_kwargs)
+
+
 def abstract_train_step(mesh, model_cls, layout, x_spec, y_spec, loss=integer_labels_loss):
     """The course's donated train step, compiled for ``mesh`` with each parameter (and its Adam moments) laid
     out as ``layout`` says (name -> spec; the step counters replicated); ``loss(model, x, y)``."""
@@ -141,13 +163,7 @@ def abstract_train_step(mesh, model_cls, layout, x_spec, y_spec, loss=integer_la
         model = model_cls(nnx.Rngs(0))
         return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
-    graphdef, state = nnx.split(nnx.eval_shape(create))
-
-    def spec_of(path):
-        name = path_name(path)
-        return next((spec for key, spec in layout.items() if name.endswith(key)), P())
-
-    abstract = jax.tree_util.tree_map_with_path(lambda p, s: struct(s.shape, mesh, spec_of(p), s.dtype), state)
+    graphdef, abstract = abstract_module(mesh, create, layout)
 
     def step(state, x, y):
         model, optimizer = nnx.merge(graphdef, state)
@@ -194,13 +210,11 @@ def test_02_sharded_creation_writes_one_block_per_chip(chips):
 
 
 def test_02_uneven_split_inside_jit_is_padded_and_summed_once(chips):
+    from notebooks.models import sum_of_cosines  # notebook 02's
+
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     uneven = NamedSharding(mesh, P("data"))
-
-    def sum_of_cosines(a):
-        return jnp.cos(jax.lax.with_sharding_constraint(a * 2, uneven)).sum()
-
-    compiled = compile_tpu(sum_of_cosines, jax.ShapeDtypeStruct((10,), jnp.float32))
+    compiled = compile_tpu(partial(sum_of_cosines, layout=uneven), jax.ShapeDtypeStruct((10,), jnp.float32))
     hlo = compiled.as_text()
     assert "f32[12]" in hlo and "f32[3]" in hlo
     assert collectives(compiled).count("all-reduce") == 1
@@ -240,14 +254,12 @@ def test_05_which_tool_reshards_on_which_axis_type(chips):
 
 
 def test_05_a_constraint_splits_a_batch_that_arrives_unplaced(chips):
+    from notebooks.models import score  # notebook 05's
+
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     w, batch = struct((256, 16), mesh, P()), jax.ShapeDtypeStruct((128, 256), jnp.float32)  # a NumPy batch
-
-    def score(w, b, pin=False):
-        b = jax.lax.with_sharding_constraint(b, NamedSharding(mesh, P("data", None))) if pin else b
-        return jnp.mean(jnp.tanh(b @ w))
-
-    plain, pinned = compile_tpu(score, w, batch), compile_tpu(partial(score, pin=True), w, batch)
+    rows = NamedSharding(mesh, P("data", None))
+    plain, pinned = compile_tpu(score, w, batch), compile_tpu(partial(score, pin=rows), w, batch)
     assert plain.input_shardings[0][1].is_fully_replicated
     assert equivalent(pinned.input_shardings[0][1], mesh, P("data", None))
     assert "all-reduce" in collectives(pinned).kinds
@@ -265,34 +277,26 @@ def test_05_out_shardings_delivers_the_layout_asked_for(chips):
 
 
 def test_05_pinning_the_hidden_activation_moves_activations_not_a_weight(chips):
+    from notebooks.models import chain  # notebook 05's
+
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     x = struct((128, 512), mesh, P("data", None))
     w1, w2 = struct((512, 1024), mesh, P("model", None)), struct((1024, 512), mesh, P("model", None))
-
-    def chain(x, w1, w2, pin=False):
-        h = jax.nn.relu(x @ w1)
-        h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("data", None))) if pin else h
-        return h @ w2
-
-    chosen, pinned = collectives(compile_tpu(chain, x, w1, w2)), collectives(compile_tpu(partial(chain, pin=True),
-                                                                                         x, w1, w2))
+    rows = NamedSharding(mesh, P("data", None))
+    chosen, pinned = (collectives(compile_tpu(f, x, w1, w2)) for f in (chain, partial(chain, pin=rows)))
     assert "all-to-all" in chosen.kinds and "all-to-all" not in pinned.kinds
     assert pinned.estimated_bytes < chosen.estimated_bytes / 2
     assert all(shape[0] == 128 // 4 for op in pinned.ops for shape in op.shapes)  # a device's rows: activations
 
 
 def test_05_a_waypoint_gathers_only_the_kept_columns(chips):
+    from notebooks.models import reshard_via  # notebook 05's
+
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     x, target = struct((128, 512), mesh, P("data", None)), NamedSharding(mesh, P(None, "model"))
-
-    def direct(v):
-        return jax.lax.with_sharding_constraint(v, target)
-
-    def waypoint(v):
-        return direct(jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P("data", "model"))))
-
-    (direct_c, direct_log), (waypoint_c, waypoint_log) = (compile_with_log(jax.jit(f).lower(x))
-                                                          for f in (direct, waypoint))
+    via = NamedSharding(mesh, P("data", "model"))
+    (direct_c, direct_log), (waypoint_c, waypoint_log) = (compile_with_log(jax.jit(f).lower(x)) for f in (
+        lambda v: reshard_via(v, target), lambda v: reshard_via(v, via, target)))
     assert [op.result_type for op in collectives(direct_c).ops] == ["f32[128,512]"]  # all of x, on every chip
     assert [op.result_type for op in collectives(waypoint_c).ops] == ["f32[128,256]"]  # only the kept columns
     assert equivalent(waypoint_c.output_shardings, mesh, P(None, "model"))
@@ -305,12 +309,13 @@ REMATERIALIZING_ON_TPU = """
 import numpy as np, jax
 from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from notebooks.models import reshard_via
 from utils import compile_with_log, tpu_compiler_available
 tpu_compiler_available()
 topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
 mesh = Mesh(np.array(topo.devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 x = jax.ShapeDtypeStruct((128, 512), np.float32, sharding=NamedSharding(mesh, P("data", None)))
-direct = jax.jit(lambda v: jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P(None, "model"))))
+direct = jax.jit(lambda v: reshard_via(v, NamedSharding(mesh, P(None, "model"))))
 print("warned:", "Involuntary full rematerialization" in compile_with_log(direct.lower(x))[1])
 """
 
@@ -393,12 +398,10 @@ def test_06_all_gather_and_psum_scatter(chips):
 
 
 def test_06_partly_manual_and_in_specs_on_an_auto_mesh(chips):
+    from notebooks.models import sums_of_product  # notebook 06's
+
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     x_rows, w = struct((16, 8), mesh, P("data", None)), struct((8, 16), mesh, P(None, "model"))
-
-    def sums_of_product(xb, wb):
-        return jax.lax.psum((xb @ wb).sum(axis=0), "data")
-
     full = compile_tpu(jax.shard_map(sums_of_product, mesh=mesh, in_specs=(P("data", None), P()), out_specs=P()),
                        x_rows, w)
     on_auto = compile_tpu(jax.shard_map(lambda b: 2 * b, mesh=mesh, in_specs=P(), out_specs=P()), x_rows)
@@ -422,45 +425,30 @@ def test_07_data_parallel_step_all_reduces_every_gradient_once(chips):
 
 
 def test_08_column_then_row_forward_is_one_all_reduce_of_the_logits(chips):
-    mesh = tpu_mesh(chips, (8,), ("model",))
-    forward = compile_tpu(
-        lambda w1, b1, w2, b2, x: jax.nn.relu(x @ w1 + b1) @ w2 + b2,
-        struct((64, 256), mesh, P(None, "model")), struct((256,), mesh, P("model")),
-        struct((256, 10), mesh, P("model", None)), struct((10,), mesh, P()), struct((64, 64), mesh, P()),
-    )
+    mesh, nb = tpu_mesh(chips, (8,), ("model",)), from_notebook("08", "MLP", "megatron")
+    graphdef, state = abstract_module(mesh, lambda: nb.MLP(nnx.Rngs(0)), nb.megatron)
+    forward = compile_module(graphdef, state, struct((64, 64), mesh, P()))
     assert summary(forward) == [("all-reduce", ((64, 10),), 8)]
 
 
 def test_08_feed_forward_block_layouts(chips):
-    mesh = tpu_mesh(chips, (8,), ("model",))
+    mesh, nb = tpu_mesh(chips, (8,), ("model",)), from_notebook("08", "FeedForward", "megatron")
 
-    def block(w1, w2, x):
-        return jax.nn.relu(x @ w1) @ w2
+    def compiled(layout):
+        graphdef, state = abstract_module(mesh, lambda: nb.FeedForward(nnx.Rngs(0)), layout)
+        return collectives(compile_module(graphdef, state, struct((64, 64), mesh, P()),
+                                          out_shardings=NamedSharding(mesh, P())))
 
-    def compiled(spec2):
-        return collectives(compile_tpu(
-            block, struct((64, 256), mesh, P(None, "model")), struct((256, 64), mesh, spec2),
-            struct((64, 64), mesh, P()), out_shardings=NamedSharding(mesh, P()),
-        ))
-
-    every_kernel_columns, column_then_row = compiled(P(None, "model")), compiled(P("model", None))
+    online = {"linear1/kernel": P(None, "model"), "linear2/kernel": P(None, "model")}  # the notebook's online_rule
+    every_kernel_columns, column_then_row = compiled(online), compiled(nb.megatron)
     assert "all-reduce" not in every_kernel_columns.kinds and "all-gather" in every_kernel_columns.kinds
     assert [(op.kind, op.shapes) for op in column_then_row.ops] == [("all-reduce", ((64, 64),))]
 
 
 def test_08_attention_heads_on_model_all_reduce_only_the_output(chips):
-    mesh = tpu_mesh(chips, (8,), ("model",))
-    heads, width = 8, 64
-
-    def attention(wq, wk, wv, wo, x):
-        b, t, _ = x.shape
-        q, k, v = ((x @ w).reshape(b, t, heads, width // heads) for w in (wq, wk, wv))
-        weights = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(width // heads), axis=-1)
-        return jnp.einsum("bhts,bshd->bthd", weights, v).reshape(b, t, width) @ wo
-
-    column = struct((width, width), mesh, P(None, "model"))
-    compiled = compile_tpu(attention, column, column, column, struct((width, width), mesh, P("model", None)),
-                           struct((4, 16, width), mesh, P()), out_shardings=NamedSharding(mesh, P()))
+    mesh, nb = tpu_mesh(chips, (8,), ("model",)), from_notebook("08", "Attention", "heads_layout")
+    graphdef, state = abstract_module(mesh, lambda: nb.Attention(64, 8, rngs=nnx.Rngs(1)), nb.heads_layout)
+    compiled = compile_module(graphdef, state, struct((4, 16, 64), mesh, P()), out_shardings=NamedSharding(mesh, P()))
     assert summary(compiled) == [("all-reduce", ((4, 16, 64),), 8)]
 
 
@@ -468,22 +456,15 @@ def test_08_attention_heads_on_model_all_reduce_only_the_output(chips):
 def test_08_backward_of_a_block_all_reduces_output_and_input_gradient(chips, tokens):
     tp_mesh = tpu_mesh(chips, (8,), ("model",))
     dp_mesh = tpu_mesh(chips, (8,), ("data",))
-
-    def grads(w1, b1, w2, b2, x, dy):
-        def f(w1, b1, w2, b2, x):
-            return jnp.sum(jnp.tanh(jax.nn.relu(x @ w1 + b1) @ w2 + b2) * dy)
-
-        return jax.grad(f, argnums=(0, 1, 2, 3, 4))(w1, b1, w2, b2, x)
+    nb = from_notebook("08", "FeedForward", "megatron", "block_grads")
 
     def compiled(mesh, layout, act):
-        return collectives(compile_tpu(
-            grads, struct((64, 256), mesh, layout[0]), struct((256,), mesh, layout[1]),
-            struct((256, 64), mesh, layout[2]), struct((64,), mesh, P()),
-            struct((tokens, 64), mesh, act), struct((tokens, 64), mesh, act),
-        ))
+        graphdef, state = abstract_module(mesh, lambda: nb.FeedForward(nnx.Rngs(0)), layout)
+        tokens_in = struct((tokens, 64), mesh, act)
+        return collectives(compile_module(graphdef, state, tokens_in, tokens_in, method=nb.block_grads))
 
-    tp = compiled(tp_mesh, (P(None, "model"), P("model"), P("model", None)), P())
-    dp = compiled(dp_mesh, (P(), P(), P()), P("data"))
+    tp = compiled(tp_mesh, nb.megatron, P())
+    dp = compiled(dp_mesh, {}, P("data"))
     assert tp.kinds == {"all-reduce"} and [op.shapes for op in tp.ops] == [((tokens, 64),)] * 2
     assert dp.kinds == {"all-reduce"} and dp.result_bytes == (64 * 256 + 256 + 256 * 64 + 64) * 4
 
