@@ -76,10 +76,14 @@ from utils import NOT_ANSWERED, assert_close, collectives, draw_routing, format_
 #
 # The reference states all of this one token at a time: a `jax.lax.scan` over each group's tokens,
 # carrying how full each expert is. Each expert is a gated feed-forward network (SwiGLU, as in Mixtral).
+# The programs that run on the CPU here are compiled with `FAST_COMPILE`, which skips optimising their
+# machine code (notebook 11): their partitioning and collectives, which is what we read, are decided
+# before that stage, and at these sizes they run in milliseconds anyway.
 
 # %%
 E, K, D, F = 8, 2, 32, 64  # experts, experts per token, model width, expert hidden width
 TOKENS, GROUPS = 256, 8  # 8 groups of 32 tokens: one group per device in sections 2 to 4
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # CPU programs: skip optimising machine code
 rng = np.random.default_rng(0)  # numpy's generator: fixed numbers, nothing to compile
 params = {"router": 3 * rng.standard_normal((D, E), np.float32) / np.sqrt(D),  # x3: a confident, unbalanced router
           "w_gate": rng.standard_normal((E, D, F), np.float32) / np.sqrt(D),
@@ -129,7 +133,7 @@ def loss_and_grads(layer):
     def run(params, x):
         outputs = layer(params, x)
         return loss_of(outputs), outputs
-    return jax.jit(jax.value_and_grad(run, argnums=(0, 1), has_aux=True))
+    return jax.jit(jax.value_and_grad(run, argnums=(0, 1), has_aux=True), compiler_options=FAST_COMPILE)
 
 
 CAPACITY = capacity_of(TOKENS // GROUPS, K, E, factor=1.0)
@@ -206,7 +210,7 @@ def moe(params, x, *, k, capacity, expert_axis=None, fsdp_axis=None, token_axes=
 # `slot`, is past the capacity, so one routing of every group (`jax.vmap` of `route`) answers for all:
 
 # %%
-stats = jax.jit(jax.vmap(partial(route, k=K, capacity=CAPACITY), in_axes=(None, 0)))(
+stats = jax.jit(jax.vmap(partial(route, k=K, capacity=CAPACITY), in_axes=(None, 0)), compiler_options=FAST_COMPILE)(
     params["router"], tokens.reshape(GROUPS, -1, D))[2]
 slots = np.asarray(stats["slot"])
 drops = {factor: (c, int((slots >= c).sum())) for factor in (1.0, 1.25, 1.5, 2.0)
@@ -323,7 +327,8 @@ def annotated(params, x, *, k, capacity, mesh):
     return y, f.shape[0] * jnp.sum(f * p), stats["dropped"].sum()
 
 
-auto_layer = jax.jit(partial(annotated, k=K, capacity=CAPACITY, mesh=mesh)).lower(placed, x_placed).compile()
+auto_layer = jax.jit(partial(annotated, k=K, capacity=CAPACITY, mesh=mesh), compiler_options=FAST_COMPILE)
+auto_layer = auto_layer.lower(placed, x_placed).compile()
 auto_y, auto_balance, auto_dropped = auto_layer(placed, x_placed)
 assert_close(auto_y, ref_y)
 assert_close(auto_balance, ref_balance)
