@@ -20,6 +20,12 @@ What is modelled, and what is not:
 - the mesh has MaxText's axes ``('data', 'fsdp', 'tensor')``; weights are sharded by MaxText's logical
   rules (``embed`` on fsdp; heads, mlp and vocab on tensor), the batch over data and fsdp. Several slices
   (``num_slices``) put the DCN axis outside the ICI axis of the same name, as MaxText's hybrid mesh does.
+- context parallelism, opt-in (``Parallelism(ici_context=n)``): a fourth axis, ``'context'``, splits every
+  sequence's tokens (activations, logits and the batch's second dimension) ``n`` ways, and, as MaxText's
+  rules do, the weights' ``embed`` dimension over fsdp and context together. Queries stay split; keys and
+  values are gathered whole for the attention (the partitioner writes the all-gather over ``context``,
+  MaxText's all-gather context parallelism). A sequence is then ``n`` chips' work, so ``per_device_batch``
+  stays tokens per chip / ``seq_len`` (a group of ``n`` chips holds ``n x per_device_batch`` sequences).
 
 :class:`DecoderConfig` and :class:`Parallelism` check their input and say what to change; a planner can
 build a config from a learner's numbers and call :func:`lower_train_step`.
@@ -48,9 +54,11 @@ from jax.sharding import PartitionSpec as P
 from .capture import quiet
 from .tpu import tpu_compiler_available
 
-__all__ = ["REMAT_POLICIES", "DecoderConfig", "Parallelism", "lower_train_step", "make_mesh"]
+__all__ = ["AXES", "AXES_WITH_CONTEXT", "REMAT_POLICIES", "DecoderConfig", "Parallelism", "lower_train_step",
+           "make_mesh"]
 
 AXES = ("data", "fsdp", "tensor")
+AXES_WITH_CONTEXT = ("data", "fsdp", "context", "tensor")  # the mesh of Parallelism(ici_context > 1)
 BATCH = ("data", "fsdp")
 ACTIVATIONS = ("relu", "gelu", "silu")
 DTYPES = ("bfloat16", "float32")
@@ -145,6 +153,8 @@ class Parallelism:
 
     MaxText's convention: one axis of each kind may be ``-1``, which takes whatever the others leave
     (by default ``ici_fsdp=-1``: FSDP over every chip of a slice; ``dcn_data=-1``: data parallel over slices).
+    ``ici_context`` (fixed, default 1) splits each sequence over a ``'context'`` mesh axis inside a slice; the
+    ICI axes of :meth:`resolve` then share the slice's chips divided by it.
     """
 
     ici_data: int = 1
@@ -153,10 +163,17 @@ class Parallelism:
     dcn_data: int = -1
     dcn_fsdp: int = 1
     dcn_tensor: int = 1
+    ici_context: int = 1
 
     def resolve(self, devices_per_slice: int, num_slices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        """The ICI and DCN shapes over ``AXES`` with every ``-1`` filled; a clear error if they do not fit."""
-        ici = self._fill("ici", (self.ici_data, self.ici_fsdp, self.ici_tensor), devices_per_slice, "chips per slice")
+        """The ICI and DCN shapes over ``AXES`` with every ``-1`` filled; a clear error if they do not fit.
+        With ``ici_context > 1`` the ICI shape splits the chips that the context axis leaves."""
+        _positive("Parallelism", ici_context=self.ici_context)
+        if devices_per_slice % self.ici_context:
+            raise ValueError(f"Parallelism: ici_context={self.ici_context} does not divide the {devices_per_slice} "
+                             "chips per slice; choose a divisor of them")
+        ici = self._fill("ici", (self.ici_data, self.ici_fsdp, self.ici_tensor), devices_per_slice // self.ici_context,
+                         "chips per slice" if self.ici_context == 1 else "chips per slice left by ici_context")
         dcn = self._fill("dcn", (self.dcn_data, self.dcn_fsdp, self.dcn_tensor), num_slices, "slices")
         return ici, dcn
 
@@ -181,7 +198,8 @@ class Parallelism:
 
 def make_mesh(topology: str, parallelism: Parallelism = Parallelism(), *, num_slices: int = 1,
               allow_split_physical_axes: bool = False) -> Mesh:
-    """A mesh with axes ``('data', 'fsdp', 'tensor')`` over a TPU topology's compile-only devices.
+    """A mesh with axes ``('data', 'fsdp', 'tensor')`` over a TPU topology's compile-only devices, or
+    ``('data', 'fsdp', 'context', 'tensor')`` where ``parallelism.ici_context > 1``.
 
     ``topology`` is a ``get_topology_desc`` name (``"v5e:16x16"``, ``"v5p:4x4x4"``); ``num_slices > 1``
     describes that many slices joined by DCN (``get_topology_desc(..., num_slices=n)``), and the mesh
@@ -198,12 +216,15 @@ def make_mesh(topology: str, parallelism: Parallelism = Parallelism(), *, num_sl
         kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
         devices = topologies.get_topology_desc(topology, "tpu", **kwargs).devices
     ici, dcn = parallelism.resolve(len(devices) // num_slices, num_slices)
+    axes = AXES
+    if parallelism.ici_context > 1:  # context inside tensor, outside data and fsdp: (data, fsdp, context, tensor)
+        axes, ici, dcn = AXES_WITH_CONTEXT, (*ici[:2], parallelism.ici_context, ici[2]), (*dcn[:2], 1, dcn[2])
     split = {"allow_split_physical_axes": True} if allow_split_physical_axes else {}
     if num_slices == 1:
         grid = mesh_utils.create_device_mesh(ici, devices, **split)
     else:
         grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, **split)
-    return Mesh(grid, AXES)
+    return Mesh(grid, axes)
 
 
 def _policy(remat: str):
@@ -213,8 +234,12 @@ def _policy(remat: str):
             "offload": cp.offload_dot_with_no_batch_dims(offload_src="device", offload_dst="pinned_host")}[remat]
 
 
-def _param_specs(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], P]]:
-    """Each parameter's shape and MaxText's sharding of it (layers stacked on axis 0 for the scan)."""
+def _param_specs(cfg: DecoderConfig, context: bool = False) -> dict[str, tuple[tuple[int, ...], P]]:
+    """Each parameter's shape and MaxText's sharding of it (layers stacked on axis 0 for the scan);
+    ``context``: the mesh has a context axis, which splits ``embed`` with fsdp (MaxText's rule)."""
+    if context:
+        return {k: (shape, P(*(("fsdp", "context") if a == "fsdp" else a for a in spec)))
+                for k, (shape, spec) in _param_specs(cfg).items()}
     L, d, h, kv, dh, f = cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff
     specs = {
         "wq": ((L, d, h, dh), P(None, "fsdp", "tensor", None)),
@@ -242,7 +267,11 @@ def _check_fits(cfg: DecoderConfig, mesh: Mesh, per_device_batch: int) -> None:
     if cfg.num_heads % sizes["tensor"] or cfg.kv_heads % sizes["tensor"]:
         raise ValueError(f"num_heads={cfg.num_heads} and num_kv_heads={cfg.kv_heads} must both be multiples of "
                          f"tensor={sizes['tensor']} (heads are split over the tensor axis)")
-    for name, (shape, spec) in _param_specs(cfg).items():
+    context = sizes.get("context", 1)
+    if cfg.seq_len % context:
+        raise ValueError(f"seq_len={cfg.seq_len} is not a multiple of context={context} (each chip of the context "
+                         "axis holds an equal share of every sequence); choose a context size that divides it")
+    for name, (shape, spec) in _param_specs(cfg, "context" in sizes).items():
         for dim, axes in zip(shape, spec, strict=True):
             ways = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
             if dim % ways:
@@ -284,8 +313,13 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     if attention == "flash" and cfg.kv_heads != cfg.num_heads:
         raise ValueError("attention='flash' here takes multi-head attention only (num_kv_heads == num_heads); "
                          "use attention='dot' for grouped key/value heads")
-    if set(mesh.axis_names) != set(AXES):
-        raise ValueError(f"the mesh must have axes {AXES} (use make_mesh), got {mesh.axis_names}")
+    if set(mesh.axis_names) not in (set(AXES), set(AXES_WITH_CONTEXT)):
+        raise ValueError(f"the mesh must have axes {AXES} or {AXES_WITH_CONTEXT} (use make_mesh), got "
+                         f"{mesh.axis_names}")
+    seq = "context" if "context" in mesh.axis_names else None  # the axis that splits each sequence's tokens
+    if seq and attention == "flash":
+        raise ValueError("attention='flash' here has no context axis (its kernel sees whole sequences); use "
+                         "attention='dot', or a mesh without 'context'")
     _check_fits(cfg, mesh, per_device_batch)
 
     dtype, wdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype)
@@ -324,12 +358,14 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
 
     def layer(x, w):
         cast = {k: v.astype(dtype) for k, v in w.items()}
-        x = constrain(x, BATCH, None, "tensor")
+        x = constrain(x, BATCH, seq, "tensor")
         h = _rms(x, w["norm_attn"], dtype)
         q = jnp.einsum("bsd,dhk->bshk", h, cast["wq"])
         k = jnp.einsum("bsd,dhk->bshk", h, cast["wk"])
         v = jnp.einsum("bsd,dhk->bshk", h, cast["wv"])
-        q = constrain(q, BATCH, None, "tensor", None)
+        q = constrain(q, BATCH, seq, "tensor", None)
+        if seq:  # every query sees every key: gather the keys and values over the context axis
+            k, v = constrain(k, BATCH, None, "tensor", None), constrain(v, BATCH, None, "tensor", None)
         o = flash(q, k, v) if attention == "flash" else dot_attention(q, k, v)
         attn = jnp.einsum("bshk,hkd->bsd", o, cast["wo"])
         if not cfg.parallel_block:
@@ -338,13 +374,14 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
         hidden = act(jnp.einsum("bsd,df->bsf", h, cast["w_in"]))
         if cfg.gated:
             hidden = hidden * jnp.einsum("bsd,df->bsf", h, cast["w_gate"])
-        hidden = constrain(hidden, BATCH, None, "tensor")
+        hidden = constrain(hidden, BATCH, seq, "tensor")
         ffn = jnp.einsum("bsf,fd->bsd", hidden, cast["w_out"])
         out = x + ffn + (attn if cfg.parallel_block else 0)
-        return constrain(out.astype(dtype), BATCH, None, "tensor")
+        return constrain(out.astype(dtype), BATCH, seq, "tensor")
 
     body = layer if remat == "none" else jax.checkpoint(layer, policy=_policy(remat))
-    stacked = [k for k, (shape, _) in _param_specs(cfg).items() if len(shape) and k not in
+    specs = _param_specs(cfg, seq is not None)
+    stacked = [k for k, (shape, _) in specs.items() if len(shape) and k not in
                ("embedding", "final_norm", "unembedding")]
 
     def loss_fn(params, tokens, targets):
@@ -363,7 +400,7 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
         x = _rms(x, params["final_norm"], dtype)
         out = table.T if cfg.tied_embeddings else params["unembedding"]
         logits = jnp.einsum("bsd,dv->bsv", x.astype(logits_dtype), out.astype(logits_dtype))
-        logits = constrain(logits, BATCH, None, "tensor").astype(jnp.float32)
+        logits = constrain(logits, BATCH, seq, "tensor").astype(jnp.float32)
         log_probs = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.sum(log_probs * jax.nn.one_hot(targets, cfg.vocab_size, dtype=jnp.float32), -1))
 
@@ -376,7 +413,7 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
         return optax.apply_updates(params, updates), opt_state, loss
 
     params = {k: jax.ShapeDtypeStruct(shape, wdtype, sharding=NamedSharding(mesh, spec))
-              for k, (shape, spec) in _param_specs(cfg).items()}
+              for k, (shape, spec) in specs.items()}
     opt_state = jax.eval_shape(tx.init, params)
     shardings = {k: p.sharding for k, p in params.items()}
 
@@ -387,7 +424,7 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     opt_state = jax.tree.map(with_sharding, opt_state)
     opt_state = _moments_like(opt_state, params, shardings, mesh)
     batch = per_device_batch * mesh.size
-    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32, sharding=NamedSharding(mesh, P(BATCH, None)))
+    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32, sharding=NamedSharding(mesh, P(BATCH, seq)))
     step = jax.jit(train_step, donate_argnums=(0, 1))
     return step.lower(params, opt_state, tokens, tokens)
 
