@@ -450,6 +450,11 @@ if TPU_OK:
 # Eight more micro-batches cost GPipe 1 GiB more HBM, 128 MiB each (four of its 32 MiB activations),
 # and the circular schedule needs the least, at both efforts. So the bubble cannot be shrunk by adding
 # micro-batches for free: each one costs GPipe memory on every stage, which is what 1F1B's bound saves.
+#
+# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) searches data, FSDP,
+# tensor, context and expert axes, but not yet a `stage` axis. A pipeline's step can be estimated as this
+# section did: the compiled program's time, of which the bubble's share is `(P - 1) / (M + P - 1)`,
+# plus the activation sends between stages, and that is an estimate, not a compiled plan.
 
 # %% [markdown]
 # ## Takeaways

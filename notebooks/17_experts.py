@@ -546,6 +546,34 @@ for what, figure in MIXTRAL_V5P.items():
     print(f"{what:<40}{figure}")
 
 # %% [markdown]
+# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) takes a mixture of
+# experts as a model shape, `num_experts`, `experts_per_token` and `capacity_factor`, and searches an
+# `expert` axis beside data, FSDP and tensor parallelism when asked (`axes=(*AXES, "expert")`). Its
+# builder routes tokens as `annotated` does in §3, so each compiled candidate carries the all-to-alls, and
+# `estimate_step` times them. Listing the candidates and their state needs no compiler:
+
+# %%
+from utils.planner import candidates, state_bytes
+from utils.train_step import AXES, DecoderConfig
+
+mixtral = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
+                        vocab_size=32000, seq_len=4096, num_experts=8, experts_per_token=2, capacity_factor=1.25)
+found = candidates(mixtral, chips_per_slice=32, sequences=32, remats=("full",), axes=(*AXES, "expert"))
+by_expert = {e: sum(c.expert == e for c in found) for e in sorted({c.expert for c in found})}
+state = state_bytes(mixtral, data=1, fsdp=4, tensor=1, context=1, expert=8)  # this section's mesh
+print(f"{mixtral.num_params() / 1e9:.1f}B parameters, capacity {mixtral.capacity} slots; candidates by size of "
+      f"the expert axis: {by_expert}; weights and moments per chip on (fsdp 4, expert 8): {state / 2**30:.1f} GiB")
+assert round(mixtral.num_params() / 1e9, 1) == 46.7 and mixtral.capacity == slots
+assert list(by_expert) == [1, 2, 4, 8]  # the axes that divide the 8 experts
+assert state == state_bytes(mixtral, data=1, fsdp=32, tensor=1)  # the same state as FSDP over all 32 chips
+
+# %% [markdown]
+# The planner counts the same 46.7 billion parameters and the same capacity. Splitting the experts over
+# `expert` stores no less than FSDP over all 32 chips: what it changes is the traffic, an all-to-all of
+# the routed tokens instead of gathering every expert's weights, which is why the planner compiles the
+# candidates and times them rather than comparing their memory.
+
+# %% [markdown]
 # ## Takeaways
 # - A mixture-of-experts layer routes each token to its top `k` of `E` experts. A capacity of
 #   `ceil(factor x k x tokens / E)` slots per expert and per group fixes the shapes; choices past it are

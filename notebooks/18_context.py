@@ -427,6 +427,42 @@ assert extra[LONG] > kv_bytes(LONG) / 2 / 2**20  # at 128k: most of the whole ke
 assert 1.4 < DEFAULT_EFFORT[LONG, "ring, contiguous"][2] / DEFAULT_EFFORT[LONG, "ring"][2] < 2 * N / (N + 1)
 
 # %% [markdown]
+# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) has a `context` axis
+# when asked (`axes=(*AXES, "context")`). Its builder splits every sequence over that axis and gathers
+# the keys and values, the all-gather way of this section, and each compiled candidate's gathers are timed
+# by `estimate_step`. The axis is what makes fewer sequences than chips possible, for example 32 sequences
+# of 128k tokens (4M tokens a step) on the 256 chips of a v5e:16x16. Listing the candidates needs no compiler:
+
+# %%
+from utils.planner import activation_bytes, candidates
+from utils.timing import CHIPS
+from utils.train_step import AXES, DecoderConfig
+
+long_model = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
+                           vocab_size=128_256, seq_len=LONG)
+try:
+    candidates(long_model, chips_per_slice=256, sequences=32, remats=("full",))
+    refused = ""
+except ValueError as err:  # without a context axis every chip needs a whole sequence
+    refused = str(err)
+print("without a context axis:", refused)
+found = candidates(long_model, chips_per_slice=256, sequences=32, remats=("full",), axes=(*AXES, "context"))
+saved = {c.context: activation_bytes(long_model, "full", c.per_device_batch, context=c.context)
+         for c in found if c.per_device_batch == 1}  # one sequence per group of `context` chips
+print("activations kept per chip, one sequence per group (remat 'full', a formula):",
+      ", ".join(f"context {n}: {format_bytes(b)}" for n, b in sorted(saved.items())))
+assert refused.startswith("32 sequences a step do not split over 256 chips")
+assert min(saved) == 256 // 32  # a sequence needs at least 8 chips
+assert saved[16] * 2 == saved[8]  # twice the axis, half a chip's share of the sequence
+assert saved[8] > CHIPS["v5e"].hbm_bytes > saved[16]  # at 8, the float32 logits alone overflow a v5e chip
+
+# %% [markdown]
+# Without the axis the planner refuses, naming the fix. With it, the smallest context axis is 8 chips,
+# one sequence per group of 8, and doubling it halves what each chip keeps of its sequence. At 8 the
+# formula's activations exceed a v5e chip's 15.75 GiB, mostly the float32 logits of 16k tokens over a
+# 128k vocabulary, so the planner prunes those candidates before compiling anything.
+
+# %% [markdown]
 # ## Takeaways
 # - Context parallelism splits the sequence inside attention too. Ring attention keeps each device's queries
 #   and passes key/value blocks around the `context` axis with `ppermute`, N - 1 times per layer.
