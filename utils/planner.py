@@ -57,6 +57,9 @@ compiler's and the time model's; the formula's activations per chip do not chang
 axis that divides the experts splits them (and the batch, and the dense weights' ``embed``), and the
 compiled program carries the all-to-alls that send each expert its tokens and bring them back. The
 formula's activations leave out the routing's dispatch and combine tensors (the compiler's HBM has them).
+**Pipelines** (a ``stage`` axis) are not candidates here: the builder writes no pipeline, so
+:func:`utils.stages.estimate_pipeline` estimates one from a compiled stage, its ``M + P - 1`` iterations and
+its sends.
 
 Fitting plans are ranked by step time (the global batch is fixed, so also by tokens/s), then the refused,
 pruned, unmappable (``"no layout"``), skipped and not compiled ones. Compile effort: the compiler's default
