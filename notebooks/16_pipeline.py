@@ -452,9 +452,10 @@ if TPU_OK:
 # micro-batches for free: each one costs GPipe memory on every stage, which is what 1F1B's bound saves.
 #
 # **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) searches data, FSDP,
-# tensor, context and expert axes, but not yet a `stage` axis. A pipeline's step can be estimated as this
-# section did: the compiled program's time, of which the bubble's share is `(P - 1) / (M + P - 1)`,
-# plus the activation sends between stages, and that is an estimate, not a compiled plan.
+# tensor, context and expert axes, but it compiles no pipeline. `utils.stages.estimate_pipeline` estimates
+# one from parts, as this section reasons: one stage's compiled step on a micro-batch, times the
+# `M + P - 1` iterations, plus each iteration's two activation sends over one link. Its result is an
+# estimate, not a compiled plan, and it says so.
 
 # %% [markdown]
 # ## Takeaways
