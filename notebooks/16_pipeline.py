@@ -80,11 +80,15 @@ assert not [n for n in names if "pipeline" in n.lower()]
 # stacked on a leading layer axis and run with `jax.lax.scan` (so a stack of any depth compiles like
 # one layer). `jax.checkpoint` keeps only the stack's input for the backward pass and recomputes the
 # rest (notebook 12's rematerialization); the pipeline needs it at full size, and the reference uses
-# it too so that both do the same arithmetic. The batch: `M = 8` micro-batches of 4 rows (notebook 13, §2).
+# it too so that both do the same arithmetic. The batch: `M = 8` micro-batches of 32 rows (notebook 13, §2).
+# Every program this notebook runs on the CPU is compiled with `FAST_COMPILE`, which skips optimising
+# the machine code (notebook 11): the partitioning, the collectives and the loops, which are what we
+# read, are decided before that stage, and at this size the programs run in milliseconds anyway.
 
 # %%
 L, D, F = 32, 64, 128
 M, MB = 8, 32  # micro-batches, rows in each
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # CPU programs: skip optimising machine code
 rng = np.random.default_rng(0)  # numpy's generator: fixed numbers, nothing to compile
 params = {"up": rng.standard_normal((L, D, F), np.float32) / np.sqrt(D),
           "down": rng.standard_normal((L, F, D), np.float32) / (4 * np.sqrt(F))}
@@ -105,8 +109,9 @@ def loss_fn(params, x, y):
     return jnp.mean((jax.checkpoint(stack)(params, x) - y) ** 2)
 
 
-reference = jax.jit(jax.value_and_grad(loss_fn)).lower(params, x.reshape(-1, D), y.reshape(-1, D)).compile()
-ref_loss, ref_grads = reference(params, x.reshape(-1, D), y.reshape(-1, D))  # one device, the whole batch at once
+rows_x, rows_y = x.reshape(-1, D), y.reshape(-1, D)  # one device, the whole batch at once
+reference = jax.jit(jax.value_and_grad(loss_fn)).lower(params, rows_x, rows_y).compile(FAST_COMPILE)
+ref_loss, ref_grads = reference(params, rows_x, rows_y)
 print(f"reference loss {float(ref_loss):.6f}")
 
 # %% [markdown]
@@ -202,7 +207,7 @@ on_stages = jax.device_put(to_stages(params, STAGES), NamedSharding(mesh, P("sta
 print("up on each device:", on_stages["up"].sharding.shard_shape(on_stages["up"].shape), "of", on_stages["up"].shape)
 
 gpipe = pipelined(mesh)
-gpipe_program = gpipe.lower(on_stages, x, y).compile()
+gpipe_program = gpipe.lower(on_stages, x, y).compile(FAST_COMPILE)
 (loss, gpipe_log), grads = gpipe_program(on_stages, x, y)
 assert_close(loss, ref_loss)
 jax.tree.map(assert_close, from_stages(grads), ref_grads)
@@ -274,7 +279,7 @@ assert_close(list(bubble.values()), [bubble["formula (P-1)/(M+P-1)"]] * 3)
 REPEATS = 2
 on_ring = jax.device_put(to_stages(params, STAGES, REPEATS), NamedSharding(mesh, P("stage")))
 circular = pipelined(mesh, repeats=REPEATS)
-circular_program = circular.lower(on_ring, x, y).compile()
+circular_program = circular.lower(on_ring, x, y).compile(FAST_COMPILE)
 (loss, circular_log), grads = circular_program(on_ring, x, y)
 assert_close(loss, ref_loss)
 jax.tree.map(assert_close, from_stages(grads), ref_grads)
@@ -315,7 +320,7 @@ mesh_2d = jax.make_mesh((4, 2), ("stage", "data"), axis_types=(AxisType.Auto,) *
 stages_2d = mesh_2d.shape["stage"]
 on_2d = jax.device_put(to_stages(params, stages_2d), NamedSharding(mesh_2d, P("stage")))
 both = pipelined(mesh_2d, batch_axes=("data",))
-both_program = both.lower(on_2d, x, y).compile()
+both_program = both.lower(on_2d, x, y).compile(FAST_COMPILE)
 (loss, _), grads = both_program(on_2d, x, y)
 assert_close(loss, ref_loss)
 jax.tree.map(assert_close, from_stages(grads), ref_grads)
@@ -348,14 +353,13 @@ print(f"bubble with {stages_2d} stages: {(stages_2d - 1) / (M + stages_2d - 1):.
 #
 # Now at full size, compiled ahead of time for the 8 chips of a TPU v5e (`v5e:2x4`), nothing allocated:
 # 32 layers of width 4,096 and hidden size 16,384 in bf16 (4.3 billion parameters, 1 GiB of them per
-# stage), 8 micro-batches of 4,096 tokens, on 8 stages: GPipe, and the circular schedule with 2
-# passes. The inputs are replicated on every chip to
-# keep the code short (a real loader would feed stage 0 only).
+# stage), 8 micro-batches of 4,096 tokens, on 8 stages. The inputs are replicated on every chip to keep
+# the code short (a real loader would feed stage 0 only).
 #
 # **Which compiler effort?** At the compiler's default effort, the one `jax.jit` uses, the program
-# takes longer to compile than this whole notebook may take, so the cell compiles at the least effort,
-# `O0`, and every figure it prints is an O0 figure. The default effort's figures, which are what you
-# will see, follow in a table.
+# takes longer to compile than this whole notebook may take, so the cell compiles GPipe at the least
+# effort, `O0`, and every figure it prints is an O0 figure. The default effort's figures, which are
+# what you will see, follow in a table, with the circular schedule and a larger `M`.
 
 # %%
 TPU_OK, why = tpu_compiler_available()
@@ -388,22 +392,18 @@ def loop_share(estimate):
 
 
 if TPU_OK:
-    tpu = {}
-    print(f"TPU v5e, O0 effort{'':<10}{'trips':>6}  collective-permutes{'':<6}{'temporaries':>12}{'HBM':>10}"
-          f"{'step (est.)':>13}{'in loops':>10}")
-    for micro, repeats in ((M, 1), (M, REPEATS)):
-        program, tpu_mesh = compile_tpu(micro, repeats)
-        cps = [op for op in collectives(program).ops if op.kind == "collective-permute"]
-        mem, est = memory_per_device(program), estimate_step(program, tpu_mesh, use_cycles=False)  # O0: roofline
-        tpu[micro, repeats] = (cps, mem, est)
-        name = f"{'GPipe' if repeats == 1 else 'circular'}, M = {micro}"
-        print(f"{name:<28}{cps[0].trips:>6}  {len(cps)} x {cps[0].result_type:<18}{format_bytes(mem.temp):>12}"
-              f"{format_bytes(mem.footprint):>10}{est.seconds * 1e3:>10.0f} ms{loop_share(est):>10.1%}")
+    tpu_program, tpu_mesh = compile_tpu(M)
+    tpu_permutes = [op for op in collectives(tpu_program).ops if op.kind == "collective-permute"]
+    tpu_memory = memory_per_device(tpu_program)
+    tpu_step = estimate_step(tpu_program, tpu_mesh, use_cycles=False)  # O0: timed by the roofline alone
+    print(f"TPU v5e, O0 effort, GPipe, M = {M}: loops of {tpu_permutes[0].trips} iterations, "
+          f"{len(tpu_permutes)} collective-permutes of {tpu_permutes[0].result_type}; temporaries "
+          f"{format_bytes(tpu_memory.temp)}, HBM {format_bytes(tpu_memory.footprint)}; step (estimate) "
+          f"{tpu_step.seconds * 1e3:.0f} ms, {loop_share(tpu_step):.1%} of it in loops")
 
 # %% [markdown]
-# Each program holds two collective-permutes of one micro-batch's activations, `bf16[4096,4096]`
-# (32 MiB), one in the forward loop and one in the backward loop, run once per iteration: 15 times for
-# GPipe, 23 for the circular schedule.
+# The program holds two collective-permutes of one micro-batch's activations, `bf16[4096,4096]`
+# (32 MiB), one in the forward loop and one in the backward loop, each run once per iteration: 15 times.
 #
 # **The bubble in time.** The time model (notebook 14) sums the ops of the step, each counted once per
 # run, and nearly all of GPipe's estimated step is inside the two loops. Every iteration costs the
@@ -412,21 +412,15 @@ if TPU_OK:
 
 # %%
 if TPU_OK:
-    (cps8, mem8, est8), (_, mem_circular, est_circular) = tpu.values()
-    time_bubble = loop_share(est8) * (cps8[0].trips - M) / cps8[0].trips
-    print(f"GPipe: bubble in time {time_bubble:.3f}, formula {(STAGES - 1) / (M + STAGES - 1):.3f}; "
-          f"circular step / GPipe step {est_circular.seconds / est8.seconds:.3f} "
-          f"(iterations of half the work: {circular_steps / 2 / steps:.3f})")
-    for cps, _, est in tpu.values():
-        assert [op.result_type for op in cps] == ["bf16[4096,4096]"] * 2
-        assert_close(sum(op.exposed * op.trips for op in est.timeline), est.seconds)  # the ops make the step
-    assert [v[0][0].trips for v in tpu.values()] == [M + STAGES - 1, circular_steps]
+    time_bubble = loop_share(tpu_step) * (tpu_permutes[0].trips - M) / tpu_permutes[0].trips
+    print(f"GPipe: bubble in time {time_bubble:.3f}, formula {(STAGES - 1) / (M + STAGES - 1):.3f}")
+    assert [op.result_type for op in tpu_permutes] == ["bf16[4096,4096]"] * 2
+    assert [op.trips for op in tpu_permutes] == [M + STAGES - 1] * 2
+    assert_close(sum(op.exposed * op.trips for op in tpu_step.timeline), tpu_step.seconds)  # the ops make the step
     assert abs(time_bubble - (STAGES - 1) / (M + STAGES - 1)) < 0.01
-    assert mem_circular.temp < mem8.temp and est_circular.seconds < est8.seconds
 
 # %% [markdown]
-# The time model's bubble is the formula's 47%. The circular schedule's step is shorter, though not
-# by the full 11.5/15: each of its iterations does half the matmuls but sends a whole micro-batch.
+# The time model's bubble is the formula's 47%.
 #
 # **Memory per stage, by schedule.** `jax.grad` of the loop keeps, for the backward pass, what each
 # iteration needs: here, thanks to `jax.checkpoint`, the stage's input and a few arrays around it.
@@ -434,7 +428,8 @@ if TPU_OK:
 # iteration's share is alive at once, and memory grows with `M`: the table below adds GPipe with 16
 # micro-batches. The circular program keeps more iterations (23) yet needs less memory: the backward
 # pass recomputes one chunk at a time, and its chunks are half as deep, which is consistent with these
-# figures.
+# figures. Its step is shorter, though not by the full 11.5/15: each of its iterations does half the
+# matmuls but sends a whole micro-batch.
 #
 # **1F1B** (one forward, one backward) bounds that growth. Once a stage has `P` micro-batches in
 # flight it alternates a backward and a forward step, so at most `P` micro-batches' activations are
@@ -443,7 +438,8 @@ if TPU_OK:
 # GPipe's order.
 #
 # At the default effort (compiled by the course's tests, `tests/test_16_pipeline_default_effort.py`,
-# which read this notebook's `compile_tpu`), the same programs need:
+# which read this notebook's `compile_tpu` and check every figure, and that the circular schedule needs
+# the least memory and time at O0 too), the programs need:
 #
 # | TPU v5e, default effort (jax 0.12.0.1, libtpu 0.0.50.1) | temporaries | HBM | step (estimate) |
 # |---|---|---|---|
@@ -454,6 +450,12 @@ if TPU_OK:
 # Eight more micro-batches cost GPipe 1 GiB more HBM, 128 MiB each (four of its 32 MiB activations),
 # and the circular schedule needs the least, at both efforts. So the bubble cannot be shrunk by adding
 # micro-batches for free: each one costs GPipe memory on every stage, which is what 1F1B's bound saves.
+#
+# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) searches data, FSDP,
+# tensor, context and expert axes, but it compiles no pipeline. `utils.stages.estimate_pipeline` estimates
+# one from parts, as this section reasons: one stage's compiled step on a micro-batch, times the
+# `M + P - 1` iterations, plus each iteration's two activation sends over one link. Its result is an
+# estimate, not a compiled plan, and it says so.
 
 # %% [markdown]
 # ## Takeaways

@@ -76,10 +76,14 @@ from utils import NOT_ANSWERED, assert_close, collectives, draw_routing, format_
 #
 # The reference states all of this one token at a time: a `jax.lax.scan` over each group's tokens,
 # carrying how full each expert is. Each expert is a gated feed-forward network (SwiGLU, as in Mixtral).
+# The programs that run on the CPU here are compiled with `FAST_COMPILE`, which skips optimising their
+# machine code (notebook 11): their partitioning and collectives, which is what we read, are decided
+# before that stage, and at these sizes they run in milliseconds anyway.
 
 # %%
 E, K, D, F = 8, 2, 32, 64  # experts, experts per token, model width, expert hidden width
 TOKENS, GROUPS = 256, 8  # 8 groups of 32 tokens: one group per device in sections 2 to 4
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # CPU programs: skip optimising machine code
 rng = np.random.default_rng(0)  # numpy's generator: fixed numbers, nothing to compile
 params = {"router": 3 * rng.standard_normal((D, E), np.float32) / np.sqrt(D),  # x3: a confident, unbalanced router
           "w_gate": rng.standard_normal((E, D, F), np.float32) / np.sqrt(D),
@@ -129,7 +133,7 @@ def loss_and_grads(layer):
     def run(params, x):
         outputs = layer(params, x)
         return loss_of(outputs), outputs
-    return jax.jit(jax.value_and_grad(run, argnums=(0, 1), has_aux=True))
+    return jax.jit(jax.value_and_grad(run, argnums=(0, 1), has_aux=True), compiler_options=FAST_COMPILE)
 
 
 CAPACITY = capacity_of(TOKENS // GROUPS, K, E, factor=1.0)
@@ -206,7 +210,7 @@ def moe(params, x, *, k, capacity, expert_axis=None, fsdp_axis=None, token_axes=
 # `slot`, is past the capacity, so one routing of every group (`jax.vmap` of `route`) answers for all:
 
 # %%
-stats = jax.jit(jax.vmap(partial(route, k=K, capacity=CAPACITY), in_axes=(None, 0)))(
+stats = jax.jit(jax.vmap(partial(route, k=K, capacity=CAPACITY), in_axes=(None, 0)), compiler_options=FAST_COMPILE)(
     params["router"], tokens.reshape(GROUPS, -1, D))[2]
 slots = np.asarray(stats["slot"])
 drops = {factor: (c, int((slots >= c).sum())) for factor in (1.0, 1.25, 1.5, 2.0)
@@ -323,7 +327,8 @@ def annotated(params, x, *, k, capacity, mesh):
     return y, f.shape[0] * jnp.sum(f * p), stats["dropped"].sum()
 
 
-auto_layer = jax.jit(partial(annotated, k=K, capacity=CAPACITY, mesh=mesh)).lower(placed, x_placed).compile()
+auto_layer = jax.jit(partial(annotated, k=K, capacity=CAPACITY, mesh=mesh), compiler_options=FAST_COMPILE)
+auto_layer = auto_layer.lower(placed, x_placed).compile()
 auto_y, auto_balance, auto_dropped = auto_layer(placed, x_placed)
 assert_close(auto_y, ref_y)
 assert_close(auto_balance, ref_balance)
@@ -539,6 +544,34 @@ MIXTRAL_V5P = {  # compiled by tests/test_17_experts_tpu.py, which checks each f
 }
 for what, figure in MIXTRAL_V5P.items():
     print(f"{what:<40}{figure}")
+
+# %% [markdown]
+# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) takes a mixture of
+# experts as a model shape, `num_experts`, `experts_per_token` and `capacity_factor`, and searches an
+# `expert` axis beside data, FSDP and tensor parallelism when asked (`axes=(*AXES, "expert")`). Its
+# builder routes tokens as `annotated` does in §3, so each compiled candidate carries the all-to-alls, and
+# `estimate_step` times them. Listing the candidates and their state needs no compiler:
+
+# %%
+from utils.planner import candidates, state_bytes
+from utils.train_step import AXES, DecoderConfig
+
+mixtral = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
+                        vocab_size=32000, seq_len=4096, num_experts=8, experts_per_token=2, capacity_factor=1.25)
+found = candidates(mixtral, chips_per_slice=32, sequences=32, remats=("full",), axes=(*AXES, "expert"))
+by_expert = {e: sum(c.expert == e for c in found) for e in sorted({c.expert for c in found})}
+state = state_bytes(mixtral, data=1, fsdp=4, tensor=1, context=1, expert=8)  # this section's mesh
+print(f"{mixtral.num_params() / 1e9:.1f}B parameters, capacity {mixtral.capacity} slots; candidates by size of "
+      f"the expert axis: {by_expert}; weights and moments per chip on (fsdp 4, expert 8): {state / 2**30:.1f} GiB")
+assert round(mixtral.num_params() / 1e9, 1) == 46.7 and mixtral.capacity == slots
+assert list(by_expert) == [1, 2, 4, 8]  # the axes that divide the 8 experts
+assert state == state_bytes(mixtral, data=1, fsdp=32, tensor=1)  # the same state as FSDP over all 32 chips
+
+# %% [markdown]
+# The planner counts the same 46.7 billion parameters and the same capacity. Splitting the experts over
+# `expert` stores no less than FSDP over all 32 chips: what it changes is the traffic, an all-to-all of
+# the routed tokens instead of gathering every expert's weights, which is why the planner compiles the
+# candidates and times them rather than comparing their memory.
 
 # %% [markdown]
 # ## Takeaways

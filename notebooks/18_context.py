@@ -171,12 +171,15 @@ def zigzag_order(length, n):
 
 # %% [markdown]
 # Run it on 8 devices for 2 sequences of 256 tokens, 2 heads of 16, against one device's causal attention
-# (`jax.nn.dot_product_attention`). Everything along the sequence is split over `context`:
+# (`jax.nn.dot_product_attention`). Everything along the sequence is split over `context`. The programs
+# that run on the CPU are compiled with `FAST_COMPILE`, which skips optimising their machine code
+# (notebook 11): their collectives and loops, which is what we read, are decided before that stage.
 
 # %%
 mesh = jax.make_mesh((8,), ("context",), axis_types=(AxisType.Auto,))
 N = mesh.shape["context"]
 B, S, H, D = 2, 256, 2, 16
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # CPU programs: skip optimising machine code
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((B, S, H, D), np.float32) for _ in range(3))
 
@@ -186,7 +189,8 @@ def reference_loss(q, k, v):  # one device's causal attention, and a loss on it 
     return jnp.sum(jnp.tanh(out)), out
 
 
-(_, expected), expected_grads = jax.jit(jax.value_and_grad(reference_loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+reference = jax.jit(jax.value_and_grad(reference_loss, argnums=(0, 1, 2), has_aux=True), compiler_options=FAST_COMPILE)
+(_, expected), expected_grads = reference(q, k, v)
 seq, pos = P(None, "context"), P("context")
 
 
@@ -197,7 +201,7 @@ def on_ring(zigzag, mesh=mesh, **options):
 
 
 plain = np.arange(S)  # token t sits at position t: device d holds tokens 32d ... 32d + 31
-ring_program = on_ring(zigzag=False, tile=8).lower(q, k, v, plain, plain).compile()  # keys in tiles of 8
+ring_program = on_ring(zigzag=False, tile=8).lower(q, k, v, plain, plain).compile(FAST_COMPILE)  # tiles of 8 keys
 out = ring_program(q, k, v, plain, plain)
 assert_close(out, expected)
 ring_ops = collectives(ring_program)
@@ -281,7 +285,8 @@ def ring_loss(q, k, v):  # the same loss as reference_loss, on the ring's output
 
 
 zq, zk, zv = (a[:, zigzag] for a in (q, k, v))
-(_, out), grads = jax.jit(jax.value_and_grad(ring_loss, argnums=(0, 1, 2), has_aux=True))(zq, zk, zv)
+zig_step = jax.jit(jax.value_and_grad(ring_loss, argnums=(0, 1, 2), has_aux=True), compiler_options=FAST_COMPILE)
+(_, out), grads = zig_step(zq, zk, zv)
 assert_close(np.asarray(out)[:, z], expected)
 for got, want in zip(grads, expected_grads, strict=True):
     assert_close(np.asarray(got)[:, z], want)
@@ -420,6 +425,42 @@ extra = {n: DEFAULT_EFFORT[n, "all-gather"][1] - DEFAULT_EFFORT[n, "ring"][1] fo
 assert np.all(np.diff([extra[n] for n in lengths]) > 0)  # grows with the length
 assert extra[LONG] > kv_bytes(LONG) / 2 / 2**20  # at 128k: most of the whole keys and values, in MiB
 assert 1.4 < DEFAULT_EFFORT[LONG, "ring, contiguous"][2] / DEFAULT_EFFORT[LONG, "ring"][2] < 2 * N / (N + 1)
+
+# %% [markdown]
+# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) has a `context` axis
+# when asked (`axes=(*AXES, "context")`). Its builder splits every sequence over that axis and gathers
+# the keys and values, the all-gather way of this section, and each compiled candidate's gathers are timed
+# by `estimate_step`. The axis is what makes fewer sequences than chips possible, for example 32 sequences
+# of 128k tokens (4M tokens a step) on the 256 chips of a v5e:16x16. Listing the candidates needs no compiler:
+
+# %%
+from utils.planner import activation_bytes, candidates
+from utils.timing import CHIPS
+from utils.train_step import AXES, DecoderConfig
+
+long_model = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
+                           vocab_size=128_256, seq_len=LONG)
+try:
+    candidates(long_model, chips_per_slice=256, sequences=32, remats=("full",))
+    refused = ""
+except ValueError as err:  # without a context axis every chip needs a whole sequence
+    refused = str(err)
+print("without a context axis:", refused)
+found = candidates(long_model, chips_per_slice=256, sequences=32, remats=("full",), axes=(*AXES, "context"))
+saved = {c.context: activation_bytes(long_model, "full", c.per_device_batch, context=c.context)
+         for c in found if c.per_device_batch == 1}  # one sequence per group of `context` chips
+print("activations kept per chip, one sequence per group (remat 'full', a formula):",
+      ", ".join(f"context {n}: {format_bytes(b)}" for n, b in sorted(saved.items())))
+assert refused.startswith("32 sequences a step do not split over 256 chips")
+assert min(saved) == 256 // 32  # a sequence needs at least 8 chips
+assert saved[16] * 2 == saved[8]  # twice the axis, half a chip's share of the sequence
+assert saved[8] > CHIPS["v5e"].hbm_bytes > saved[16]  # at 8, the float32 logits alone overflow a v5e chip
+
+# %% [markdown]
+# Without the axis the planner refuses, naming the fix. With it, the smallest context axis is 8 chips,
+# one sequence per group of 8, and doubling it halves what each chip keeps of its sequence. At 8 the
+# formula's activations exceed a v5e chip's 15.75 GiB, mostly the float32 logits of 16k tokens over a
+# 128k vocabulary, so the planner prunes those candidates before compiling anything.
 
 # %% [markdown]
 # ## Takeaways

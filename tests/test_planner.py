@@ -10,11 +10,11 @@ import math
 import pytest
 
 from utils import planner
-from utils.planner import Candidate, activation_bytes, candidates, guess_seconds, plan, state_bytes
+from utils.planner import AXES_CHOICES, Candidate, activation_bytes, candidates, guess_seconds, plan, state_bytes
 from utils.published_rows import maxtext_flops_per_device
 from utils.timing import CHIPS
 from utils.tpu import tpu_compiler_available
-from utils.train_step import REMAT_POLICIES, DecoderConfig
+from utils.train_step import AXES, REMAT_POLICIES, DecoderConfig
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +168,168 @@ def test_a_mesh_the_dims_do_not_divide_names_the_dim():
     with pytest.raises(ValueError, match="d_ff=510 is not a multiple of tensor=4"):
         plan(odd, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 128, meshes=[(1, 2, 4)])
     assert {c.tensor for c in candidates(odd, chips_per_slice=8, sequences=8)} == {1, 2}  # left out, not an error
+
+
+# --- the context axis (opt-in): candidates, formulas, bad input, one compile -------------------------------
+
+CONTEXT = (*AXES, "context")
+
+
+def test_the_context_axis_is_opt_in_and_divides_the_sequence():
+    default = candidates(TINY, chips_per_slice=8, sequences=8, remats=("full",))
+    found = candidates(TINY, chips_per_slice=8, sequences=8, remats=("full",), axes=CONTEXT)
+    assert {c.context for c in default} == {1} and CONTEXT in AXES_CHOICES
+    assert [c for c in found if c.context == 1] == default  # the 3-axis search, then the splits with context
+    assert {c.context for c in found} == {1, 2, 4, 8}
+    assert all(c.data * c.fsdp * c.tensor * c.context == 8 for c in found)
+    short = dataclasses.replace(TINY, seq_len=12)  # 12 tokens do not split 8 ways
+    assert {c.context for c in candidates(short, chips_per_slice=8, sequences=8, remats=("full",), axes=CONTEXT)} \
+        == {1, 2, 4}
+    assert Candidate(1, 2, 1, 1, "full", 1, 1, 4).label() == "1x2x1 context 4 full b1x1"
+
+
+def test_the_context_axis_trains_fewer_sequences_than_chips():
+    """2 sequences on 8 chips: only a context axis of 4 or 8 gives every chip a share of one; the 3-axis search
+    says to add it. A chip then holds a quarter (an eighth) of a sequence's activations."""
+    found = candidates(TINY, chips_per_slice=8, sequences=2, remats=("full",), axes=CONTEXT)
+    assert {c.context for c in found} == {4, 8}
+    assert {(c.context, c.per_device_batch, c.accumulation) for c in found} == {(4, 1, 1), (8, 2, 1), (8, 1, 2)}
+    with pytest.raises(ValueError, match=r"2 sequences a step do not split over 8 chips.*add the context axis"):
+        candidates(TINY, chips_per_slice=8, sequences=2)
+    assert activation_bytes(TINY, "full", 1, context=4) * 4 == activation_bytes(TINY, "full", 1)
+
+
+def test_the_context_axis_splits_the_weights_with_fsdp_and_costs_key_value_gathers():
+    assert state_bytes(TINY, 1, 2, 1, 4) == state_bytes(TINY, 1, 8, 1) == state_bytes(TINY, 1, 1, 1, 8)
+    assert state_bytes(TINY, 1, 2, 1, 4) < state_bytes(TINY, 1, 2, 1)
+    flops = maxtext_flops_per_device(TINY, per_device_batch=1, formula=planner.MFU_FORMULA)
+    fsdp_8, fsdp_4_context_2 = Candidate(1, 8, 1, 1, "full", 1, 1), Candidate(1, 4, 1, 1, "full", 1, 1, 2)
+    assert guess_seconds(TINY, fsdp_4_context_2, CHIPS["v5e"], model_flops=flops) > guess_seconds(
+        TINY, fsdp_8, CHIPS["v5e"], model_flops=flops)  # the same weight split, plus the gathers
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(axes=("data", "context")), r"axes must be one of .*'context' and 'expert' are opt-in"),
+    (dict(axes=CONTEXT, meshes=[(1, 1, 1, 8)], model=dataclasses.replace(TINY, seq_len=36)),
+     r"mesh \(1, 1, 1, 8\) does not divide the model: seq_len=36 is not a multiple of context=8"),
+    (dict(axes=CONTEXT, meshes=[(1, 1, 1, 4)]), r"must be positive and multiply to the 8 chips"),
+    (dict(axes=CONTEXT, meshes=[(1, 2, 1, 4)], model=dataclasses.replace(TINY, d_model=254)),
+     r"d_model=254 is not a multiple of fsdp x context=8"),
+])
+def test_bad_context_input_names_the_fix(kwargs, message):
+    model = kwargs.pop("model", TINY)
+    with pytest.raises(ValueError, match=message):
+        plan(model, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * model.seq_len, **kwargs)
+
+
+def test_the_builders_context_axis_refuses_what_it_cannot_split():
+    from utils.train_step import Parallelism
+
+    with pytest.raises(ValueError, match="ici_context=3 x ici_expert=1 does not divide the 8 chips"):
+        Parallelism(ici_context=3).resolve(8, 1)
+    assert Parallelism(ici_fsdp=-1, ici_context=4).resolve(8, 1) == ((1, 2, 1), (1, 1, 1))
+
+
+@needs_tpu_compiler
+def test_the_builders_context_axis_names_the_fix():
+    from utils.train_step import Parallelism, lower_train_step, make_mesh
+
+    mesh = make_mesh("v5e:2x4", Parallelism(ici_fsdp=1, ici_context=8))
+    assert mesh.axis_names == ("data", "fsdp", "context", "tensor")
+    with pytest.raises(ValueError, match=r"seq_len=12 is not a multiple of context=8.*choose a context size"):
+        lower_train_step(dataclasses.replace(TINY, seq_len=12), mesh, per_device_batch=1)
+    with pytest.raises(ValueError, match="attention='flash' here has no context axis"):
+        lower_train_step(TINY, mesh, per_device_batch=1, attention="flash")
+
+
+@needs_tpu_compiler
+def test_a_context_plan_is_compiled_and_its_key_value_gathers_timed():
+    """One O0 compile (about 4 s of CPU): 2 sequences on 8 chips, each split 4 ways over 'context'; the step
+    gathers each layer's keys and values over that axis (the time model times them on the 'context' lane)."""
+    ranking = plan(TINY, chip="v5e", topology="v5e:2x4", global_batch_tokens=2 * TINY.seq_len, remats=("full",),
+                   meshes=[(1, 2, 1, 4)], axes=CONTEXT, max_compiles=1, effort="O0")
+    best = ranking.best
+    assert (best.candidate.context, best.candidate.fsdp) == (4, 2) and " 1 x 2 x 1 cp4 " in str(ranking)
+    gathers = [op for op in best.estimate.timeline if op.kind == "all-gather" and op.lane == "context"]
+    # 2 sequences over data x fsdp = 2 groups of 4 chips: one whole sequence's keys (or values) per chip, bf16
+    whole = 1 * TINY.seq_len * TINY.kv_heads * TINY.head_dim * 2
+    assert len(gathers) >= 2 and all(op.bytes == whole and op.seconds > 0 for op in gathers)
+
+
+# --- the expert axis (opt-in, for a mixture of experts) ---------------------------------------------------
+
+MOE = dataclasses.replace(TINY, num_experts=8, experts_per_token=2)  # capacity factor 1.25
+EXPERT = (*AXES, "expert")
+
+
+def test_a_mixture_of_experts_holds_every_expert_and_computes_k():
+    dense_ffn, router = 3 * 256 * 512, 256 * 8
+    assert MOE.num_params() - TINY.num_params() == 7 * dense_ffn + router  # 8 experts in all, and the router
+    assert MOE.matmul_params() - TINY.matmul_params() == dense_ffn + router  # a token uses 2, and the router
+    assert MOE.capacity == math.ceil(1.25 * 2 * 128 / 8) == 40 and TINY.capacity == 0
+    f = {m: maxtext_flops_per_device(m, per_device_batch=1, formula=planner.MFU_FORMULA) for m in (TINY, MOE)}
+    assert f[MOE] - f[TINY] == 6 * 128 * (dense_ffn + router)  # 6 x the extra matmul parameters x tokens
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_experts=2, experts_per_token=3), "experts_per_token=3 exceeds num_experts=2"),
+    (dict(num_experts=8, capacity_factor=0.0), r"capacity_factor must be > 0"),
+    (dict(num_experts=-8), "num_experts must be 0 \\(dense\\) or a positive integer"),
+])
+def test_a_bad_mixture_of_experts_names_the_fix(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TINY, **kwargs)
+
+
+def test_the_expert_axis_is_opt_in_and_divides_the_experts():
+    def experts(model, axes=EXPERT):
+        return {c.expert for c in candidates(model, chips_per_slice=8, sequences=8, remats=("full",), axes=axes)}
+
+    assert experts(MOE, AXES) == {1} and experts(MOE) == {1, 2, 4, 8}
+    assert experts(dataclasses.replace(MOE, num_experts=6)) == {1, 2}
+    assert experts(TINY) == {1}  # a dense model has no experts to split
+    assert {c.context for c in candidates(MOE, chips_per_slice=8, sequences=8, remats=("full",),
+                                          axes=(*AXES, "context", "expert")) if c.expert == 4} == {1, 2}
+    assert state_bytes(MOE, 1, 2, 1, 1, 4) == state_bytes(MOE, 1, 8, 1) < state_bytes(MOE, 1, 2, 1)
+    flops = maxtext_flops_per_device(MOE, per_device_batch=1, formula=planner.MFU_FORMULA)
+    fsdp_8, fsdp_2_expert_4 = Candidate(1, 8, 1, 1, "full", 1, 1), Candidate(1, 2, 1, 1, "full", 1, 1, 1, 4)
+    assert guess_seconds(MOE, fsdp_2_expert_4, CHIPS["v5e"], model_flops=flops) > guess_seconds(
+        MOE, fsdp_8, CHIPS["v5e"], model_flops=flops)  # the same weight split, plus the all-to-alls
+    assert fsdp_2_expert_4.label() == "1x2x1 expert 4 full b1x1"
+
+
+@pytest.mark.parametrize("model, mesh, message", [
+    (dataclasses.replace(MOE, num_experts=6), (1, 1, 1, 1, 8), "num_experts=6 is not a multiple of expert=8"),
+    (TINY, (1, 2, 1, 1, 4), "expert=4 needs a mixture of experts: set num_experts"),
+])
+def test_bad_expert_input_names_the_fix(model, mesh, message):
+    with pytest.raises(ValueError, match=message):
+        plan(model, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 128, meshes=[mesh], axes=EXPERT)
+
+
+@needs_tpu_compiler
+def test_the_builders_expert_axis_names_the_fix():
+    from utils.train_step import Parallelism, lower_train_step, make_mesh
+
+    mesh = make_mesh("v5e:2x4", Parallelism(ici_fsdp=2, ici_expert=4))
+    assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
+    with pytest.raises(ValueError, match=r"'expert' axis but the model is dense: set DecoderConfig\.num_experts"):
+        lower_train_step(TINY, mesh, per_device_batch=1)
+    with pytest.raises(ValueError, match="num_experts=6 is not a multiple of expert=4"):
+        lower_train_step(dataclasses.replace(MOE, num_experts=6), mesh, per_device_batch=1)
+
+
+@needs_tpu_compiler
+def test_an_expert_plan_is_compiled_with_its_all_to_alls_timed():
+    """One O0 compile: 8 experts over an expert axis of 4; the partitioner sends each expert its routed tokens
+    and back with all-to-alls over that axis, which the time model times on the 'expert' lane."""
+    ranking = plan(MOE, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * MOE.seq_len, remats=("full",),
+                   meshes=[(1, 2, 1, 1, 4)], axes=EXPERT, max_compiles=1, effort="O0")
+    best = ranking.best
+    assert (best.candidate.expert, best.candidate.fsdp) == (4, 2) and " 1 x 2 x 1 ep4 " in str(ranking)
+    a2a = [op for op in best.estimate.timeline if op.kind == "all-to-all" and op.lane == "expert"]
+    buffer = MOE.num_experts * MOE.capacity * MOE.d_model * 2  # one sequence's (E, C, d) dispatch buffer, bf16
+    assert len(a2a) >= 2 and all(op.seconds > 0 for op in a2a) and buffer in {op.bytes for op in a2a}
 
 
 @needs_tpu_compiler

@@ -156,6 +156,31 @@ def test_fsdp_windowed_reduce_scatter_loop_counts_both_trips(tpu_devices):
     _parts_add_up(e)
 
 
+def test_pipeline_and_expert_collectives_are_timed_every_trip(tpu_devices):
+    """The collectives of notebooks 16-18's programs: a collective-permute inside a loop (a pipeline's or a
+    ring's send) is timed once per trip, over one link; an all-to-all (experts' dispatch) by its ring share."""
+    mesh = _mesh(tpu_devices, (8,), ("x",))
+    ring = [(i, (i + 1) % 8) for i in range(8)]
+
+    def body(a):
+        a = jax.lax.fori_loop(0, 5, lambda i, a: jnp.tanh(jax.lax.ppermute(a, "x", ring)), a)
+        return jax.lax.all_to_all(a, "x", 0, 0, tiled=True)
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    compiled = _compile(f, mesh, ((8 * 512, 1024), P("x")))
+    e = estimate_step(compiled, mesh)
+    mib = 512 * 1024 * 2  # one device's block, bf16
+    timed = {op.kind: op for op in e.timeline if op.lane == "x"}
+    permute, a2a = timed["collective-permute"], timed["all-to-all"]
+    assert (permute.trips, permute.bytes, a2a.trips, a2a.bytes) == (5, mib, 1, mib)
+    assert permute.seconds == pytest.approx(mib / V5E.link_bandwidth)  # one link, whatever the ring's size
+    assert a2a.seconds == pytest.approx(collective_seconds("all-to-all", mib, [(2, 2), (4, 4)], V5E))
+    assert a2a.seconds == pytest.approx(7 / 4 * mib / (2 * V5E.link_bandwidth))  # (n-1)/4 over the 2x4's links
+    assert e.comm_bytes == 5 * mib + mib
+    assert e.comm_exposed + e.comm_hidden == pytest.approx(5 * permute.seconds + a2a.seconds)
+    _parts_add_up(e)
+
+
 # --- overlap --------------------------------------------------------------------------------------------
 
 _ASYNC = """HloModule m, num_partitions=8

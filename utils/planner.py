@@ -47,6 +47,20 @@ The search, in four steps:
    of model FLOPs (:func:`utils.published_rows.maxtext_flops_per_device`, ``per_matrix_causal``: 6 x
    matmul parameters x tokens plus causal attention) over the step and the chip's peak.
 
+**Context parallelism** (opt-in: ``axes=("data", "fsdp", "tensor", "context")``): step 1 also splits the
+chips over a ``context`` axis that divides ``seq_len`` (each sequence's tokens split over it, the weights'
+``embed`` over fsdp and context together, keys and values all-gathered for the attention:
+:mod:`utils.train_step`). The compiled program carries those all-gathers, so their HBM and time are the
+compiler's and the time model's; the formula's activations per chip do not change with it (a chip holds
+``per_device_batch x seq_len`` tokens either way), and the paper guess adds the gathers of keys and values.
+**Expert parallelism** (opt-in: ``"expert"`` in ``axes``, for a model with ``num_experts``): an ``expert``
+axis that divides the experts splits them (and the batch, and the dense weights' ``embed``), and the
+compiled program carries the all-to-alls that send each expert its tokens and bring them back. The
+formula's activations leave out the routing's dispatch and combine tensors (the compiler's HBM has them).
+**Pipelines** (a ``stage`` axis) are not candidates here: the builder writes no pipeline, so
+:func:`utils.stages.estimate_pipeline` estimates one from a compiled stage, its ``M + P - 1`` iterations and
+its sends.
+
 Fitting plans are ranked by step time (the global batch is fixed, so also by tokens/s), then the refused,
 pruned, unmappable (``"no layout"``), skipped and not compiled ones. Compile effort: the compiler's default
 unless ``effort="O0"`` (least effort: 4-10x faster to compile, but nothing is placed in VMEM, so HBM reads
@@ -62,15 +76,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .timing import CHIPS, Chip, StepEstimate
-from .train_step import REMAT_POLICIES, DecoderConfig, Parallelism, _param_specs
+from .train_step import AXES, REMAT_POLICIES, DecoderConfig, Parallelism, _param_specs
 
-__all__ = ["MFU_FORMULA", "Candidate", "Plan", "Ranking", "activation_bytes", "candidates", "guess_seconds", "plan",
-           "state_bytes"]
+__all__ = ["AXES_CHOICES", "MFU_FORMULA", "Candidate", "Plan", "Ranking", "activation_bytes", "candidates",
+           "guess_seconds", "plan", "state_bytes"]
 
 GiB = 2**30
 MFU_FORMULA = "per_matrix_causal"
 """MaxText's current model-FLOP count (:data:`utils.published_rows.FORMULAS`), used for every plan's MFU."""
 EFFORTS = ("default", "O0", "O1", "O2", "O3")
+AXES_CHOICES = (AXES, (*AXES, "context"), (*AXES, "expert"), (*AXES, "context", "expert"))
+"""The ``axes`` that :func:`plan` and :func:`candidates` search: MaxText's three, with a context axis, an expert
+axis, or both."""
 _OOM = re.compile(r"memory required for [^(]*\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # The share of a step's model FLOPs each remat policy adds by recomputing in the backward pass (full: the
@@ -82,9 +99,12 @@ _RECOMPUTE = {"none": 0.0, "save_dots": 0.0, "minimal": 0.05, "offload": 0.05, "
 class Candidate:
     """One plan to try: the mesh inside a slice, DCN data parallelism, remat, micro-batch and accumulation.
 
-    ``per_device_batch`` is sequences per chip per micro-step (``lower_train_step``'s argument);
-    ``accumulation`` micro-steps make one step, so sequences per step = per_device_batch x accumulation
-    x chips in all.
+    ``per_device_batch`` is sequences per chip per micro-step (``lower_train_step``'s argument; per group of
+    ``context`` chips with a context axis); ``accumulation`` micro-steps make one step, so sequences per step
+    = per_device_batch x accumulation x chips / context in all. ``context``: the size of the context axis
+    (1: none), which splits each sequence over that many chips; ``expert``: the size of the expert axis
+    (1: none), which splits a mixture of experts' experts (``data x fsdp x tensor x context x expert`` is the
+    slice's chips).
     """
 
     data: int
@@ -94,13 +114,18 @@ class Candidate:
     remat: str
     per_device_batch: int
     accumulation: int
+    context: int = 1
+    expert: int = 1
 
     @property
     def parallelism(self) -> Parallelism:
-        return Parallelism(ici_data=self.data, ici_fsdp=self.fsdp, ici_tensor=self.tensor, dcn_data=self.slices)
+        return Parallelism(ici_data=self.data, ici_fsdp=self.fsdp, ici_tensor=self.tensor, dcn_data=self.slices,
+                           ici_context=self.context, ici_expert=self.expert)
 
     def label(self) -> str:
-        mesh = f"{self.data}x{self.fsdp}x{self.tensor}" + (f" x{self.slices} DCN" if self.slices > 1 else "")
+        mesh = f"{self.data}x{self.fsdp}x{self.tensor}" + (f" context {self.context}" if self.context > 1 else "")
+        mesh += f" expert {self.expert}" if self.expert > 1 else ""
+        mesh += f" x{self.slices} DCN" if self.slices > 1 else ""
         return f"{mesh} {self.remat} b{self.per_device_batch}x{self.accumulation}"
 
 
@@ -229,7 +254,9 @@ class Ranking:
         lines = [head, cols]
         for i, p in enumerate(self.plans, 1):
             c = p.candidate
-            mesh = f"{c.data} x {c.fsdp} x {c.tensor}" + (f" (x{c.slices})" if c.slices > 1 else "")
+            mesh = f"{c.data} x {c.fsdp} x {c.tensor}" + (f" cp{c.context}" if c.context > 1 else "") \
+                + (f" ep{c.expert}" if c.expert > 1 else "") \
+                + (f" (x{c.slices})" if c.slices > 1 else "")
             hbm = "" if p.total_hbm_bytes is None else f"{p.total_hbm_bytes / GiB:.2f}G"
             step = "" if p.step_seconds is None else _ms(p.step_seconds)
             tok = "" if p.tokens_per_second_per_chip is None else f"{p.tokens_per_second_per_chip:,.0f}"
@@ -249,13 +276,15 @@ def _bytes(dtype: str) -> int:
     return {"bfloat16": 2, "float32": 4}[dtype]
 
 
-def state_bytes(model: DecoderConfig, data: int, fsdp: int, tensor: int) -> int:
+def state_bytes(model: DecoderConfig, data: int, fsdp: int, tensor: int, context: int = 1, expert: int = 1) -> int:
     """Parameters and AdamW's two moments per chip, in the master dtype: 12 bytes a float32 parameter,
     each weight divided by the axes it is sharded over (:func:`utils.train_step.lower_train_step`'s rules;
-    ``data`` and DCN replicate it). Exact for the builder's weights; gradients not included."""
-    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    ``data`` and DCN replicate it; a ``context`` axis splits ``embed`` with fsdp; an ``expert`` axis splits the
+    experts, and the other weights' ``embed`` with fsdp). Exact for the builder's
+    weights; gradients not included."""
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "context": context, "expert": expert}
     per_chip = 0
-    for shape, spec in _param_specs(model).values():
+    for shape, spec in _param_specs(model, context > 1, expert > 1).values():
         n = 1
         for dim, axes in zip(shape, spec, strict=True):
             ways = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
@@ -264,11 +293,13 @@ def state_bytes(model: DecoderConfig, data: int, fsdp: int, tensor: int) -> int:
     return 3 * _bytes(model.weight_dtype) * per_chip
 
 
-def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *, attention: str = "dot") -> int:
+def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *, attention: str = "dot",
+                     context: int = 1) -> int:
     """The activations one micro-step keeps for the backward pass per chip, by remat policy (an estimate).
 
     Per token and layer, in the activation dtype, what the policy saves (the batch is split over
-    data x fsdp and the features over tensor, so a chip holds ``per_device_batch`` sequences' worth):
+    data x fsdp and the features over tensor, so a chip holds ``per_device_batch`` sequences' worth, or
+    ``1 / context`` of that with a context axis, its queries still scoring every key):
     ``full`` and ``offload`` (on the device) the layer's input; ``minimal`` also every projection's output
     (q, k, v, attention out, the feed-forward matrices); ``save_dots`` also the attention scores and their
     product with v; ``none`` also the softmax (float32 and the activation dtype), norms and activation
@@ -276,7 +307,7 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
     ``"flash"``. Plus the float32 logits, their log-softmax and the one-hot targets (3 x 4 bytes x vocabulary
     per token). A lower estimate: no working space of the recomputed layer, no compiler copies.
     """
-    m, t = model, per_device_batch * model.seq_len
+    m, t = model, per_device_batch * model.seq_len // context
     a = _bytes(m.dtype)
     scores = 0 if attention == "flash" else m.num_heads * m.seq_len
     layer_input = m.d_model
@@ -296,27 +327,36 @@ def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops
     Per step: the model FLOPs plus the remat's recomputation at peak; hidden behind them, FSDP's weight
     gathers (twice, bf16) and gradient reduce-scatter (float32) over ``fsdp`` on one torus axis's two links,
     once a micro-step, and with remat ``offload`` the saved projections' trip to host memory and back;
-    exposed, tensor parallelism's four activation all-reduces a layer (six with remat ``full``) and the
-    gradient all-reduce over ``data`` (ICI) and the slices (DCN). ``model_flops``: per chip per step.
+    exposed, tensor parallelism's four activation all-reduces a layer (six with remat ``full``), the
+    context axis's all-gathers of keys and values (forward, recomputed with remat ``full``) and the
+    reduce-scatters of their gradients, and the gradient all-reduce over ``data`` (ICI) and the slices
+    (DCN), and the expert axis's four all-to-alls a layer (six with remat ``full``) of the routed tokens.
+    FSDP's gathers run over fsdp x context x expert ways. ``model_flops``: per chip per step.
     Far cruder than :func:`utils.timing.estimate_step`, which ranks the compiled plans; it never decreases
     with more micro-steps, so a mesh and remat's largest micro-batch is compiled first.
     """
     k, params = c.accumulation, model.matmul_params()
     compute = model_flops * (1 + _RECOMPUTE[c.remat]) / chip.peak_flops
     ring = 2 * chip.link_bandwidth
-    fsdp = k * (c.fsdp - 1) / c.fsdp * params / c.tensor * (2 + 2 + 4) / ring
+    ways = c.fsdp * c.context * c.expert  # the (dense) weights' embed dimension is split over all three
+    fsdp = k * (ways - 1) / ways * params / c.tensor * (2 + 2 + 4) / ring
     host = 0.0
     if c.remat == "offload":
-        saved = activation_bytes(model, "minimal", c.per_device_batch) - activation_bytes(model, "full",
-                                                                                          c.per_device_batch)
+        saved = (activation_bytes(model, "minimal", c.per_device_batch, context=c.context)
+                 - activation_bytes(model, "full", c.per_device_batch, context=c.context))
         host = 2 * k * saved / chip.host_bandwidth
-    activations = c.per_device_batch * c.tensor * model.seq_len * model.d_model * _bytes(model.dtype)
+    activations = c.per_device_batch * c.tensor * model.seq_len // c.context * model.d_model * _bytes(model.dtype)
     passes = 6 if c.remat == "full" else 4
     tensor = k * 2 * (c.tensor - 1) / c.tensor * activations * passes * model.num_layers / ring
+    local_kv = c.per_device_batch * model.seq_len // c.context * 2 * model.kv_heads * model.head_dim  # a chip's k, v
+    context = k * (c.context - 1) * local_kv * _bytes(model.dtype) * (passes - 2) * model.num_layers / ring
     grads = 4 * params / (c.fsdp * c.tensor)
     data = 2 * (c.data - 1) / c.data * grads / ring
     dcn = 2 * (c.slices - 1) / c.slices * grads / c.data / chip.dcn_bandwidth
-    return max(compute, fsdp, host) + tensor + data + dcn
+    routed = c.per_device_batch * model.seq_len / c.context * model.experts_per_token * model.capacity_factor
+    routed *= model.d_model  # the tokens' share of the experts' buffer a chip sends, in elements
+    experts = k * passes * (c.expert - 1) / 4 * routed * _bytes(model.dtype) * model.num_layers / ring
+    return max(compute, fsdp, host) + tensor + context + experts + data + dcn
 
 
 def _chip(chip: str | Chip, topology: str) -> Chip:
@@ -342,13 +382,20 @@ def _slice_chips(topology: str) -> int:
     return math.prod(int(d) for d in dims)
 
 
-def _divides(model: DecoderConfig, data: int, fsdp: int, tensor: int) -> str:
+def _divides(model: DecoderConfig, data: int, fsdp: int, tensor: int, context: int = 1, expert: int = 1) -> str:
     """'' if every sharded dimension of the model divides this mesh, else what does not (and the fix)."""
+    if expert > 1 and not model.num_experts:
+        return f"expert={expert} needs a mixture of experts: set num_experts, or keep the expert axis at 1"
+    if model.num_experts % expert:
+        return (f"num_experts={model.num_experts} is not a multiple of expert={expert}: choose an expert axis that "
+                "divides the experts")
     if model.num_heads % tensor or model.kv_heads % tensor:
         return (f"num_heads={model.num_heads} and num_kv_heads={model.kv_heads} must be multiples of "
                 f"tensor={tensor}")
+    embed = " x ".join(["fsdp"] + [a for a, n in (("context", context), ("expert", expert)) if n > 1])
     for dim, name, ways, axis in ((model.d_ff, "d_ff", tensor, "tensor"), (model.vocab_size, "vocab_size", tensor,
-                                  "tensor"), (model.d_model, "d_model", fsdp, "fsdp")):
+                                  "tensor"), (model.d_model, "d_model", fsdp * context * expert, embed),
+                                  (model.seq_len, "seq_len", context, "context")):
         if dim % ways:
             return f"{name}={dim} is not a multiple of {axis}={ways}"
     return ""
@@ -359,37 +406,59 @@ def _factorisations(n: int) -> list[tuple[int, int, int]]:
             for f in range(1, n // d + 1) if (n // d) % f == 0]
 
 
+def _meshes(n: int, axes: Sequence[str]) -> list[tuple[int, int, int, int, int]]:
+    """Every (data, fsdp, tensor, context, expert) of n chips; context and expert stay 1 unless in ``axes``.
+    The 3-axis meshes come first, in :func:`_factorisations`' order."""
+    sizes = [c for c in range(1, n + 1) if n % c == 0]
+    contexts = sizes if "context" in axes else [1]
+    experts = sizes if "expert" in axes else [1]
+    pairs = sorted(((c, e) for c in contexts for e in experts if n % (c * e) == 0), key=lambda p: (p != (1, 1), p))
+    return [(*s, c, e) for c, e in pairs for s in _factorisations(n // (c * e))]
+
+
 def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 1, sequences: int,
-               remats: Sequence[str] = REMAT_POLICIES,
-               meshes: Sequence[tuple[int, int, int]] | None = None) -> list[Candidate]:
+               remats: Sequence[str] = REMAT_POLICIES, meshes: Sequence[tuple[int, ...]] | None = None,
+               axes: Sequence[str] = AXES) -> list[Candidate]:
     """Every candidate of step 1 (see the module's text): meshes ``(data, fsdp, tensor)`` of one slice that
     the model divides (``meshes`` to choose them yourself: each must multiply to ``chips_per_slice`` and
-    divide the model), each remat of ``remats``, each micro-batch dividing ``sequences / chips``.
-    ValueErrors name the fix."""
+    divide the model; a fourth number is the context axis, a fifth the expert axis), each remat of ``remats``,
+    each micro-batch dividing ``sequences / chips``. ``axes`` with ``"context"`` (:data:`AXES_CHOICES`) adds
+    every mesh with a context axis that divides ``seq_len``; with ``"expert"``, every expert axis that divides
+    ``num_experts``. ValueErrors name the fix."""
+    if tuple(axes) not in AXES_CHOICES:
+        raise ValueError(f"axes must be one of {AXES_CHOICES} (the planner's axes; 'context' and 'expert' are "
+                         "opt-in), "
+                         f"got {tuple(axes)!r}")
     for r in remats:
         if r not in REMAT_POLICIES:
             raise ValueError(f"unknown remat {r!r}; choose from {REMAT_POLICIES}")
     chips = chips_per_slice * num_slices
-    if sequences % chips:
-        raise ValueError(f"{sequences} sequences a step do not split over {chips} chips: make the global batch a "
-                         f"multiple of {chips} x seq_len = {chips * model.seq_len:,} tokens (the builder gives every "
-                         "chip the same whole number of sequences)")
     if meshes is None:
-        shapes = [s for s in _factorisations(chips_per_slice) if not _divides(model, *s)]  # (n, 1, 1) always
+        shapes = [s for s in _meshes(chips_per_slice, axes) if not _divides(model, *s)]  # (n, 1, 1, 1, 1) always
     else:
         shapes = []
         for s in meshes:
             s = tuple(int(x) for x in s)
-            if len(s) != 3 or min(s) < 1 or math.prod(s) != chips_per_slice:
+            if len(s) not in (3, 4, 5) or min(s) < 1 or math.prod(s) != chips_per_slice:
                 raise ValueError(f"mesh {s}: (data, fsdp, tensor) must be positive and multiply to the "
-                                 f"{chips_per_slice} chips of a slice (for example (1, {chips_per_slice}, 1))")
+                                 f"{chips_per_slice} chips of a slice (for example (1, {chips_per_slice}, 1)); a "
+                                 "fourth number, the context axis, and a fifth, the expert axis, multiply with them")
             if why := _divides(model, *s):
                 raise ValueError(f"mesh {s} does not divide the model: {why}; choose another split or change the model")
-            shapes.append(s)
-    per_chip = sequences // chips
-    batches = sorted((b for b in range(1, per_chip + 1) if per_chip % b == 0), reverse=True)
-    return [Candidate(d, f, t, num_slices, r, b, per_chip // b) for (d, f, t) in shapes for r in remats
-            for b in batches]
+            shapes.append((*s, 1, 1)[:5])
+    found = []
+    for d, f, t, c, e in shapes:  # a context axis of c chips shares each sequence: chips / c groups take them
+        if sequences % (chips // c):
+            continue
+        per_group = sequences // (chips // c)
+        batches = sorted((b for b in range(1, per_group + 1) if per_group % b == 0), reverse=True)
+        found += [Candidate(d, f, t, num_slices, r, b, per_group // b, c, e) for r in remats for b in batches]
+    if not found:
+        raise ValueError(f"{sequences} sequences a step do not split over {chips} chips: make the global batch a "
+                         f"multiple of {chips} x seq_len = {chips * model.seq_len:,} tokens (the builder gives every "
+                         "chip the same whole number of sequences)"
+                         + ("" if "context" in axes else ", or add the context axis (axes=(*AXES, 'context'))"))
+    return found
 
 
 def _describe(topology: str, num_slices: int) -> None:
@@ -446,8 +515,9 @@ def _refusal(err: Exception) -> int | None:
 
 
 def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: int = 1, global_batch_tokens: int,
-         remats: Sequence[str] = REMAT_POLICIES, meshes: Sequence[tuple[int, int, int]] | None = None,
-         attention: str = "dot", max_compiles: int = 8, effort: str = "default") -> Ranking:
+         remats: Sequence[str] = REMAT_POLICIES, meshes: Sequence[tuple[int, ...]] | None = None,
+         attention: str = "dot", max_compiles: int = 8, effort: str = "default",
+         axes: Sequence[str] = AXES) -> Ranking:
     """Rank the sharding plans for training ``model`` on ``num_slices`` slices of ``topology``.
 
     ``model``: a :class:`utils.train_step.DecoderConfig`; ``chip``: a name of :data:`utils.timing.CHIPS`
@@ -457,7 +527,10 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     ``(data, fsdp, tensor)`` (default: every one the model divides); ``attention``: ``"dot"`` or ``"flash"``
     (:func:`utils.train_step.lower_train_step`); ``max_compiles``: at most this many ahead-of-time compiles
     (each takes seconds to minutes of CPU); ``effort``: ``"default"`` (what a training run gets) or
-    ``"O0"``... (``jax_optimization_level``). Returns a :class:`Ranking` (see the module's text for the
+    ``"O0"``... (``jax_optimization_level``); ``axes``: :data:`AXES_CHOICES`, ``(*AXES, "context")`` to
+    search context parallelism too, ``"expert"`` for expert parallelism (a 4-number mesh in ``meshes`` names its
+    context size, a 5-number one also its expert size). Returns a
+    :class:`Ranking` (see the module's text for the
     search). Needs libtpu for the compiles (a RuntimeError says so); bad input raises a ValueError naming
     the fix.
     """
@@ -481,7 +554,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     sequences = global_batch_tokens // model.seq_len
     chips = per_slice * num_slices
     found = candidates(model, chips_per_slice=per_slice, num_slices=num_slices, sequences=sequences,
-                       remats=remats, meshes=meshes)
+                       remats=remats, meshes=meshes, axes=axes)
 
     from .published_rows import maxtext_flops_per_device
     from .timing import estimate_step
@@ -491,10 +564,10 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     plans: dict[Candidate, Plan] = {}
     plausible = []
     for c in found:
-        state = state_bytes(model, c.data, c.fsdp, c.tensor)
+        state = state_bytes(model, c.data, c.fsdp, c.tensor, c.context, c.expert)
         grads = state // 3
         accumulator = grads if c.accumulation > 1 else 0
-        formula = state + grads + accumulator + activation_bytes(model, c.remat, c.per_device_batch,
+        formula = state + grads + accumulator + activation_bytes(model, c.remat, c.per_device_batch, context=c.context,
                                                                  attention=attention)
         guess = guess_seconds(model, c, hw, model_flops=model_flops)
         if state > hbm:
@@ -509,7 +582,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     order = sorted(plausible, key=lambda x: (x[3], x[0].accumulation, x[0].label()))
     compiles, meshes_made, fitted = 0, {}, set()
     for c, formula, accumulator, guess in order:
-        key = (c.data, c.fsdp, c.tensor, c.remat)
+        key = (c.data, c.fsdp, c.tensor, c.context, c.expert, c.remat)
         if key in fitted:
             plans[c] = Plan(c, "skipped", formula, guess, accumulator_bytes=accumulator,
                             note="a larger micro-batch of this mesh and remat fits")
@@ -518,13 +591,15 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             plans[c] = Plan(c, "not compiled", formula, guess, accumulator_bytes=accumulator,
                             note=f"past max_compiles={max_compiles}")
             continue
-        shape = (c.data, c.fsdp, c.tensor)
+        shape = (c.data, c.fsdp, c.tensor, c.context, c.expert)
         if shape not in meshes_made:
             meshes_made[shape] = _mesh(make_mesh, topology, c.parallelism, num_slices)
         mesh, split = meshes_made[shape]
         if mesh is None:
             plans[c] = Plan(c, "no layout", formula, guess, accumulator_bytes=accumulator,
-                            note=f"mesh_utils cannot lay {c.data} x {c.fsdp} x {c.tensor} out on {topology}")
+                            note=f"mesh_utils cannot lay {c.data} x {c.fsdp} x {c.tensor}"
+                                 + (f" x context {c.context}" if c.context > 1 else "")
+                                 + (f" x expert {c.expert}" if c.expert > 1 else "") + f" out on {topology}")
             continue
         split_note = "a mesh axis splits a torus axis: allow_split_physical_axes" if split else ""
         compiles += 1

@@ -75,6 +75,7 @@ def maxtext_flops_per_device(model: DecoderConfig, *, per_device_batch: float, f
     any extras count; pass it as ``num_params``, default ``model.num_params()``) by 6 per token;
     ``per_matrix_*`` count each matmul (ffn, q/k/v, output projection, one embedding) ×2 forward ×3
     training. Attention scores are 4·S²·H·dh per sequence per layer forward (×3), halved by the causal ones.
+    A mixture of experts (``num_experts``) counts ``experts_per_token`` experts' feed-forward and the router.
     """
     if formula not in FORMULAS:
         raise ValueError(f"formula must be one of {tuple(FORMULAS)}, got {formula!r}")
@@ -86,6 +87,8 @@ def maxtext_flops_per_device(model: DecoderConfig, *, per_device_batch: float, f
         weights = 6 * n * b * s
     else:
         ffn = 2 * b * s * f * d * (2 if model.gated else 1) + 2 * b * s * f * d
+        if model.num_experts:  # each token through its k experts, and the router
+            ffn = ffn * model.experts_per_token + 2 * b * s * d * model.num_experts
         qkv = 2 * b * s * d * (h + 2 * kv) * dh
         out = 2 * b * s * d * h * dh
         weights = 3 * ((ffn + qkv + out) * layers + 2 * b * s * d * model.vocab_size)

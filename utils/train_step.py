@@ -20,6 +20,21 @@ What is modelled, and what is not:
 - the mesh has MaxText's axes ``('data', 'fsdp', 'tensor')``; weights are sharded by MaxText's logical
   rules (``embed`` on fsdp; heads, mlp and vocab on tensor), the batch over data and fsdp. Several slices
   (``num_slices``) put the DCN axis outside the ICI axis of the same name, as MaxText's hybrid mesh does.
+- context parallelism, opt-in (``Parallelism(ici_context=n)``): a fourth axis, ``'context'``, splits every
+  sequence's tokens (activations, logits and the batch's second dimension) ``n`` ways, and, as MaxText's
+  rules do, the weights' ``embed`` dimension over fsdp and context together. Queries stay split; keys and
+  values are gathered whole for the attention (the partitioner writes the all-gather over ``context``,
+  MaxText's all-gather context parallelism). A sequence is then ``n`` chips' work, so ``per_device_batch``
+  counts sequences per group of ``n`` chips (MaxText's fractional ``per_device_batch_size`` times ``n``): a
+  chip holds ``per_device_batch x seq_len / n`` tokens, and the step ``per_device_batch x chips / n``
+  sequences, which is what lets a sequence too long for one chip be trained.
+- mixture of experts, opt-in (``DecoderConfig(num_experts=E, experts_per_token=k, capacity_factor=c)``):
+  each layer's feed-forward is ``E`` experts behind a top-``k`` router, with a capacity per expert of
+  ``ceil(c x k x seq_len / E)`` tokens of each sequence (a sequence is a routing group; tokens past it are
+  dropped), dispatched and combined by one-hot einsums (GShard's layer, no load-balancing loss term).
+  ``Parallelism(ici_expert=n)`` adds an ``'expert'`` axis: the experts are split over it, and the batch and
+  the dense weights' ``embed`` too (MaxText's rules), so the partitioner writes an all-to-all to send each
+  expert its tokens and one to bring them back.
 
 :class:`DecoderConfig` and :class:`Parallelism` check their input and say what to change; a planner can
 build a config from a learner's numbers and call :func:`lower_train_step`.
@@ -48,9 +63,12 @@ from jax.sharding import PartitionSpec as P
 from .capture import quiet
 from .tpu import tpu_compiler_available
 
-__all__ = ["REMAT_POLICIES", "DecoderConfig", "Parallelism", "lower_train_step", "make_mesh"]
+__all__ = ["AXES", "AXES_WITH_CONTEXT", "REMAT_POLICIES", "DecoderConfig", "Parallelism", "lower_train_step",
+           "make_mesh"]
 
 AXES = ("data", "fsdp", "tensor")
+AXES_WITH_CONTEXT = ("data", "fsdp", "context", "tensor")  # the mesh of Parallelism(ici_context > 1)
+OPTIONAL_AXES = ("context", "expert")  # a mesh has AXES and any of these (make_mesh's order: before tensor)
 BATCH = ("data", "fsdp")
 ACTIVATIONS = ("relu", "gelu", "silu")
 DTYPES = ("bfloat16", "float32")
@@ -78,6 +96,9 @@ class DecoderConfig:
     ``tied_embeddings`` reads the logits through the input embedding (MaxText's ``logits_via_embedding``).
     ``logits_in_fp32`` does that last matmul in float32 (MaxText 2023: ``attend_dtype=float32``).
     ``weight_dtype`` is the master copy and the optimizer state; ``dtype`` is what matmuls run in.
+    ``num_experts > 0`` makes every feed-forward a mixture of that many experts of hidden size ``d_ff``,
+    ``experts_per_token`` of them per token, each taking at most ``ceil(capacity_factor x experts_per_token x
+    seq_len / num_experts)`` tokens of a sequence.
     """
 
     num_layers: int
@@ -97,6 +118,9 @@ class DecoderConfig:
     weight_dtype: str = "float32"
     logits_in_fp32: bool = True
     scan_layers: bool = True
+    num_experts: int = 0  # 0: a dense feed-forward
+    experts_per_token: int = 2
+    capacity_factor: float = 1.25
 
     def __post_init__(self) -> None:
         _positive("DecoderConfig", num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
@@ -111,6 +135,32 @@ class DecoderConfig:
         for name in ("dtype", "weight_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"DecoderConfig.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        if self.num_experts != 0 and (not isinstance(self.num_experts, (int, np.integer)) or self.num_experts < 1):
+            raise ValueError(f"DecoderConfig.num_experts must be 0 (dense) or a positive integer, got "
+                             f"{self.num_experts!r}")
+        if self.num_experts:
+            _positive("DecoderConfig", experts_per_token=self.experts_per_token)
+            if self.experts_per_token > self.num_experts:
+                raise ValueError(f"DecoderConfig: experts_per_token={self.experts_per_token} exceeds num_experts="
+                                 f"{self.num_experts}; a token chooses among the experts there are")
+            if not self.capacity_factor > 0:
+                raise ValueError(f"DecoderConfig.capacity_factor must be > 0 (1 to 1.25 is usual), got "
+                                 f"{self.capacity_factor!r}")
+
+    @property
+    def capacity(self) -> int:
+        """Each expert's slots per sequence (0 for a dense model)."""
+        if not self.num_experts:
+            return 0
+        return math.ceil(self.capacity_factor * self.experts_per_token * self.seq_len / self.num_experts)
+
+    def _ffn_params(self, active: bool = False) -> int:
+        """One layer's feed-forward parameters: every expert's and the router's, or (``active``) those a token
+        multiplies by: its ``experts_per_token`` experts and the router."""
+        one = (3 if self.gated else 2) * self.d_model * self.d_ff
+        if not self.num_experts:
+            return one
+        return (self.experts_per_token if active else self.num_experts) * one + self.d_model * self.num_experts
 
     @property
     def kv_heads(self) -> int:
@@ -120,9 +170,8 @@ class DecoderConfig:
         """Parameters of one layer: q, k, v, o projections, the feed-forward matrices, the RMS norm scales."""
         attention = self.d_model * (self.num_heads + 2 * self.kv_heads) * self.head_dim
         attention += self.num_heads * self.head_dim * self.d_model
-        ffn = (3 if self.gated else 2) * self.d_model * self.d_ff
         norms = (1 if self.parallel_block else 2) * self.d_model
-        return attention + ffn + norms
+        return attention + self._ffn_params() + norms
 
     def num_params(self) -> int:
         """All parameters: layers, input embedding, output embedding unless tied, final norm."""
@@ -133,9 +182,11 @@ class DecoderConfig:
         """The parameters that a token multiplies by (the 6·N·T count): no norms, no input gather.
 
         The input embedding is a gather unless it is also the output matrix (tied), or ``iota_embed``
-        (then the one-hot matmul is real work, but the usual count still charges it once).
+        (then the one-hot matmul is real work, but the usual count still charges it once). A mixture of
+        experts counts the experts a token uses (``experts_per_token``) and the router.
         """
         per_layer = self.layer_params() - (1 if self.parallel_block else 2) * self.d_model
+        per_layer -= self._ffn_params() - self._ffn_params(active=True)
         return self.num_layers * per_layer + self.vocab_size * self.d_model
 
 
@@ -145,6 +196,9 @@ class Parallelism:
 
     MaxText's convention: one axis of each kind may be ``-1``, which takes whatever the others leave
     (by default ``ici_fsdp=-1``: FSDP over every chip of a slice; ``dcn_data=-1``: data parallel over slices).
+    ``ici_context`` (fixed, default 1) splits each sequence over a ``'context'`` mesh axis inside a slice, and
+    ``ici_expert`` a mixture of experts' experts over an ``'expert'`` axis; the ICI axes of :meth:`resolve`
+    then share the slice's chips divided by both.
     """
 
     ici_data: int = 1
@@ -153,10 +207,19 @@ class Parallelism:
     dcn_data: int = -1
     dcn_fsdp: int = 1
     dcn_tensor: int = 1
+    ici_context: int = 1
+    ici_expert: int = 1
 
     def resolve(self, devices_per_slice: int, num_slices: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        """The ICI and DCN shapes over ``AXES`` with every ``-1`` filled; a clear error if they do not fit."""
-        ici = self._fill("ici", (self.ici_data, self.ici_fsdp, self.ici_tensor), devices_per_slice, "chips per slice")
+        """The ICI and DCN shapes over ``AXES`` with every ``-1`` filled; a clear error if they do not fit.
+        With ``ici_context`` or ``ici_expert > 1`` the ICI shape splits the chips that those axes leave."""
+        _positive("Parallelism", ici_context=self.ici_context, ici_expert=self.ici_expert)
+        extra = self.ici_context * self.ici_expert
+        if devices_per_slice % extra:
+            raise ValueError(f"Parallelism: ici_context={self.ici_context} x ici_expert={self.ici_expert} does not "
+                             f"divide the {devices_per_slice} chips per slice; choose divisors of them")
+        ici = self._fill("ici", (self.ici_data, self.ici_fsdp, self.ici_tensor), devices_per_slice // extra,
+                         "chips per slice" if extra == 1 else "chips per slice left by ici_context x ici_expert")
         dcn = self._fill("dcn", (self.dcn_data, self.dcn_fsdp, self.dcn_tensor), num_slices, "slices")
         return ici, dcn
 
@@ -181,7 +244,9 @@ class Parallelism:
 
 def make_mesh(topology: str, parallelism: Parallelism = Parallelism(), *, num_slices: int = 1,
               allow_split_physical_axes: bool = False) -> Mesh:
-    """A mesh with axes ``('data', 'fsdp', 'tensor')`` over a TPU topology's compile-only devices.
+    """A mesh with axes ``('data', 'fsdp', 'tensor')`` over a TPU topology's compile-only devices, or
+    ``('data', 'fsdp', 'context', 'tensor')`` where ``parallelism.ici_context > 1``; ``'expert'`` likewise
+    before ``'tensor'`` where ``parallelism.ici_expert > 1``.
 
     ``topology`` is a ``get_topology_desc`` name (``"v5e:16x16"``, ``"v5p:4x4x4"``); ``num_slices > 1``
     describes that many slices joined by DCN (``get_topology_desc(..., num_slices=n)``), and the mesh
@@ -198,12 +263,16 @@ def make_mesh(topology: str, parallelism: Parallelism = Parallelism(), *, num_sl
         kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
         devices = topologies.get_topology_desc(topology, "tpu", **kwargs).devices
     ici, dcn = parallelism.resolve(len(devices) // num_slices, num_slices)
+    axes = AXES
+    for name, size in (("context", parallelism.ici_context), ("expert", parallelism.ici_expert)):
+        if size > 1:  # inside tensor, outside data and fsdp: (data, fsdp, [context], [expert], tensor)
+            axes, ici, dcn = (*axes[:-1], name, axes[-1]), (*ici[:-1], size, ici[-1]), (*dcn[:-1], 1, dcn[-1])
     split = {"allow_split_physical_axes": True} if allow_split_physical_axes else {}
     if num_slices == 1:
         grid = mesh_utils.create_device_mesh(ici, devices, **split)
     else:
         grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, **split)
-    return Mesh(grid, AXES)
+    return Mesh(grid, axes)
 
 
 def _policy(remat: str):
@@ -213,8 +282,22 @@ def _policy(remat: str):
             "offload": cp.offload_dot_with_no_batch_dims(offload_src="device", offload_dst="pinned_host")}[remat]
 
 
-def _param_specs(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], P]]:
-    """Each parameter's shape and MaxText's sharding of it (layers stacked on axis 0 for the scan)."""
+def _param_specs(cfg: DecoderConfig, context: bool = False,
+                 expert: bool = False) -> dict[str, tuple[tuple[int, ...], P]]:
+    """Each parameter's shape and MaxText's sharding of it (layers stacked on axis 0 for the scan).
+    ``context``/``expert``: the mesh has that axis. Both split ``embed`` with fsdp (MaxText's rules), except
+    that the experts' own weights are split over ``expert`` by expert instead (replicated without the axis)."""
+    def spec_on_mesh(spec: P) -> P:
+        own = "expert" in spec  # an expert's weight: the expert axis splits the experts, not embed
+        embed = ("fsdp", *(("context",) if context else ()), *(("expert",) if expert and not own else ()))
+        return P(*((embed if len(embed) > 1 else "fsdp") if a == "fsdp" else
+                   (a if a != "expert" or expert else None) for a in spec))
+
+    return {k: (shape, spec_on_mesh(spec)) for k, (shape, spec) in _logical_specs(cfg).items()}
+
+
+def _logical_specs(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], P]]:
+    """The specs on MaxText's three axes, experts' weights on ``'expert'`` (:func:`_param_specs` fits a mesh)."""
     L, d, h, kv, dh, f = cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff
     specs = {
         "wq": ((L, d, h, dh), P(None, "fsdp", "tensor", None)),
@@ -229,6 +312,12 @@ def _param_specs(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], P]]:
     }
     if cfg.gated:
         specs["w_gate"] = ((L, d, f), P(None, "fsdp", "tensor"))
+    if cfg.num_experts:  # every expert's matrices, experts on axis 1; and the router
+        e = cfg.num_experts
+        for name in ("w_in", "w_gate") if cfg.gated else ("w_in",):
+            specs[name] = ((L, e, d, f), P(None, "expert", "fsdp", "tensor"))
+        specs["w_out"] = ((L, e, f, d), P(None, "expert", "tensor", "fsdp"))
+        specs["router"] = ((L, d, e), P(None, "fsdp", None))
     if not cfg.parallel_block:
         specs["norm_ffn"] = ((L, d), P(None, "fsdp"))
     if not cfg.tied_embeddings:
@@ -242,14 +331,26 @@ def _check_fits(cfg: DecoderConfig, mesh: Mesh, per_device_batch: int) -> None:
     if cfg.num_heads % sizes["tensor"] or cfg.kv_heads % sizes["tensor"]:
         raise ValueError(f"num_heads={cfg.num_heads} and num_kv_heads={cfg.kv_heads} must both be multiples of "
                          f"tensor={sizes['tensor']} (heads are split over the tensor axis)")
-    for name, (shape, spec) in _param_specs(cfg).items():
+    context = sizes.get("context", 1)
+    if cfg.seq_len % context:
+        raise ValueError(f"seq_len={cfg.seq_len} is not a multiple of context={context} (each chip of the context "
+                         "axis holds an equal share of every sequence); choose a context size that divides it")
+    experts = sizes.get("expert", 1)
+    if "expert" in sizes and not cfg.num_experts:
+        raise ValueError("the mesh has an 'expert' axis but the model is dense: set DecoderConfig.num_experts, or "
+                         "use a mesh without 'expert' (Parallelism(ici_expert=1))")
+    if cfg.num_experts % experts:
+        raise ValueError(f"num_experts={cfg.num_experts} is not a multiple of expert={experts} (each chip of the "
+                         "expert axis holds the same number of experts); choose an expert axis that divides them")
+    for name, (shape, spec) in _param_specs(cfg, "context" in sizes, "expert" in sizes).items():
         for dim, axes in zip(shape, spec, strict=True):
             ways = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
             if dim % ways:
                 raise ValueError(f"{name} {shape}: a dimension of {dim} does not divide over the {ways}-way "
                                  f"{spec} split of mesh {sizes}; change the config or the parallelism")
-    if per_device_batch * mesh.size % (sizes["data"] * sizes["fsdp"]):
-        raise ValueError(f"global batch {per_device_batch * mesh.size} does not divide over data x fsdp")
+    if per_device_batch * mesh.size // context % (sizes["data"] * sizes["fsdp"] * experts):
+        raise ValueError(f"global batch {per_device_batch * mesh.size // context} does not divide over data x fsdp"
+                         + (" x expert" if "expert" in sizes else ""))
 
 
 def _rms(x: jax.Array, scale: jax.Array, dtype) -> jax.Array:
@@ -274,6 +375,7 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     the no-batch-dim matmul outputs to host memory, ``"none"`` keeps everything.
     ``attention="flash"`` runs MaxText's Pallas kernel (512-blocks) per shard under ``shard_map``;
     ``causal=False`` computes every score, as MaxText's flash call did until November 2023.
+    ``per_device_batch``: sequences per chip (per group of ``context`` chips where the mesh has that axis).
     Call ``.compile()`` on the result (libtpu does the work; no TPU is needed).
     """
     _positive("lower_train_step", per_device_batch=per_device_batch)
@@ -284,8 +386,15 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     if attention == "flash" and cfg.kv_heads != cfg.num_heads:
         raise ValueError("attention='flash' here takes multi-head attention only (num_kv_heads == num_heads); "
                          "use attention='dot' for grouped key/value heads")
-    if set(mesh.axis_names) != set(AXES):
-        raise ValueError(f"the mesh must have axes {AXES} (use make_mesh), got {mesh.axis_names}")
+    if not set(AXES) <= set(mesh.axis_names) <= set(AXES) | set(OPTIONAL_AXES):
+        raise ValueError(f"the mesh must have axes {AXES}, and may have {OPTIONAL_AXES} (use make_mesh), got "
+                         f"{mesh.axis_names}")
+    seq = "context" if "context" in mesh.axis_names else None  # the axis that splits each sequence's tokens
+    ex = "expert" if "expert" in mesh.axis_names else None  # the axis that splits the experts
+    batch_axes = (*BATCH, ex) if ex else BATCH  # the expert axis splits the batch too (MaxText's rules)
+    if seq and attention == "flash":
+        raise ValueError("attention='flash' here has no context axis (its kernel sees whole sequences); use "
+                         "attention='dot', or a mesh without 'context'")
     _check_fits(cfg, mesh, per_device_batch)
 
     dtype, wdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype)
@@ -293,8 +402,33 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     group = cfg.num_heads // cfg.kv_heads
     act = _act(cfg.activation)
 
-    def constrain(x, *spec):
+    def pin(x, *spec):
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
+
+    def constrain(x, *spec):  # BATCH stands for every axis that splits the batch
+        return pin(x, *(batch_axes if a == BATCH else a for a in spec))
+
+    def experts_ffn(h, w):
+        """The mixture of experts on h (batch, seq, d): route, dispatch to (experts, batch, slots, d), the
+        experts' matmuls where the experts are, combine back."""
+        e, k, slots = cfg.num_experts, cfg.experts_per_token, cfg.capacity
+        b, s_len = h.shape[:2]
+        probs = jax.nn.softmax(jnp.einsum("bsd,de->bse", h, w["router"]).astype(jnp.float32), axis=-1)
+        top_p, top_e = jax.lax.top_k(probs, k)
+        gates = (top_p / top_p.sum(-1, keepdims=True)).astype(dtype)
+        queue = jax.nn.one_hot(top_e.reshape(b, s_len * k), e, dtype=jnp.int32)  # choices in token order
+        slot = ((jnp.cumsum(queue, axis=1) - 1) * queue).sum(-1).reshape(b, s_len, k)  # place in its queue
+        in_slot = jax.nn.one_hot(jnp.where(slot < slots, slot, slots), slots, dtype=dtype)  # zeros: dropped
+        choice = jax.nn.one_hot(top_e, e, dtype=dtype)
+        dispatch = jnp.einsum("bske,bskc->bsec", choice, in_slot)
+        combine = jnp.einsum("bske,bskc,bsk->bsec", choice, in_slot, gates)
+        sent = pin(jnp.einsum("bsec,bsd->ebcd", dispatch, h), ex, BATCH, None, None)  # all-to-all over ex
+        hidden = act(jnp.einsum("ebcd,edf->ebcf", sent, w["w_in"]))
+        if cfg.gated:
+            hidden = hidden * jnp.einsum("ebcd,edf->ebcf", sent, w["w_gate"])
+        hidden = pin(hidden, ex, BATCH, None, "tensor")
+        done = constrain(jnp.einsum("ebcf,efd->ebcd", hidden, w["w_out"]), None, BATCH, None, None)  # back
+        return jnp.einsum("bsec,ebcd->bsd", combine, done)
 
     def dot_attention(q, k, v):
         b, s = q.shape[:2]
@@ -324,27 +458,33 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
 
     def layer(x, w):
         cast = {k: v.astype(dtype) for k, v in w.items()}
-        x = constrain(x, BATCH, None, "tensor")
+        x = constrain(x, BATCH, seq, "tensor")
         h = _rms(x, w["norm_attn"], dtype)
         q = jnp.einsum("bsd,dhk->bshk", h, cast["wq"])
         k = jnp.einsum("bsd,dhk->bshk", h, cast["wk"])
         v = jnp.einsum("bsd,dhk->bshk", h, cast["wv"])
-        q = constrain(q, BATCH, None, "tensor", None)
+        q = constrain(q, BATCH, seq, "tensor", None)
+        if seq:  # every query sees every key: gather the keys and values over the context axis
+            k, v = constrain(k, BATCH, None, "tensor", None), constrain(v, BATCH, None, "tensor", None)
         o = flash(q, k, v) if attention == "flash" else dot_attention(q, k, v)
         attn = jnp.einsum("bshk,hkd->bsd", o, cast["wo"])
         if not cfg.parallel_block:
             x = x + attn
             h = _rms(x, w["norm_ffn"], dtype)
-        hidden = act(jnp.einsum("bsd,df->bsf", h, cast["w_in"]))
-        if cfg.gated:
-            hidden = hidden * jnp.einsum("bsd,df->bsf", h, cast["w_gate"])
-        hidden = constrain(hidden, BATCH, None, "tensor")
-        ffn = jnp.einsum("bsf,fd->bsd", hidden, cast["w_out"])
+        if cfg.num_experts:
+            ffn = experts_ffn(h, cast)
+        else:
+            hidden = act(jnp.einsum("bsd,df->bsf", h, cast["w_in"]))
+            if cfg.gated:
+                hidden = hidden * jnp.einsum("bsd,df->bsf", h, cast["w_gate"])
+            hidden = constrain(hidden, BATCH, seq, "tensor")
+            ffn = jnp.einsum("bsf,fd->bsd", hidden, cast["w_out"])
         out = x + ffn + (attn if cfg.parallel_block else 0)
-        return constrain(out.astype(dtype), BATCH, None, "tensor")
+        return constrain(out.astype(dtype), BATCH, seq, "tensor")
 
     body = layer if remat == "none" else jax.checkpoint(layer, policy=_policy(remat))
-    stacked = [k for k, (shape, _) in _param_specs(cfg).items() if len(shape) and k not in
+    specs = _param_specs(cfg, seq is not None, ex is not None)
+    stacked = [k for k, (shape, _) in specs.items() if len(shape) and k not in
                ("embedding", "final_norm", "unembedding")]
 
     def loss_fn(params, tokens, targets):
@@ -363,7 +503,7 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
         x = _rms(x, params["final_norm"], dtype)
         out = table.T if cfg.tied_embeddings else params["unembedding"]
         logits = jnp.einsum("bsd,dv->bsv", x.astype(logits_dtype), out.astype(logits_dtype))
-        logits = constrain(logits, BATCH, None, "tensor").astype(jnp.float32)
+        logits = constrain(logits, BATCH, seq, "tensor").astype(jnp.float32)
         log_probs = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.sum(log_probs * jax.nn.one_hot(targets, cfg.vocab_size, dtype=jnp.float32), -1))
 
@@ -376,7 +516,7 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
         return optax.apply_updates(params, updates), opt_state, loss
 
     params = {k: jax.ShapeDtypeStruct(shape, wdtype, sharding=NamedSharding(mesh, spec))
-              for k, (shape, spec) in _param_specs(cfg).items()}
+              for k, (shape, spec) in specs.items()}
     opt_state = jax.eval_shape(tx.init, params)
     shardings = {k: p.sharding for k, p in params.items()}
 
@@ -386,8 +526,8 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
 
     opt_state = jax.tree.map(with_sharding, opt_state)
     opt_state = _moments_like(opt_state, params, shardings, mesh)
-    batch = per_device_batch * mesh.size
-    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32, sharding=NamedSharding(mesh, P(BATCH, None)))
+    batch = per_device_batch * mesh.size // dict(mesh.shape).get("context", 1)  # a sequence per `context` chips
+    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32, sharding=NamedSharding(mesh, P(batch_axes, seq)))
     step = jax.jit(train_step, donate_argnums=(0, 1))
     return step.lower(params, opt_state, tokens, tokens)
 
