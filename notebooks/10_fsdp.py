@@ -64,8 +64,9 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, draw_shardings, draw_timeline, estimate_step,
-                   format_bytes, memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
+from utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, compile_effort, draw_shardings, draw_timeline,
+                   estimate_step, format_bytes, memory_per_device, quiet, schedule, shard_table, tpu_compiler_available,
+                   type_string)
 
 # %% [markdown]
 # ## 1. The model, the data, and a single-device reference
@@ -479,11 +480,8 @@ def compile_wide(strategy, chips, effort="O0"):
              for shape, dtype in (((16384, 2048), jnp.float32), ((16384,), jnp.int32))]
     lowered = jax.jit(wide_step, donate_argnums=0, out_shardings=(plan, NamedSharding(wide_mesh, P()))).lower(
         structs, *batch)
-    jax.config.update("jax_optimization_level", effort or "UNKNOWN")  # UNKNOWN: the compiler's default
-    try:
+    with compile_effort(effort):  # None: the compiler's default
         return lowered.compile()
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")  # back to the default for anything later
 
 
 if ok:

@@ -58,7 +58,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_memory, format_bytes, memory_per_device,
+from utils import (NOT_ANSWERED, assert_close, collectives, compile_effort, draw_memory, format_bytes, memory_per_device,
                    memory_spaces, quiet, shard_table, tpu_compiler_available, type_string)
 
 # %% [markdown]
@@ -268,13 +268,9 @@ def at_effort(target):
 def compile_wide(stage, target, *args, **options):
     """`lower_wide(...)` compiled at the target's effort; also its compile seconds."""
     lowered = lower_wide(stage, target, *args, **options)
-    jax.config.update("jax_optimization_level", at_effort(target))
-    try:
-        start = time.perf_counter()
-        with quiet():
-            return lowered.compile(), time.perf_counter() - start
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")
+    start = time.perf_counter()
+    with compile_effort(at_effort(target)), quiet():
+        return lowered.compile(), time.perf_counter() - start
 
 
 def named(target):
@@ -365,13 +361,9 @@ if CPU:  # the CPU compiler spends part of the saving on temporaries
 allocation_known = ok and memory_per_device(wide["TPU v5e", "ZeRO-3", 2][0]).allocated is not None  # jax 0.12
 if ok and not allocation_known:
     # jax 0.10 reports no HBM allocation, and its estimate misses this saving: read the compiler's report
-    jax.config.update("jax_optimization_level", "O0")
-    try:
-        with quiet():
-            report = {d: memory_spaces(lower_wide("ZeRO-3", "TPU v5e", donate=d).lowered)["default"]
-                      for d in (True, False)}
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")
+    with compile_effort("O0"), quiet():
+        report = {d: memory_spaces(lower_wide("ZeRO-3", "TPU v5e", donate=d).lowered)["default"]
+                  for d in (True, False)}
     saved_by_donation["TPU v5e"] = report[False] - report[True]
 if allocation_known:  # jax 0.12's TPU compiler (libtpu 0.0.50): a whole copy of the state, in HBM
     assert abs(saved_by_donation["TPU v5e"] - wide_state) < 2**12

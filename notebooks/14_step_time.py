@@ -63,8 +63,8 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, CHIPS, collectives, draw_roofline, draw_timeline, estimate_step, quiet, schedule,
-                   tpu_compiler_available)
+from utils import (NOT_ANSWERED, CHIPS, collectives, compile_effort, draw_roofline, draw_timeline, estimate_step,
+                   quiet, schedule, tpu_compiler_available)
 from utils.published_rows import MISSES, ROWS, TARGET, V5E_ROWS, estimate_row
 
 ok, why = tpu_compiler_available()
@@ -205,12 +205,8 @@ def compile_block(devices, mesh_shape, weight_specs, batch_spec, d=D, ff=FF, tok
          for k, s in sizes.items()}
     x = jax.ShapeDtypeStruct((tokens, d), jnp.bfloat16, sharding=NamedSharding(mesh, batch_spec))
     out = (x.sharding, {k: v.sharding for k, v in p.items()}, x.sharding)
-    jax.config.update("jax_optimization_level", effort or "UNKNOWN")  # UNKNOWN: the compiler's default
-    try:
-        with quiet():
-            return jax.jit(partial(block_step, remat=remat), out_shardings=out).lower(p, x, x).compile(), mesh
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")
+    with compile_effort(effort), quiet():  # None: the compiler's default
+        return jax.jit(partial(block_step, remat=remat), out_shardings=out).lower(p, x, x).compile(), mesh
 
 
 if ok:

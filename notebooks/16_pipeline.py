@@ -57,7 +57,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_pipeline, estimate_step, format_bytes,
+from utils import (NOT_ANSWERED, assert_close, collectives, compile_effort, draw_pipeline, estimate_step, format_bytes,
                    memory_per_device, quiet, tpu_compiler_available)
 
 # %% [markdown]
@@ -378,12 +378,8 @@ def compile_tpu(micro, repeats=1, effort="O0"):
     weights = {"up": jax.ShapeDtypeStruct((stages, repeats, chunk, width, hidden), jnp.bfloat16, sharding=split),
                "down": jax.ShapeDtypeStruct((stages, repeats, chunk, hidden, width), jnp.bfloat16, sharding=split)}
     batch = jax.ShapeDtypeStruct((micro, tokens, width), jnp.bfloat16, sharding=NamedSharding(tpu_mesh, P()))
-    jax.config.update("jax_optimization_level", effort or "UNKNOWN")  # UNKNOWN: the compiler's default
-    try:
-        with quiet():
-            return pipelined(tpu_mesh, repeats).lower(weights, batch, batch).compile(), tpu_mesh
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")  # back to the default for anything later
+    with compile_effort(effort), quiet():  # None: the compiler's default
+        return pipelined(tpu_mesh, repeats).lower(weights, batch, batch).compile(), tpu_mesh
 
 
 def loop_share(estimate):

@@ -55,7 +55,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_ring_steps, estimate_step, format_bytes,
+from utils import (NOT_ANSWERED, assert_close, collectives, compile_effort, draw_ring_steps, estimate_step, format_bytes,
                    memory_per_device, quiet, tpu_compiler_available)
 
 # %% [markdown]
@@ -348,12 +348,8 @@ def compile_for_tpu(kind, length, effort="O0"):
                                   in_specs=(seq, seq, seq, pos, pos), out_specs=seq))
     else:
         f = on_ring(zigzag=kind == "ring", mesh=tpu_mesh, tile=TPU_TILE)
-    jax.config.update("jax_optimization_level", effort)
-    try:
-        with quiet():
-            return f.lower(x, x, x, p, p).compile(), tpu_mesh
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")  # the default, for anything later
+    with compile_effort(effort), quiet():
+        return f.lower(x, x, x, p, p).compile(), tpu_mesh
 
 
 def kv_bytes(length):

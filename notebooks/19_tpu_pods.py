@@ -63,7 +63,8 @@ from jax.experimental import mesh_utils, topologies
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, collectives, draw_mesh, format_bytes, memory_per_device, quiet, tpu_compiler_available
+from utils import (NOT_ANSWERED, collectives, compile_effort, draw_mesh, format_bytes, memory_per_device, quiet,
+                   tpu_compiler_available)
 
 GiB = 2**30
 
@@ -656,11 +657,8 @@ if not ok:
     print(why)
 else:
     jax.clear_caches()  # drop the programs compiled so far: a 256-chip compile needs the memory
-    jax.config.update("jax_optimization_level", "O0")
-    try:
+    with compile_effort("O0"):
         fits = {row: will_it_fit(*row) for row in ROWS}
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")  # back to the default for anything later
     hbm_kind = "HBM" if jax.__version_info__ >= (0, 12) else "HBM estimated (jax 0.10)"
     print(f"{'slice':<11}{'strategy':<11}{'mesh':<10}{'remat':<7}verdict at O0, {hbm_kind} per chip "
           "(f32 master, bf16 compute)")

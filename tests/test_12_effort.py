@@ -16,17 +16,11 @@ TABLE = {"ZeRO-1": (440.1, 412.8, 1.07), "ZeRO-2": (328.1, 248.6, 1.32), "ZeRO-3
 
 def spaces(lowered, level):
     """MiB per memory space from the compiler's own report, compiled at `level`."""
-    import jax
+    from utils import compile_effort, memory_spaces, quiet
 
-    from utils import memory_spaces, quiet
-
-    jax.config.update("jax_optimization_level", level)
-    try:
-        with quiet():
-            report = memory_spaces(lowered.lowered)  # nnx.jit's Lowered wraps jax's
-        return {name: size / MiB for name, size in report.items()}
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")
+    with compile_effort(level), quiet():
+        report = memory_spaces(lowered.lowered)  # nnx.jit's Lowered wraps jax's
+    return {name: size / MiB for name, size in report.items()}
 
 
 @pytest.mark.parametrize("stage", sorted(TABLE))

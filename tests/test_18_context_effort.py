@@ -41,7 +41,7 @@ def _compiled(kind: str, length: int, effort: str):
     from jax.sharding import PartitionSpec as P
 
     from notebooks.models import gather_attention, ring_attention
-    from utils import quiet
+    from utils import compile_effort, quiet
 
     heads, head_dim, tile = _notebook_value("TPU_HEADS"), _notebook_value("TPU_HEAD_DIM"), _notebook_value("TPU_TILE")
     with quiet():
@@ -53,12 +53,8 @@ def _compiled(kind: str, length: int, effort: str):
     body = (partial(gather_attention, axis="context", tile=tile) if kind == "all-gather"
             else partial(ring_attention, axis="context", zigzag=kind == "ring", tile=tile))
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(seq, seq, seq, pos, pos), out_specs=seq))
-    jax.config.update("jax_optimization_level", effort)
-    try:
-        with quiet():
-            return f.lower(x, x, x, p, p).compile(), mesh
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")
+    with compile_effort(effort), quiet():
+        return f.lower(x, x, x, p, p).compile(), mesh
 
 
 def _figures(kind: str, length: int) -> tuple[float, float, float]:

@@ -99,12 +99,38 @@ def test_fresh_process_gets_the_count_asked_for():
         from utils import setup_devices
         import jax
         s = setup_devices(4)
-        print(jax.device_count(), s.simulated, s.platform)
+        print(jax.device_count(), s.simulated, s.platform, jax.config.read("jax_disable_most_optimizations"))
     """)
     assert r.returncode == 0, r.stderr
     first, last = r.stdout.strip().splitlines()
     assert first.startswith("setup_devices: 4 simulated CPU devices (no accelerator found)")
-    assert last == "4 True cpu"
+    assert last == "4 True cpu True"  # simulated CPU devices: the CPU backend's machine code unoptimised
+
+
+def test_skipping_the_cpu_machine_code_optimisation_leaves_the_program_and_its_buffers_alone():
+    """What setup_devices' jax_disable_most_optimizations may change: rounding, never the HLO or the bytes."""
+    r = _run("""
+        import hashlib
+        from utils import setup_devices
+        import jax, jax.numpy as jnp
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+        setup_devices(8, quiet=True)
+        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+        def step(w1, w2, x):
+            loss = lambda w1, w2: jnp.mean((jax.nn.relu(x @ w1) @ w2) ** 2)
+            g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
+            return w1 - 0.1 * g1, w2 - 0.1 * g2
+        args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
+                for s, p in (((64, 256), P(None, "model")), ((256, 10), P("model")), ((64, 64), P("data")))]
+        for flag in (True, False):
+            jax.config.update("jax_disable_most_optimizations", flag)
+            c = jax.jit(lambda *a: step(*a)).lower(*args).compile()  # a new function: no cached program
+            m = c.memory_analysis()
+            print(hashlib.md5(c.as_text().encode()).hexdigest(), m.temp_size_in_bytes, m.output_size_in_bytes)
+    """)
+    assert r.returncode == 0, r.stderr
+    unoptimised, optimised = r.stdout.strip().splitlines()
+    assert unoptimised == optimised
 
 
 @needs_no_accelerator

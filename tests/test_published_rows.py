@@ -4,9 +4,9 @@ import math
 import os
 import time
 
-import jax
 import pytest
 
+from utils.effort import compile_effort
 from utils.published_rows import (
     FORMULAS,
     MISSES,
@@ -171,11 +171,8 @@ def test_compiled_flops_are_six_n_t_once_layers_are_counted():
 
     def flops(layers: int, scan: bool) -> float:  # at the least effort (O0): it counts the same matmuls, 5x faster
         cfg = DecoderConfig(num_layers=layers, scan_layers=scan, **TINY)
-        jax.config.update("jax_optimization_level", "O0")
-        try:
+        with compile_effort("O0"):
             return _flops(lower_train_step(cfg, mesh, per_device_batch=4, remat="none").compile())
-        finally:
-            jax.config.update("jax_optimization_level", "UNKNOWN")  # the compiler's default again
 
     one, two, scanned = flops(1, False), flops(2, False), flops(3, True)
     per_layer, outside = two - one, 2 * one - two

@@ -50,7 +50,7 @@ from flax.linen import logical_to_mesh_axes
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import collectives, compile_with_log, memory_per_device, memory_spaces, quiet
+from utils import collectives, compile_effort, compile_with_log, memory_per_device, memory_spaces, quiet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -637,12 +637,8 @@ def _compile_wide(mesh, stage, layers, donate, grad, options):
     data = struct((nb.TOKENS, nb.WIDE["width"]), mesh, P("data"))
     lowered = nb.make_step(stage, mesh, donate, grad or nb.param_grad).lower(
         *nb.abstract(stage, mesh, layers=layers, **nb.WIDE, **options), data, data)
-    jax.config.update("jax_optimization_level", "O0")
-    try:
-        with quiet():
-            return lowered.compile()
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")
+    with compile_effort("O0"), quiet():
+        return lowered.compile()
 
 
 def hbm(compiled):
@@ -806,18 +802,14 @@ def _layouts_on_v5e_8x8(tpu_pod, names, sizes=None):
     given = {"MyTransformer": MyTransformer, **dict(zip(size_names, sizes or (), strict=False))}
     nb = from_notebook("15", *(() if sizes else ("D_MODEL",)), "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS",
                        "FAST_COMPILE", "make_step", "compile_for", "state_bytes", given=given)
-    if sizes:
-        jax.config.update("jax_optimization_level", "O0")
     found = {}
-    try:
+    with compile_effort("O0" if sizes else None):
         for name in names:
             shape, rules = nb.LAYOUTS[name]
             with quiet():
                 program, state = nb.compile_for(shape, rules, devices=tpu_pod)
             found[name] = (memory_per_device(program).footprint, nb.state_bytes(state))
             del program
-    finally:
-        jax.config.update("jax_optimization_level", "UNKNOWN")
     return found
 
 

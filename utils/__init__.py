@@ -8,6 +8,7 @@ and ``jax.device_put`` themselves).
 - ``timing``: a step's estimated time, op by op, from the compiled program and a chip's published figures;
 - ``step_pictures``: that estimate drawn as a timeline (a time axis, a lane per mesh axis) and a roofline;
 - ``capture``: C++ output kept out of a cell; ``tpu``: whether TPU programs compile here;
+- ``effort``: :func:`compile_effort`, the compiler's effort for the compiles inside a ``with`` block;
 - ``exercises``: self-checking exercises; ``explorer``: text boxes to try layouts in.
 
 Names load lazily (PEP 562): ``from utils import setup_devices`` imports
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and e
         draw_sharding,
         draw_shardings,
     )
+    from .effort import compile_effort
     from .exercises import NOT_ANSWERED, Exercise, answer_errors
     from .explorer import explore
     from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
@@ -49,6 +51,7 @@ _SOURCES = {
                 "draw_schedule", "draw_sharding",
                 "draw_shardings"),
     "capture": ("quiet",),
+    "effort": ("compile_effort",),
     "exercises": ("NOT_ANSWERED", "Exercise", "answer_errors"),
     "tpu": ("tpu_compiler_available",),
     "explorer": ("explore",),
@@ -65,9 +68,9 @@ _SUBMODULES = frozenset({*_SOURCES, "launch"})
 
 __all__ = [  # every name the lazy loader serves
     "CHIPS", "NOT_ANSWERED", "Chip", "DeviceCountError", "Exercise", "StepEstimate", "TimedOp", "answer_errors",
-    "assert_close", "chip_of", "collective_seconds", "collectives", "compile_with_log", "draw_memory", "draw_mesh",
-    "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_roofline", "draw_routing", "draw_schedule",
-    "draw_sharding", "draw_shardings", "draw_timeline", "estimate_step", "explore", "format_bytes",
+    "assert_close", "chip_of", "collective_seconds", "collectives", "compile_effort", "compile_with_log",
+    "draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_roofline", "draw_routing",
+    "draw_schedule", "draw_sharding", "draw_shardings", "draw_timeline", "estimate_step", "explore", "format_bytes",
     "memory_per_device", "memory_spaces", "quiet", "schedule", "setup_devices", "shard_table", "tiles",
     "tpu_compiler_available", "type_string"
 ]

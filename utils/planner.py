@@ -495,17 +495,11 @@ def _mesh(make_mesh: Any, topology: str, parallelism: Parallelism, num_slices: i
 
 def _compile(lowered: Any, effort: str) -> Any:
     """``lowered.compile()`` at ``effort`` (``jax_optimization_level``), putting the previous level back."""
-    import jax
-
     from .capture import quiet
+    from .effort import compile_effort
 
-    before = jax.config.jax_optimization_level
-    jax.config.update("jax_optimization_level", "UNKNOWN" if effort == "default" else effort)
-    try:
-        with quiet():
-            return lowered.compile()
-    finally:
-        jax.config.update("jax_optimization_level", before)
+    with compile_effort(effort), quiet():
+        return lowered.compile()
 
 
 def _refusal(err: Exception) -> int | None:

@@ -1,0 +1,41 @@
+"""The compiler's effort for the programs compiled inside one ``with`` block.
+
+JAX sets how hard XLA works on a program with the global option ``jax_optimization_level``: ``"O0"`` is the
+least effort (fast compiles; on a TPU nothing is placed in VMEM, so HBM figures are higher), ``"O1"``-``"O3"``
+more, and ``"UNKNOWN"`` leaves the choice to the compiler (its default, what users run). Neither jax 0.10.2
+nor 0.12 exports a context manager for it, and the per-compile form
+``lowered.compile(compiler_options={"optimization_level": ...})`` takes a name on jax 0.12 but only the
+enum's integer on 0.10.2. So the course sets the option and puts the previous value back, here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+LEVELS = ("O0", "O1", "O2", "O3")
+
+
+@contextmanager
+def compile_effort(level: str | None) -> Iterator[None]:
+    """Compile everything inside the block at ``level``, then restore the level that was set before.
+
+    ``level``: ``"O0"`` (least effort) to ``"O3"``; ``None``, ``"default"`` or ``"UNKNOWN"`` for the
+    compiler's default. Only compiles inside the block see it: a program compiled earlier keeps its own
+    effort (the level is part of jit's cache key, so calling it again recompiles nothing).
+    """
+    if level is None or level in ("default", "UNKNOWN"):
+        value = "UNKNOWN"
+    elif level in LEVELS:
+        value = level
+    else:
+        raise ValueError(f"compile_effort({level!r}): use one of {', '.join(LEVELS)}, or None (or 'default') "
+                         "for the compiler's default effort")
+    import jax
+
+    before = jax.config.jax_optimization_level
+    jax.config.update("jax_optimization_level", value)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_optimization_level", before)
