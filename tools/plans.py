@@ -6,7 +6,8 @@ from ``data/plans/plans.json``, which this script writes (never by hand). Two ki
 
 - ``course``: an 8B-class and a 70B-class Llama-style model, each on a v5e-256 and a v5p-256 slice
   (:data:`COURSE`), searched over every mesh the model divides, at most 10 compiles for the first and 4 for
-  the others (the compiles are ordered by the planner's paper estimate);
+  the others (the compiles are ordered by the planner's paper estimate), and MaxText's own plan for the 8B
+  model on the v5e-256 compiled alone;
 - ``published``: each of MaxText's published rows (:data:`utils.published_rows.ROWS`): the planner is given
   the row's model, slice and global batch only, and searches two meshes (the published one and one other:
   pure FSDP where the row used tensor parallelism, FSDP x 4-way tensor otherwise) and two remat policies
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from utils.planner import find, plan, record, versus  # noqa: E402
 from utils.published_rows import ROWS, PublishedRow, maxtext_flops_per_device  # noqa: E402
 from utils.stored_plans import STORE  # noqa: E402
-from utils.train_step import DecoderConfig  # noqa: E402
+from utils.train_step import REMAT_POLICIES, DecoderConfig  # noqa: E402
 
 EFFORT = "O0"  # the least effort: 4-10x cheaper compiles; HBM reads high (nothing in VMEM), times are the roofline
 PUBLISHED_COMPILES = 4
@@ -48,8 +49,11 @@ LLAMA3_8B = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_head
                           vocab_size=128_256, seq_len=2048)
 LLAMA2_70B = DecoderConfig(num_layers=80, d_model=8192, num_heads=64, num_kv_heads=8, head_dim=128, d_ff=28672,
                            vocab_size=32_000, seq_len=4096)
-COURSE = {  # key -> (model, chip, topology, global batch in tokens, at most this many compiles)
+COURSE = {  # key -> (model, chip, topology, global batch in tokens, at most this many compiles[, meshes, remats])
     "8b-v5e": (LLAMA3_8B, "v5e", "v5e:16x16", 2**21, 10),  # the notebook's walk-through: the widest search
+    # MaxText's plan for this model (pure FSDP, full remat, every sequence of a chip at once), which the search
+    # above may leave uncompiled: its paper estimate charges full remat's recomputation and nothing for micro-steps
+    "8b-v5e-fsdp": (LLAMA3_8B, "v5e", "v5e:16x16", 2**21, 1, [(1, 256, 1)], ["full"]),
     "70b-v5e": (LLAMA2_70B, "v5e", "v5e:16x16", 2**21, 4),
     "8b-v5p": (LLAMA3_8B, "v5p", "v5p:4x4x8", 2**21, 4),
     "70b-v5p": (LLAMA2_70B, "v5p", "v5p:4x4x8", 2**21, 4),
@@ -63,9 +67,10 @@ def versions() -> dict[str, str]:
 
 
 def course_entry(key: str) -> dict:
-    model, chip, topology, tokens, compiles = COURSE[key]
+    model, chip, topology, tokens, compiles, *search = COURSE[key]
+    meshes, remats = search if search else (None, REMAT_POLICIES)
     ranking = plan(model, chip=chip, topology=topology, global_batch_tokens=tokens, max_compiles=compiles,
-                   effort=EFFORT)
+                   meshes=meshes, remats=remats, effort=EFFORT)
     return {"max_compiles": compiles, **record(ranking)}
 
 
