@@ -26,6 +26,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter
 
 from .drawing import _finish
 from .inspecting import format_bytes
@@ -280,6 +281,10 @@ def draw_plans(ranking: Any, *, title: str | None = None) -> Figure:
     ax.text(0.99, hbm, f" {ranking['chip']} HBM {hbm:.2f} GiB", transform=ax.get_yaxis_transform(), ha="right",
             va="bottom", fontsize=7)
     ax.set(xscale="log", yscale="log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 2, 3, 4 s rather than 2 x 10^0
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.yaxis.set_major_formatter(plain)
     ax.set_xlabel(f"step time, seconds (timed: estimate_step at effort {ranking['effort']!r}; others: paper guess)",
                   fontsize=8)
     ax.set_ylabel("HBM per chip, GiB", fontsize=8)
