@@ -13,12 +13,11 @@ from typing import Any
 
 from utils.exercises import Exercise, plain
 from utils.planner import find, plan, state_bytes
+from utils.stored_plans import LLAMA3_8B
 from utils.timing import CHIPS
 from utils.train_step import REMAT_POLICIES, DecoderConfig
 
 # Exercise 1: Llama 3 8B, pure FSDP over the 256 chips of a v5e-256 (1 x 256 x 1)
-LLAMA3_8B = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
-                          vocab_size=128_256, seq_len=2048)
 _N = LLAMA3_8B.num_params()  # 8,030,261,248
 _STATE = state_bytes(LLAMA3_8B, 1, 256, 1) * 4 // 3  # parameters and two moments (12 bytes) + gradients (4)
 

@@ -155,3 +155,17 @@ def test_print_the_published_plans_against_the_planner(capsys):
     with capsys.disabled():
         print(f"\nMaxText's published plans against the planner (stored, effort O0):\n{table}")
     assert table.count("\n") >= len(STORED["published"])
+
+
+def test_merge_takes_another_stores_entries(tmp_path):
+    """Two processes may each fill their own store (--store); --merge joins them, and a row merged in is no
+    longer listed as not run."""
+    name = ROWS[0].name
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"course": {}, "published": {name: {"row": name}}, "not_run": {}}))
+    store = tmp_path / "plans.json"
+    assert plans_tool.main(["--dry-run", "--not-run", f"{name}=slow", "--store", str(store)]) == 0
+    assert stored_plans.load(store)["not_run"] == {name: "slow"}
+    assert plans_tool.main(["--dry-run", "--merge", str(other), "--store", str(store)]) == 0
+    data = stored_plans.load(store)
+    assert data["published"] == {name: {"row": name}} and data["not_run"] == {}

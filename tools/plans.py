@@ -20,6 +20,8 @@ Usage::
     python tools/plans.py                     # everything (an hour or more of CPU), written as it goes
     python tools/plans.py --only 8b-v5e       # one entry (a course key or a published row's name)
     python tools/plans.py --check             # recompute, compare with the stored entries, write nothing
+    python tools/plans.py --store b.json --only 'v5e 16B 1x v5e-256'   # a second process, its own file
+    python tools/plans.py --dry-run --merge b.json                      # then take its entries
 
 Each entry records the command, jax and libtpu versions and the CPU seconds it took. Rows that could not be
 run are listed under ``not_run`` with the reason (``--not-run NAME=REASON``).
@@ -39,16 +41,12 @@ sys.path.insert(0, str(ROOT))
 
 from utils.planner import find, plan, record, versus  # noqa: E402
 from utils.published_rows import ROWS, PublishedRow, maxtext_flops_per_device  # noqa: E402
-from utils.stored_plans import STORE  # noqa: E402
-from utils.train_step import REMAT_POLICIES, DecoderConfig  # noqa: E402
+from utils.stored_plans import LLAMA2_70B, LLAMA3_8B, STORE  # noqa: E402
+from utils.train_step import REMAT_POLICIES  # noqa: E402
 
 EFFORT = "O0"  # the least effort: 4-10x cheaper compiles; HBM reads high (nothing in VMEM), times are the roofline
 PUBLISHED_COMPILES = 4
 
-LLAMA3_8B = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
-                          vocab_size=128_256, seq_len=2048)
-LLAMA2_70B = DecoderConfig(num_layers=80, d_model=8192, num_heads=64, num_kv_heads=8, head_dim=128, d_ff=28672,
-                           vocab_size=32_000, seq_len=4096)
 COURSE = {  # key -> (model, chip, topology, global batch in tokens, at most this many compiles[, meshes, remats])
     "8b-v5e": (LLAMA3_8B, "v5e", "v5e:16x16", 2**21, 10),  # the notebook's walk-through: the widest search
     # MaxText's plan for this model (pure FSDP, full remat, every sequence of a chip at once), which the search
@@ -145,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--not-run", action="append", default=[], metavar="NAME=REASON",
                         help="list a published row as not run, with the reason")
     parser.add_argument("--dry-run", action="store_true", help="compute nothing: only record --not-run reasons")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="take the entries of another store (one written by a second process with --store)")
     parser.add_argument("--store", type=Path, default=STORE)
     args = parser.parse_args(argv)
     names = {row.name: row for row in ROWS}
@@ -155,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown entries {unknown}: choose from {list(COURSE)} or {list(names)}")
     empty = {"course": {}, "published": {}, "not_run": {}}
     store = json.loads(args.store.read_text()) if args.store.exists() else empty
+    for other in args.merge:
+        taken = json.loads(other.read_text())
+        for kind in ("course", "published"):
+            store[kind].update(taken[kind])
+            for name in taken[kind]:
+                store["not_run"].pop(name, None)
     for item in args.not_run:
         name, _, reason = item.partition("=")
         if name not in names or not reason:
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         store[kind][name] = entry
         store["not_run"].pop(name, None)
         _write(args.store, store)
-    if args.dry_run and not args.check:
+    if (args.dry_run or args.merge) and not args.check:
         _write(args.store, store)
     for f in failures:
         print("DIFFERS:", f)

@@ -13,9 +13,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STORE", "load", "provenance", "published_table"]
+from .train_step import DecoderConfig
+
+__all__ = ["LLAMA2_70B", "LLAMA3_8B", "STORE", "load", "provenance", "published_table"]
 
 STORE = Path(__file__).resolve().parent.parent / "data" / "plans" / "plans.json"
+
+LLAMA3_8B = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
+                          vocab_size=128_256, seq_len=2048)
+"""Llama 3 8B's shape (8,030,261,248 parameters) with 2,048-token sequences: the 8B-class model planned."""
+LLAMA2_70B = DecoderConfig(num_layers=80, d_model=8192, num_heads=64, num_kv_heads=8, head_dim=128, d_ff=28672,
+                           vocab_size=32_000, seq_len=4096)
+"""Llama 2 70B's shape with 4,096-token sequences: the 70B-class model planned."""
 
 
 def load(path: Path = STORE) -> dict[str, Any]:
