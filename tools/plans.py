@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         store[kind][name] = entry
         store["not_run"].pop(name, None)
         _write(args.store, store)
+    for name in store["published"]:  # a row stored is run, whatever was said of it
+        store["not_run"].pop(name, None)
     if (args.dry_run or args.merge) and not args.check:
         _write(args.store, store)
     for f in failures:
