@@ -125,6 +125,7 @@ def compare(stored: dict, fresh: dict) -> list[str]:
     """What differs between a stored entry and a recomputed one (its plans, place and top), ignoring the
     provenance fields (command, CPU seconds)."""
     skip = {"command", "cpu_seconds", "versions"}
+    fresh = json.loads(json.dumps(fresh))  # as it would be stored: tuples become lists
     return [k for k in sorted(set(stored) | set(fresh)) if k not in skip and not _close(stored.get(k), fresh.get(k))]
 
 
