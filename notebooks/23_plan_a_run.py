@@ -89,7 +89,7 @@ assert all(p.status in ("refused", "pruned") for p in paper if p.candidate.remat
 
 # %% [markdown]
 # More than half the candidates are out before any compile. Data parallelism keeps the whole state on
-# every chip: 12 bytes a parameter for float32 weights and AdamW's two moments is 90 GiB, six chips' worth.
+# every chip: 12 bytes a parameter for float32 weights and AdamW's two moments is 90 GiB, nearly six chips.
 # Without remat every layer's activations wait for the backward pass, and no split of 256 chips holds
 # them. What is left ("not compiled" here) is what the planner would compile, cheapest paper estimate first.
 
@@ -187,7 +187,8 @@ assert late and all(p["hbm_bytes"] > v5e_8b["hbm_bytes"] > p["formula_bytes"] fo
 
 # %% [markdown]
 # **The plan practitioners run was never compiled.** MaxText trains this model on a v5e-256 as pure
-# FSDP over all 256 chips with remat `full` and every sequence of a chip in one micro-step. The search's
+# FSDP over all 256 chips with remat `full` and all of a chip's 8,192 tokens in one micro-step (one
+# 8,192-token sequence through a flash kernel, where this search has four of 2,048). The search's
 # ten compiles went elsewhere, so `make plans` also compiled that plan alone (`meshes=[(1, 256, 1)]`,
 # `remats=["full"]`).
 
