@@ -695,9 +695,9 @@ if ok:
 
 # %% [markdown]
 # So an 8-billion-parameter model trains on 256 v5e chips only split and rematerialised, and 256 v5p
-# chips would not rescue data parallelism. FSDP alone over `(256, 1)`, rematerialised, is another
-# candidate, left out because its compile takes several times longer: add it to `ROWS` and compare.
-# The split shown is one that fits, not the only one.
+# chips would not rescue data parallelism. The split shown is one that fits, not the one to choose:
+# which plan to run (practitioners run this model as pure FSDP over all 256 chips with full remat, as
+# MaxText does) is notebook 23's question, where a planner compiles the candidates and ranks them.
 #
 # It is not the split MaxText publishes for this model on a v5e-256, either. That script
 # (`configs/v5e/llama3/llama3_8b.sh`) uses FSDP only, over two axes of 16 (`ici_fsdp_transpose_parallelism=16`,
@@ -751,7 +751,7 @@ else:
 #   with the GiB it needs and the GiB a chip allows (15.75 v5e, 31.24 v6e, 95.73 v5p).
 # - An 8B model with float32 master weights and Adam moments (90 GiB of state) fits no chip under data
 #   parallelism. On 256 v5e chips, FSDP x TP with rematerialised layers fits at O0; without
-#   rematerialisation nothing tried fits.
+#   rematerialisation nothing tried fits. Which plan to run is notebook 23's question.
 
 # %% [markdown]
 # ## Exercises

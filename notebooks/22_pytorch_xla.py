@@ -906,5 +906,4 @@ answer_3 = NOT_ANSWERED  # a string such as '{devices=[...]...}'
 ex.string_from_spec.check(answer_3);
 
 # %% [markdown]
-# **Next:** [00 · A first sharded array](00_setup.ipynb) (back to the start), or the readable edition
-# (`make html`).
+# **Next:** [23 · Plan a run](23_plan_a_run.ipynb)

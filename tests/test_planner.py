@@ -449,6 +449,63 @@ def test_a_plan_over_the_chips_hbm_after_compiling_is_refused_with_the_bytes():
     assert only.status == "refused" and only.compiled and "GiB" in only.note
 
 
+# --- a ranking read back: find, versus, record -----------------------------------------------------------
+
+@needs_tpu_compiler
+def test_find_gives_a_plans_place_and_names_the_fix_for_one_not_searched(searched):
+    ranking, _ = searched
+    for i, p in enumerate(ranking, 1):
+        c = p.candidate
+        assert planner.find(ranking, data=c.data, fsdp=c.fsdp, tensor=c.tensor, remat=c.remat,
+                            per_device_batch=c.per_device_batch) == (i, p)
+    with pytest.raises(ValueError, match="meshes and remats that include it"):
+        planner.find(ranking, data=1, fsdp=2, tensor=4, remat="full", per_device_batch=2)  # mesh not searched
+    with pytest.raises(ValueError, match="1x8x1 minimal"):
+        planner.find(ranking, data=1, fsdp=8, tensor=1, remat="minimal", per_device_batch=2)
+
+
+@needs_tpu_compiler
+def test_versus_names_the_term_a_slower_plan_loses_on(searched):
+    ranking, _ = searched
+    best, second = ranking.fitting[:2]
+    assert planner.versus(ranking, best) == f"{best.candidate.label()} is the planner's top plan."
+    text = planner.versus(ranking, second)
+    extra = {k: v - best.parts()[k] for k, v in second.parts().items()}
+    assert f"loses most on {max(extra, key=extra.__getitem__)}" in text and best.candidate.label() in text
+    unfit = next(p for p in ranking if not p.fits)
+    assert planner.versus(ranking, unfit).startswith(f"{unfit.candidate.label()} is {unfit.status}")
+    with pytest.raises(ValueError, match="same ranking"):
+        planner.versus(ranking, dataclasses.replace(second))  # an equal copy is not the ranking's own
+
+
+@needs_tpu_compiler
+def test_record_is_the_ranking_as_json(searched):
+    import json
+
+    ranking, _ = searched
+    data = json.loads(json.dumps(planner.record(ranking)))  # plain data: survives JSON unchanged
+    assert data["table"] == str(ranking) and data["why"] == ranking.why and data["effort"] == "O0"
+    assert data["model"]["d_model"] == TINY.d_model and data["params"] == TINY.num_params()
+    assert [p["label"] for p in data["plans"]] == [p.candidate.label() for p in ranking]
+    for stored, p in zip(data["plans"], ranking, strict=True):
+        assert (stored["status"], stored["hbm_bytes"], stored["step_seconds"]) == (p.status, p.hbm_bytes,
+                                                                                 p.step_seconds)
+        assert stored["parts"] == p.parts() and stored["bound"] == p.bound
+    assert data["hbm_bytes"] == CHIPS["v5e"].hbm_bytes
+
+
+def test_record_of_a_search_that_compiled_nothing():
+    """max_compiles=0 needs no compiler: every plausible plan is 'not compiled', and the record still holds it."""
+    ranking = plan(TINY, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 128, remats=("full",),
+                   meshes=[(1, 8, 1)], max_compiles=0)
+    data = planner.record(ranking)
+    assert [p["status"] for p in data["plans"]] == ["not compiled"]
+    assert data["plans"][0]["parts"] == {} and data["plans"][0]["bound"] is None
+    assert "no winner" in data["why"]
+    with pytest.raises(ValueError, match="no plan 1x8x1 full with micro-batch 2"):
+        planner.find(ranking, data=1, fsdp=8, tensor=1, remat="full", per_device_batch=2)
+
+
 # --- slow: a bigger slice, two slices, the default effort, the compiler's own refusal -----------------------
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from matplotlib.colors import to_rgba
 
-from utils.step_pictures import draw_roofline, draw_timeline, op_label
+from utils.step_pictures import draw_plans, draw_roofline, draw_timeline, op_label
 from utils.timing import CHIPS, StepEstimate, TimedOp, estimate_step
 
 V5E = CHIPS["v5e"]
@@ -136,3 +136,68 @@ def test_a_real_program_is_drawn():
     lanes = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert lanes[0] == "chip: compute" and "over 'data'" in lanes  # the gradient's all-reduce over data
     assert np.isfinite(fig.axes[0].get_xlim()).all()
+
+
+# --- draw_plans: every candidate of a planner search --------------------------------------------------------
+
+def _plan(label, status, *, compiled, hbm=None, formula=2**30, seconds=None, guess=1.0, acc=0):
+    return dict(label=label, status=status, compiled=compiled, hbm_bytes=hbm, formula_bytes=formula,
+                step_seconds=seconds, formula_seconds=guess, accumulator_bytes=acc)
+
+
+GiB = 2**30
+RECORD = dict(chip="v5e", hbm_bytes=V5E.hbm_bytes, topology="v5e:16x16", num_slices=1, effort="O0",
+              params=8_030_261_248, plans=[
+                  _plan("1x256x1 full b4x1", "fits", compiled=True, hbm=10 * GiB, seconds=3.4, guess=3.0),
+                  _plan("1x64x4 full b4x1", "fits", compiled=True, hbm=9 * GiB, seconds=4.0, guess=3.5),
+                  _plan("1x256x1 none b4x1", "refused", compiled=True, hbm=40 * GiB, formula=14 * GiB, guess=2.5),
+                  _plan("256x1x1 full b4x1", "refused", compiled=False, formula=120 * GiB, guess=9.0),
+                  _plan("1x256x1 save_dots b4x1", "pruned", compiled=False, formula=30 * GiB, guess=2.8),
+                  _plan("1x256x1 full b2x2", "skipped", compiled=False, formula=7 * GiB, guess=3.1, acc=GiB),
+              ])
+
+
+def _points(fig, gid):
+    [collection] = [c for c in fig.axes[0].collections if c.get_gid() == gid]
+    return [tuple(xy) for xy in collection.get_offsets()]
+
+
+def test_plans_sit_at_their_step_and_hbm_with_the_chips_hbm_as_a_line():
+    fig = draw_plans(RECORD)
+    assert _points(fig, "best") == [(3.4, 10.0)]  # the winner, a star: not drawn twice
+    assert _points(fig, "fits") == [(4.0, 9.0)]
+    assert _points(fig, "refused by the compiler") == [(2.5, 40.0)]  # what the compiler asked for
+    assert _points(fig, "refused by the formula") == [(9.0, 120.0)]  # never compiled: the formula, the guess
+    assert _points(fig, "pruned") == [(2.8, 30.0)]
+    assert _points(fig, "not compiled") == [(3.1, 7.0)]  # skipped: formula bytes already hold the accumulator
+    [line] = [ln for ln in fig.axes[0].lines if ln.get_gid() == "hbm"]
+    assert set(line.get_ydata()) == {V5E.hbm_bytes / GiB}
+    assert fig.axes[0].get_xscale() == fig.axes[0].get_yscale() == "log"
+    assert "effort 'O0'" in fig.axes[0].get_xlabel() and "8.0B parameters" in fig._suptitle.get_text()
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "the top plan: 1x256x1 full b4x1" in legend and len(legend) == 6
+
+
+def test_colour_means_device_so_the_plans_are_greys_and_markers():
+    fig = draw_plans(RECORD)
+    for collection in fig.axes[0].collections:
+        for colour in [*collection.get_facecolors(), *collection.get_edgecolors()]:
+            r, g, b, _ = to_rgba(colour)
+            assert r == g == b, collection.get_gid()
+    markers = {c.get_gid(): c.get_paths()[0].vertices.shape for c in fig.axes[0].collections}
+    assert len(set(markers.values())) >= 3  # circle, cross, triangle, star: told apart without colour
+
+
+def test_draw_plans_takes_a_ranking_and_refuses_anything_else():
+    from utils.planner import plan
+    from utils.train_step import DecoderConfig
+
+    tiny = DecoderConfig(num_layers=1, d_model=256, num_heads=4, head_dim=64, d_ff=512, vocab_size=512, seq_len=128)
+    ranking = plan(tiny, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 128, remats=("full",),
+                   meshes=[(1, 8, 1)], max_compiles=0)  # nothing compiled: drawn at the formula
+    fig = draw_plans(ranking)
+    assert len(_points(fig, "not compiled")) == 1 and "best" not in {c.get_gid() for c in fig.axes[0].collections}
+    with pytest.raises(TypeError, match="Ranking"):
+        draw_plans("plans")
+    with pytest.raises(ValueError, match="no plan"):
+        draw_plans({**RECORD, "plans": []})

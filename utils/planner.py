@@ -78,8 +78,8 @@ from typing import Any
 from .timing import CHIPS, Chip, StepEstimate
 from .train_step import AXES, REMAT_POLICIES, DecoderConfig, Parallelism, _param_specs
 
-__all__ = ["AXES_CHOICES", "MFU_FORMULA", "Candidate", "Plan", "Ranking", "activation_bytes", "candidates",
-           "guess_seconds", "plan", "state_bytes"]
+__all__ = ["AXES_CHOICES", "MFU_FORMULA", "Candidate", "Plan", "Ranking", "activation_bytes", "candidates", "find",
+           "guess_seconds", "plan", "record", "state_bytes", "versus"]
 
 GiB = 2**30
 MFU_FORMULA = "per_matrix_causal"
@@ -625,3 +625,62 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     ordered = sorted(plans.values(), key=lambda p: (rank[p.status], p.step_seconds or 0.0,
                                                     p.total_hbm_bytes or p.formula_bytes, p.candidate.label()))
     return Ranking(tuple(ordered), model, hw, topology, num_slices, global_batch_tokens, effort)
+
+
+# --- a ranking read back: one plan's place, why the winner beats it, and the ranking as plain data ----------
+
+def find(ranking: Ranking, *, data: int, fsdp: int, tensor: int, remat: str, per_device_batch: int) -> tuple[int, Plan]:
+    """The 1-based place of one plan in ``ranking`` and its :class:`Plan` (for example a published plan's).
+
+    The plan is named by its mesh inside a slice, remat and micro-batch (the slices and the accumulation
+    follow from the ranking). A ValueError names the fix when the ranking does not hold it: pass ``meshes``
+    and ``remats`` to :func:`plan` that include it, and a global batch that is a multiple of its micro-batch.
+    """
+    for i, p in enumerate(ranking.plans, 1):
+        c = p.candidate
+        if (c.data, c.fsdp, c.tensor, c.remat, c.per_device_batch) == (data, fsdp, tensor, remat, per_device_batch):
+            return i, p
+    raise ValueError(f"the ranking holds no plan {data}x{fsdp}x{tensor} {remat} with micro-batch {per_device_batch}: "
+                     "call plan() with meshes and remats that include it, and a global batch that is a whole "
+                     "number of its micro-batches on every chip")
+
+
+def versus(ranking: Ranking, other: Plan) -> str:
+    """Why the ranking's best plan is preferred to ``other``, in one sentence: the term it loses most on (the
+    largest difference of :meth:`Plan.parts`), or why it was not timed (refused, pruned, not compiled)."""
+    if not any(p is other for p in ranking.plans):
+        raise ValueError("versus() compares a plan of the same ranking: take it from find() or iterate the ranking")
+    if not ranking.fitting:
+        return "No plan fits, so none is preferred."
+    best = ranking.best
+    if other == best:
+        return f"{other.candidate.label()} is the planner's top plan."
+    if not other.fits:
+        return (f"{other.candidate.label()} is {other.status}" + (f" ({other.note})" if other.note else "")
+                + f", so the planner prefers {best.candidate.label()}.")
+    extra = {k: v - best.parts()[k] for k, v in other.parts().items()}
+    lost = max(extra, key=extra.__getitem__)
+    return (f"{other.candidate.label()} takes {_ms(other.step_seconds)} against {_ms(best.step_seconds)} for "
+            f"{best.candidate.label()} ({other.step_seconds / best.step_seconds - 1:+.1%}): it loses most on "
+            f"{lost}, +{_ms(extra[lost])}.")
+
+
+def record(ranking: Ranking) -> dict[str, Any]:
+    """The ranking as plain data (JSON): the search's input, the table and ``why`` as printed, and every plan
+    with its status, bytes, seconds and the step's terms. What ``make plans`` stores in ``data/plans``, and
+    what :func:`utils.step_pictures.draw_plans` draws."""
+    from dataclasses import asdict
+
+    def one(p: Plan) -> dict[str, Any]:
+        c = p.candidate
+        return dict(label=c.label(), data=c.data, fsdp=c.fsdp, tensor=c.tensor, slices=c.slices, remat=c.remat,
+                    per_device_batch=c.per_device_batch, accumulation=c.accumulation, status=p.status,
+                    compiled=p.compiled, formula_bytes=p.formula_bytes, formula_seconds=p.formula_seconds,
+                    hbm_bytes=p.hbm_bytes, accumulator_bytes=p.accumulator_bytes, step_seconds=p.step_seconds,
+                    tokens_per_second_per_chip=p.tokens_per_second_per_chip, mfu=p.mfu, parts=p.parts(),
+                    bound=p.bound, note=p.note)
+
+    return dict(model=asdict(ranking.model), params=ranking.model.num_params(), chip=ranking.chip.name,
+                hbm_bytes=ranking.chip.hbm_bytes, topology=ranking.topology, num_slices=ranking.num_slices,
+                global_batch_tokens=ranking.global_batch_tokens, effort=ranking.effort, table=str(ranking),
+                why=ranking.why, plans=[one(p) for p in ranking.plans])

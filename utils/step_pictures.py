@@ -26,11 +26,12 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter
 
 from .drawing import _finish
 from .inspecting import format_bytes
 
-__all__ = ["draw_roofline", "draw_timeline", "op_label"]
+__all__ = ["draw_plans", "draw_roofline", "draw_timeline", "op_label"]
 
 _FORWARD, _BACKWARD, _MEMORY = "0.55", "0.25", "0.85"
 _HIDDEN_HATCH = "////"
@@ -220,4 +221,76 @@ def draw_roofline(estimate: Any, *, title: str | None = None) -> Figure:
                                   label="the whole step")], fontsize=7, loc="lower right")
     fig.suptitle(title or f"roofline of a {chip.name} chip: {chip.peak_flops / 1e12:.0f} TFLOP/s, "
                  f"{chip.hbm_bandwidth / 1e9:.0f} GB/s of HBM", fontsize=9)
+    return _finish(fig)
+
+
+# How each kind of plan is marked on draw_plans' picture: (marker, face, edge, what it means).
+_PLAN_MARKS = {
+    "fits": ("o", "0.35", "black", "fits: the compiler's HBM, the estimated step"),
+    "refused by the compiler": ("X", "black", "black", "refused by the compiler: the HBM it asked for"),
+    "refused by the formula": ("X", "white", "black", "refused by formula: parameters and moments alone"),
+    "pruned": ("^", "white", "black", "pruned: the formula's HBM"),
+    "not compiled": ("o", "white", "0.55", "not compiled, skipped or no layout: the formula"),
+}
+
+
+def _plan_kind(p: dict) -> str:
+    if p["status"] == "refused":
+        return "refused by the compiler" if p["compiled"] else "refused by the formula"
+    return p["status"] if p["status"] in ("fits", "pruned") else "not compiled"
+
+
+def draw_plans(ranking: Any, *, title: str | None = None) -> Figure:
+    """Every candidate of a planner search at its HBM per chip against its step time, the chip's HBM a line.
+
+    ``ranking``: a :class:`utils.planner.Ranking` or its :func:`utils.planner.record` (what ``data/plans``
+    stores). A plan the compiler timed sits at its estimated step and the compiler's HBM (plus the
+    accumulator); every other at the paper guess that ordered the compiles (:func:`utils.planner.guess_seconds`)
+    and the formula's HBM, or for a compiler's refusal the HBM it asked for. Markers and greys say which
+    (colour means device in the course); the winner is a star. Both axes are logarithmic: state that does not
+    fit is many times the chip.
+    """
+    if not isinstance(ranking, dict):
+        from .planner import Ranking, record
+
+        if not isinstance(ranking, Ranking):
+            raise TypeError("draw_plans draws a utils.planner.Ranking (plan(...)) or its record(); got "
+                            f"{type(ranking).__name__}")
+        ranking = record(ranking)
+    plans = ranking.get("plans")
+    if not plans:
+        raise ValueError("the ranking holds no plan to draw")
+    gib = 2**30
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    best = next((p for p in plans if p["status"] == "fits"), None)
+    for kind, (marker, face, edge, label) in _PLAN_MARKS.items():
+        mine = [p for p in plans if _plan_kind(p) == kind and p is not best]
+        if not mine:
+            continue
+        xs = [p["step_seconds"] if kind == "fits" else p["formula_seconds"] for p in mine]
+        ys = [((p["hbm_bytes"] or 0) + p["accumulator_bytes"] if p["compiled"] else p["formula_bytes"]) / gib
+              for p in mine]
+        ax.scatter(xs, ys, marker=marker, s=36, facecolor=face, edgecolor=edge, linewidth=0.8, gid=kind,
+                   label=label, zorder=3)
+    if best is not None:
+        ax.scatter([best["step_seconds"]], [(best["hbm_bytes"] + best["accumulator_bytes"]) / gib], marker="*",
+                   s=220, facecolor="white", edgecolor="black", linewidth=1.0, gid="best", zorder=4,
+                   label=f"the top plan: {best['label']}")
+    hbm = ranking["hbm_bytes"] / gib
+    ax.axhline(hbm, color="black", linestyle="--", linewidth=1.0, gid="hbm")
+    ax.text(0.99, hbm, f" {ranking['chip']} HBM {hbm:.2f} GiB", transform=ax.get_yaxis_transform(), ha="right",
+            va="bottom", fontsize=7)
+    ax.set(xscale="log", yscale="log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 2, 3, 4 s rather than 2 x 10^0
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.yaxis.set_major_formatter(plain)
+    ax.set_xlabel(f"step time, seconds (timed: estimate_step at effort {ranking['effort']!r}; others: paper guess)",
+                  fontsize=8)
+    ax.set_ylabel("HBM per chip, GiB", fontsize=8)
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
+    n = ranking["params"]
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    fig.suptitle(title or f"{len(plans)} plans for {size} parameters on {ranking['num_slices']} x "
+                 f"{ranking['topology']}", fontsize=9)
     return _finish(fig)
