@@ -133,7 +133,7 @@ ridge_rows = PEAK / HBM * D * F / (D * F - PEAK / HBM * (D + F))  # the B at whi
 print(f"the matmul turns compute-bound above {ridge_rows:.0f} rows")
 assert 255 < ridge_rows < 265  # "about 260 rows": above 241, since the weight is read and the result written
 if ok:
-    with quiet():
+    with quiet():  # quiet() (utils.capture) hides libtpu's start-up lines, which say nothing about this program
         chip = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices[:1]
         one = jax.sharding.SingleDeviceSharding(chip[0])
         x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=one) for s in ((1024, D), (D, F)))
@@ -506,6 +506,20 @@ sweep_fig
 # that published the row. `utils.published_rows` holds it, with the FLOP formula MaxText used that month.
 # MaxText publishes no step time: its TFLOP/s are its own FLOP count over its measured step, so the step
 # time a row gives is **implied** by the published MFU, not measured.
+#
+# That FLOP count is a formula, and it has changed, so a row is compared under the formula of its date:
+#
+# | in use | MaxText's model FLOPs per chip per step (N parameters, T tokens, L layers, H heads of dh, S long) |
+# |---|---|
+# | June to November 2023 (the v5e table) | `6NT + 12 H L dh S T`: attention counted as if every query saw every key |
+# | November 2023 to May 2024 (the v5p table) | `6NT + 6 H L dh S T`: attention halved for the causal mask |
+# | May 2024 to July 2025 | each matmul counted from its shape, attention not halved |
+# | since July 2025 (PR #1988, `calculate_tflops_training_per_device`) | the same, attention halved again |
+#
+# MFU (model FLOP utilisation) divides that count by the step and the chip's peak. It leaves out what
+# the chip recomputes: with full remat the backward pass runs each layer's forward again, so the chip's
+# own rate, its hardware FLOP utilisation (HFU), is higher than the MFU. Even with matrix units that never
+# pause, MFU cannot pass the model's FLOPs over the FLOPs the chip runs. The cell below prints both.
 
 # %%
 row = next(r for r in V5E_ROWS if r.global_parameter_scale == 16 and r.num_slices == 1)
@@ -536,6 +550,8 @@ if ok:
     print(f"compiler's HBM per chip: {full.hbm_bytes / 2**30:.1f} GiB of {est.chip.hbm_bytes / 2**30:.2f} GiB")
     print(f"MFU by MaxText's formula of {row.source.date[:7]}: estimated {full.mfu:.1%}, published "
           f"{row.published_mfu:.2%}; estimated step / implied step = {full.ratio:.2f}")
+    print(f"the chip runs {est.flops / row.maxtext_flops():.2f}x the FLOPs MaxText counts: estimated HFU "
+          f"{est.flops / est.seconds / est.chip.peak_flops:.1%}, MFU {full.mfu:.1%}")
     assert est.flops > 1.15 * row.maxtext_flops()  # full remat: the chip runs more FLOPs than MaxText counts
     assert TARGET[0] <= full.ratio <= TARGET[1] and round(full.ratio - 1, 2) == 0.14  # 14% slower, inside the target
     draw_roofline(est)
@@ -613,7 +629,7 @@ print("written:", written)
 ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
 sums = [e for e in ops if e["args"]["hlo_op"].startswith("all-reduce")]
 print(f"{len(ops)} operations on the devices' timelines, {len(sums)} of them all-reduces, on devices "
-      f"{sorted({int(e['args']['device_ordinal']) for e in sums})}")
+      f"{sorted({int(e['args'].get('device_ordinal', e['pid'])) for e in sums})}")  # a GPU trace may lack the ordinal
 assert {"perfetto_trace.json.gz"} <= set(written) and any(n.endswith(".xplane.pb") for n in written)
 
 # %% [markdown]
@@ -675,6 +691,16 @@ ex.compute_seconds.check(answer_1);
 # %%
 answer_2 = NOT_ANSWERED  # tokens per chip
 ex.crossover_tokens.check(answer_2);
+
+# %% [markdown]
+# **Exercise 3: count a loop by its trips.** Section 2's FSDP program, `blocks["FSDP"][0]`, reduce-scatters
+# each weight gradient in a loop the compiler wrote. `collectives(program).ops` lists each collective
+# instruction once, a loop body's too, with `in_loop` and `trips` (how many times it runs per step). How many
+# `collective-permute`s does one step run on each chip? Read it from the ops, not from `count()`.
+
+# %%
+answer_3 = NOT_ANSWERED  # collective-permutes per step, an int
+ex.loop_permutes.check(answer_3);
 
 # %% [markdown]
 # **Next:** [15 · Choosing a mesh shape](15_mesh_shape.ipynb)

@@ -21,6 +21,7 @@ import jax
 import pytest
 from test_tpu_side import from_notebook
 
+from exercises.ex14_step_time import loop_permutes
 from utils import collectives, estimate_step, schedule
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "step_time"
@@ -46,6 +47,8 @@ def test_the_stored_program_is_a_default_effort_tpu_program_with_overlapped_tran
     assert "num_partitions=8" in text and ":T(" in text  # eight partitions, TPU tiled layouts
     sent = collectives(text)
     assert sent.count("all-gather") == 3 and sent.count("collective-permute") == 27
+    permutes = [op for op in sent.ops if op.kind == "collective-permute"]
+    assert sum(op.trips for op in permutes) == loop_permutes.solution > len(permutes)  # exercise 3's answer
     steps = schedule(text, {"data": 8})
     assert all(s.overlaps > 0 for s in steps if s.kind == "collective-permute")  # the default effort's schedule
 

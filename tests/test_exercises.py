@@ -300,6 +300,7 @@ ALSO_RIGHT = {
     "ex15_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
     "ex14_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
     "ex14_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
+    "ex14_step_time.loop_permutes": [np.int64(27), 27.0],
     "ex20_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex20_pmap_vs_spmd"].migrate_to_jit.solution)],
     "ex20_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
     "ex22_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
