@@ -292,3 +292,16 @@ def test_bad_input_gets_clear_errors():
         estimate_step(unreadable, mesh, chip="v5e")
     printed = str(estimate_step(_ASYNC, mesh, chip="v5e"))
     assert printed.startswith("estimated step on a v5e chip, at published peak rates") and "hidden" in printed
+
+
+def test_the_walk_reads_each_group_spelling_whole():
+    """estimate_step caches a collective's links by the spelling of its groups, so that spelling must be read whole
+    (two different groups must never share a key): every form inspecting._groups reads."""
+    from utils.timing import _GROUP_SPEC
+
+    for spec in ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}",
+                 "replica_groups=mesh['axis_0'=4,'axis_1'=2], device_ids=([4,2]T(1,0)) {'axis_0'}",
+                 "replica_groups=[2,4]<=[4,2]T(1,0)", "replica_groups=[4,2]<=[8]", "replica_groups={{0,1},{2,3}}",
+                 "replica_groups={}", "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}"):
+        line = f"%x = f32[8]{{0}} all-reduce(f32[8]{{0}} %y), channel_id=3, {spec}, to_apply=%add"
+        assert _GROUP_SPEC.search(line).group(0) == spec
