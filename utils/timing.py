@@ -67,6 +67,7 @@ import numpy as np
 
 from .inspecting import (
     _BITS,
+    _KIND,
     _axes,
     _event,
     _groups,
@@ -378,6 +379,7 @@ def _bytes(i: _Instr, where: dict[str, _Instr], comps: dict[str, list[_Instr]]) 
     fused = comps.get(dict(i.called).get("calls", ""), []) if i.opcode == "fusion" else []
     params = {int(m.group(1)): x for x in fused if x.opcode == "parameter"
               and (m := re.search(r"parameter\((\d+)\)", x.line))}
+    root = next((x for x in fused if x.line.lstrip().startswith("ROOT")), None)
     total = 0.0
     for k, name in enumerate(i.operands):
         source = where.get(name)
@@ -386,17 +388,20 @@ def _bytes(i: _Instr, where: dict[str, _Instr], comps: dict[str, list[_Instr]]) 
         full = _hbm(source.type)
         param = params.get(k)
         users = [x for x in fused if param is not None and param.name in x.operands]
-        if users and all(x.opcode == "dynamic-slice" and x.operands[0] == param.name for x in users):
+        if users and all(x is root or x.opcode in _KIND for x in users):
+            full = 0  # a buffer only handed on, or moved by a collective fused here (an async collective fusion)
+        elif users and all(x.opcode == "dynamic-slice" and x.operands[0] == param.name for x in users):
             full = min(full, sum(_hbm(x.type.split("{")[0]) for x in users))
         elif any(x.opcode == "dynamic-update-slice" and x.operands[0] == param.name for x in users):
             full = 0
         total += full
-    root = next((x for x in fused if x.line.lstrip().startswith("ROOT")), None)
     at = {x.name: x for x in fused}
     parts = _tuple_elements(i.type)
     made = [at.get(o) for o in root.operands] if root is not None and root.opcode == "tuple" else [root]
     for k, part in enumerate(parts):
         maker = made[k] if k < len(made) else None
+        if maker is not None and (maker.opcode == "parameter" or maker.opcode in _KIND):
+            continue  # an operand handed back, or a collective's result (its bytes are the collective's)
         if maker is not None and maker.opcode == "dynamic-update-slice" and len(maker.operands) > 1 and _hbm(part):
             update = at.get(maker.operands[1])
             total += _hbm(update.type.split("{")[0]) if update is not None else 0
