@@ -82,4 +82,4 @@ def test_o0_and_the_default_effort_count_the_same_work(tpu_devices):
     stored = gzip.decompress(PROGRAM.read_bytes()).decode()
     a, b = _figures(low, mesh), _figures(stored, mesh)
     assert (a["flops"], a["counts"], a["sent"]) == (b["flops"], b["counts"], b["sent"])
-    assert a["hidden"] == 0 < b["hidden"]  # O0 runs every transfer synchronously; the default overlaps them
+    assert a["hidden"] < 1e-9 < b["hidden"]  # O0 runs every transfer synchronously; the default overlaps them
