@@ -94,3 +94,34 @@ crossover_tokens = Exercise(
         "faster than a v5e but sends only twice as fast, so it needs more tokens per chip to hide the same sum."
     ),
 )
+
+
+# Exercise 3: the collective-permutes one step of section 2's FSDP block runs, every loop trip counted. The
+# compiler writes each of the 3 weight gradients' reduce-scatter as a loop of 2 trips with 4 permutes each, and
+# 1 permute after it (tests/test_14_step_time.py reads the same count from the compiled program).
+_GRADIENTS, _PER_TRIP, _TRIPS, _AFTER = 3, 4, 2, 1
+_PERMUTES = _GRADIENTS * (_PER_TRIP * _TRIPS + _AFTER)  # 27
+
+
+def _check_loop_permutes(answer: object) -> None:
+    n = _number(answer, "the number of collective-permutes")
+    assert n == int(n), f"count whole collective-permutes; got {n!r}"
+    assert n != _GRADIENTS * (_PER_TRIP + _AFTER), (
+        "that counts each loop's body once: a loop body runs once per trip, so multiply its permutes by `trips`"
+    )
+    assert n != _GRADIENTS * _PER_TRIP * _TRIPS, "close: each gradient's loop is followed by one more permute"
+    assert n != _PER_TRIP * _TRIPS + _AFTER, "that is one gradient's: the block has three weight matrices"
+    assert n == _PERMUTES, f"{n:g} is not it: sum `op.trips` over the collective-permutes that collectives() lists"
+
+
+loop_permutes = Exercise(
+    title="Exercise 3: count a loop by its trips",
+    checker=_check_loop_permutes,
+    solution=_PERMUTES,
+    wrong=(_GRADIENTS * (_PER_TRIP + _AFTER), _GRADIENTS * _PER_TRIP * _TRIPS, _PER_TRIP * _TRIPS + _AFTER, 3),
+    hint="sum(op.trips for op in collectives(program).ops if op.kind == 'collective-permute')",
+    explanation=(
+        "27: each of the 3 weight gradients is reduce-scattered by a loop of 2 trips with 4 permutes each, then 1 "
+        "more, so 3 x (4 x 2 + 1). Reading each loop body once gives 15, and undercounts the bytes by the same factor."
+    ),
+)

@@ -44,6 +44,7 @@ SETUP = setup_devices(64)
 CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
+import gzip
 import re
 
 import jax
@@ -58,6 +59,7 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, draw_timeline, estimate_step, format_bytes,
                    memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
+from utils.published_rows import PROGRAMS
 
 assert jax.device_count() == 64 == SETUP.count
 MiB = 2**20
@@ -290,59 +292,91 @@ print(f"{len(steps)} steps: {len(matmuls)} matmuls, the last at {max(matmuls)}; 
 # computed last (the embeddings') are in the same all-reduce as all the others. For one that can, see
 # notebook 12, section 3: a `scan` over layers sums each layer's gradient inside the backward loop.
 #
-# The 2-D layout's step on a time axis: activations summed over `model` between the matmuls, the
-# gradients over `data`. `estimate_step` (notebook 14) times each op of this program as a TPU v5e chip
-# would run it, at its published rates, and draws the transfers black where the chip waits for them.
+# In the 2-D layout's program, activations are summed over `model` between the matmuls and the gradients
+# over `data`:
 
 # %%
 steps_2d = schedule(compiled["2-D"], axes_of("2-D"))
 matmuls_2d = [i for i, s in enumerate(steps_2d) if s.kind == "matmul"]
 assert any(s.axes == ("model",) for s in steps_2d[matmuls_2d[0]:matmuls_2d[-1]])  # sums between matmuls
 assert any("data" in s.axes for s in steps_2d if s.kind != "matmul")  # and the gradients' over data
-def mesh_of(name):
-    """The mesh a layout was compiled for (this machine's 64 devices), which estimate_step reads groups with."""
-    return jax.make_mesh(LAYOUTS[name][0], ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-
-
-step_time = {name: estimate_step(compiled[name], mesh_of(name), chip="v5e") for name in LAYOUTS}
-draw_timeline(step_time["2-D"], title="2-D layout, (8, 8) mesh: one train step, timed at a TPU v5e's rates")
 
 # %% [markdown]
-# Bytes are not seconds, so rank the five layouts by estimated step time: each compiled program timed op
-# by op at a v5e chip's published rates (matmuls by FLOPs, other ops by HBM bytes, each collective over
-# the links of its axis, hidden only where the schedule runs it beside other work). These are the CPU
-# compiler's programs at this notebook's small width (`d_model` 512), so the ranking is theirs: redo it
-# on a TPU compile at your own sizes before you choose.
+# Bytes are not seconds, so rank the five layouts by estimated step time. A ranking is worth only the
+# program it times. The programs above are the CPU compiler's, which a TPU does not run (section 5 shows how
+# they differ), and at this toy width a matmul lasts a few microseconds, too short to hide any transfer.
+# So the ranking reads TPU programs: this notebook's train step at a real width, `TPU_WIDTH` below
+# (`d_model` 2048, 16 heads, `d_ff` 8192, a vocabulary of 32,768, 64 sequences of 512), compiled with its
+# `compile_for` for a `v5e:8x8` slice at the compiler's **default effort**, the one a run gets. Each of
+# those compiles takes one to two minutes of CPU, more than this page's budget, so the course compiled them
+# once and keeps their text, `compiled.as_text()`, in `data/mesh_shape` (`tests/test_15_mesh_shape.py`
+# compiles them again and checks they are the same programs). `estimate_step` (notebook 14) reads that text
+# as it reads a compiled program: each op timed at a v5e chip's published rates (a matmul by its FLOPs, or
+# by the compiler's cycle count where that is longer), each collective over the links of its axis, and
+# hidden only where the schedule runs it beside other work.
 
 # %%
-print(f"{'layout':<11}{'step':>10}{'compute':>10}{'memory':>10}{'comm exposed':>14}")
-for name in sorted(LAYOUTS, key=lambda n: step_time[n].seconds):
-    e = step_time[name]
-    print(f"{name:<11}{e.seconds * 1e6:>8.1f}us{e.compute * 1e6:>8.1f}us{e.memory * 1e6:>8.1f}us"
-          f"{e.comm_exposed * 1e6:>12.1f}us")
-ranked = sorted(LAYOUTS, key=lambda n: step_time[n].seconds)
-computes = [step_time[n].compute for n in LAYOUTS]
-assert max(computes) < 1.01 * min(computes)  # every layout divides the same matmuls by 64
+TPU_WIDTH = dict(D_MODEL=2048, NUM_LAYERS=1, NUM_HEADS=16, D_FF=8192, VOCAB=32768, SEQ=512, BATCH=64)
+STORED = PROGRAMS.parent / "mesh_shape"  # data/mesh_shape: <layout>.hlo.gz
+
+ok, why = tpu_compiler_available()
+if ok:
+    with quiet():  # libtpu's start-up lines
+        topo = topologies.get_topology_desc(topology_name="v5e:8x8", platform="tpu")
+
+    def program_of(name):
+        """The stored text of a layout's TPU program (compiled at TPU_WIDTH, default effort)."""
+        return gzip.decompress((STORED / f"{name.replace(' ', '_')}.hlo.gz").read_bytes()).decode()
+
+    def mesh_of(name):
+        """The mesh the layout's TPU program was compiled for: compile_for's, on the slice's 64 chips."""
+        return jax.make_mesh(LAYOUTS[name][0], ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=topo.devices)
+
+    step_time = {name: estimate_step(program_of(name), mesh_of(name)) for name in LAYOUTS}  # the chip: a v5e
+    ranked = sorted(LAYOUTS, key=lambda n: step_time[n].seconds)
+    print(f"TPU v5e:8x8, default effort, d_model {TPU_WIDTH['D_MODEL']}: estimated step per layout")
+    print(f"{'layout':<11}{'step':>10}{'compute':>10}{'memory':>10}{'comm exposed':>14}{'comm hidden':>13}")
+    for name in ranked:
+        e = step_time[name]
+        print(f"{name:<11}{e.seconds * 1e3:>8.2f}ms{e.compute * 1e3:>8.2f}ms{e.memory * 1e3:>8.2f}ms"
+              f"{e.comm_exposed * 1e3:>12.2f}ms{e.comm_hidden * 1e3:>11.2f}ms")
+    roofline = {name: estimate_step(program_of(name), mesh_of(name), use_cycles=False) for name in LAYOUTS}
+    computes = [roofline[n].compute for n in LAYOUTS]
+    assert max(computes) < 1.01 * min(computes)  # at peak rates every layout's matmuls take the same time
+    assert ranked[0] == "2-D" and set(ranked[1:3]) == {"FSDP", "FSDP x TP"} and ranked[3:] == ["data", "tensor"]
+    by_roofline = sorted(LAYOUTS, key=lambda n: roofline[n].seconds)  # each matmul at peak, not at its cycles
+    assert by_roofline[0] == "2-D" and by_roofline[3:] == ["data", "tensor"]  # the same order without cycles
+    assert all(step_time[n].comm_exposed > step_time[n].compute for n in LAYOUTS)  # every layout waits on transfers
+    timeline = draw_timeline(step_time["2-D"], title="2-D layout, (8, 8) mesh, d_model 2048: one train step "
+                             "on a TPU v5e-64, estimated op by op")
+else:
+    print(why)
+    timeline = None
+timeline
 
 # %% [markdown]
-# Every layout divides the same matmuls by 64, so their time is the same, 3.4 µs at this width. What
-# separates the layouts is what the matmuls leave: memory traffic and, above all, transfers the chip waits
-# for, because at this width a matmul is too short to hide anything behind. So this ranking is the order
-# of what each layout sends and waits for: the 2-D and FSDP x TP layouts first (their sums run inside
-# groups of 8), pure tensor parallelism last (it sums activations over all 64 devices several times per
-# layer). At a real width the matmuls grow with `d_model` squared and the per-pass rules of notebook 14
-# (FSDP: tokens per chip above about C/W; TP: `d_ff` / M above about (2/3) C/W) decide which transfers
-# hide, so redo the ranking on a TPU compile at your sizes.
+# At this width every layout runs the same matmuls, divided by 64 (1.9 ms a step at the chip's peak),
+# and every layout waits longer on its transfers than it computes: 512 tokens per chip is far below the
+# C/W of about 2,000 that notebook 14 found FSDP needs to hide its gathers. So the ranking is the order of what each layout sends and over which links:
+#
+# | layout | what it waits on |
+# |---|---|
+# | 2-D, first | sums inside groups of 8 chips: activations over `model`, gradients over `data`, each along one torus axis |
+# | FSDP and FSDP x TP, close behind | weights gathered and gradients reduce-scattered, part of it hidden behind the matmuls the compiler runs beside them |
+# | data | every gradient all-reduced over all 64 chips, none of it hidden |
+# | tensor, last | every sequence's activations summed over all 64 chips, several times per layer, between matmuls that wait for them |
+#
+# The first and the last two keep their places with each matmul timed at the roofline instead of the
+# compiler's cycle counts, so they do not rest on the cost model's details; FSDP and FSDP x TP are within
+# 10% of each other, too close to call. Change the width, the batch or the slice and the balance moves
+# (more tokens per chip let FSDP hide its gathers), so rank your own run from a TPU compile at its sizes.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §4: its collectives
 last = "after" if len(at) == 1 and max(matmuls) < at[0] else "not after"
 print(f"{jax.default_backend().upper()} compiler: data parallel has {comm['data'].count()} collective(s), its "
       f"all-reduce {last} the last matmul; the largest ring estimate: {max(comm, key=lambda n: comm[n].estimated_bytes)}")
-print(f"Ranked by estimated step at a v5e's rates: {', '.join(ranked)}")
 if CPU:
-    assert ranked[0] in ("2-D", "FSDP x TP") and ranked[-1] == "tensor"  # groups of 8 first, 64-way sums last
-    assert all(step_time[n].comm_exposed > step_time[n].compute for n in LAYOUTS)  # waiting dominates at this width
     assert comm["data"].counts["all-reduce"] == comm["data"].count() == 1  # every gradient in one sum
     assert not activations["data"]  # pure data parallelism moves no activations
     assert {op.kind for op in activations["2-D"]} == {"all-reduce"} and len(activations["tensor"]) >= 6
@@ -373,13 +407,11 @@ def matrix_gathers(c):
             for dtype, dims in re.findall(r"(\w+)\[(\d+,\d+)\]", op.result_type) if dtype.startswith(("f", "bf"))}
 
 
-ok, why = tpu_compiler_available()
 if not ok:
     print(why)
 else:
-    with quiet():  # libtpu's start-up lines
-        topo = topologies.get_topology_desc(topology_name="v5e:8x8", platform="tpu")
-        tpu, _ = compile_for(*LAYOUTS["FSDP x TP"], devices=topo.devices)
+    with quiet():
+        tpu, _ = compile_for(*LAYOUTS["FSDP x TP"], devices=topo.devices)  # at this notebook's toy width
     sides = {"CPU": compiled["FSDP x TP"], "TPU v5e:8x8": tpu}
     mem = {side: memory_per_device(c) for side, c in sides.items()}
     col = {side: collectives(c) for side, c in sides.items()}
@@ -448,8 +480,9 @@ assert 60 * held["FSDP"] < held["data"]
 # on a `v5e:8x8` at O0, tensor parallelism needs 3190 MiB of HBM per chip, 2-D 1257 MiB and FSDP x TP
 # 956 MiB (`tests/test_tpu_side.py` compiles this notebook's step at that width and checks the order).
 # For your own model, read it from a TPU compile at your sizes. Throughput cannot be measured on
-# simulated devices, but it can be estimated from the compiled program, as section 4 did: there the
-# layouts that sum inside groups of 8 came first and pure tensor parallelism last.
+# simulated devices, but it can be estimated from the compiled program, as section 4 did: there, on the TPU
+# compiler's programs at `d_model` 2048, the layouts that sum inside groups of 8 came first and pure tensor
+# parallelism last.
 # What the tables support:
 #
 # 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every

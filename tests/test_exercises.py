@@ -300,6 +300,7 @@ ALSO_RIGHT = {
     "ex15_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
     "ex14_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
     "ex14_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
+    "ex14_step_time.loop_permutes": [np.int64(27), 27.0],
     "ex23_plan_a_run.state_per_chip": [np.int64(_ex["ex23_plan_a_run"].state_per_chip.solution),
                                        16 * 8_030_261_248 / 256, np.float32(5.02e8)],
     "ex23_plan_a_run.my_plan": [{**_ex["ex23_plan_a_run"].my_plan.solution, "mesh": [1, 256, 1]},

@@ -57,6 +57,7 @@ Not modelled: latency per hop, contention between transfers on different lanes, 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ import numpy as np
 
 from .inspecting import (
     _BITS,
+    _KIND,
     _axes,
     _event,
     _groups,
@@ -272,10 +274,14 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "part
          "opt-barrier", "add-dependency", "domain"}
 _HOST_SPACE = 5  # a TPU layout's S(5): host memory
 _HOST_CALLS = ("MoveToHost", "MoveToDevice")
+_GROUP_SPEC = re.compile(  # every spelling of a collective's groups that inspecting._groups reads, whole
+    r"(?:replica_groups|source_target_pairs)=(?:mesh\[[^\]]*\](?:, device_ids=\S+)?\s*\{[^}]*\}"
+    r"|\[\d+,\d+\]<=\[[\d,]+\](?:T\([\d,]+\))?|\{(?:\{[\d,]*\},?)*\})")
 _MEGASCALE = '_xla_host_transfer_handler_name="xla_megascale_runtime"'  # DCN: send/recv between slices
 
 
-def _spaced(type_text: str) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=1 << 16)  # a program repeats its types many times; parsing them is the walk's cost
+def _spaced(type_text: str) -> tuple[tuple[int, int], ...]:
     """(bytes, memory space) of each array of an HLO type; space 0 is HBM, 1 VMEM, 5 host memory."""
     out = []
     for m in _ARRAY_LAYOUT.finditer(re.sub(r"/\*.*?\*/", "", type_text)):
@@ -284,7 +290,7 @@ def _spaced(type_text: str) -> list[tuple[int, int]]:
         size = math.prod(int(d) for d in m.group("dims").split(",") if d) * _BITS[m.group("dtype")] // 8
         space = re.search(r"S\((\d+)\)", m.group("layout") or "")
         out.append((size, int(space.group(1)) if space else 0))
-    return out
+    return tuple(out)
 
 
 def _hbm(type_text: str) -> int:
@@ -373,6 +379,7 @@ def _bytes(i: _Instr, where: dict[str, _Instr], comps: dict[str, list[_Instr]]) 
     fused = comps.get(dict(i.called).get("calls", ""), []) if i.opcode == "fusion" else []
     params = {int(m.group(1)): x for x in fused if x.opcode == "parameter"
               and (m := re.search(r"parameter\((\d+)\)", x.line))}
+    root = next((x for x in fused if x.line.lstrip().startswith("ROOT")), None)
     total = 0.0
     for k, name in enumerate(i.operands):
         source = where.get(name)
@@ -381,17 +388,20 @@ def _bytes(i: _Instr, where: dict[str, _Instr], comps: dict[str, list[_Instr]]) 
         full = _hbm(source.type)
         param = params.get(k)
         users = [x for x in fused if param is not None and param.name in x.operands]
-        if users and all(x.opcode == "dynamic-slice" and x.operands[0] == param.name for x in users):
+        if users and all(x is root or x.opcode in _KIND for x in users):
+            full = 0  # a buffer only handed on, or moved by a collective fused here (an async collective fusion)
+        elif users and all(x.opcode == "dynamic-slice" and x.operands[0] == param.name for x in users):
             full = min(full, sum(_hbm(x.type.split("{")[0]) for x in users))
         elif any(x.opcode == "dynamic-update-slice" and x.operands[0] == param.name for x in users):
             full = 0
         total += full
-    root = next((x for x in fused if x.line.lstrip().startswith("ROOT")), None)
     at = {x.name: x for x in fused}
     parts = _tuple_elements(i.type)
     made = [at.get(o) for o in root.operands] if root is not None and root.opcode == "tuple" else [root]
     for k, part in enumerate(parts):
         maker = made[k] if k < len(made) else None
+        if maker is not None and (maker.opcode == "parameter" or maker.opcode in _KIND):
+            continue  # an operand handed back, or a collective's result (its bytes are the collective's)
         if maker is not None and maker.opcode == "dynamic-update-slice" and len(maker.operands) > 1 and _hbm(part):
             update = at.get(maker.operands[1])
             total += _hbm(update.type.split("{")[0]) if update is not None else 0
@@ -431,6 +441,21 @@ class _Program:
         self.coords = np.array(coords) if all(c is not None for c in coords) else None
         self.slices = [getattr(d, "slice_index", None) or 0 for d in self.devices]
         self.nslices = len(set(self.slices))
+        self.seen: dict[str, tuple[list[tuple[int, int]], int, str]] = {}  # group spelling -> where()
+
+    def where(self, op: _Instr) -> tuple[list[tuple[int, int]], int, str]:
+        """:meth:`links` and the lane (mesh axes, ``+dcn`` between slices) of a collective, computed once per
+        spelling of its groups: a large program repeats a few group spellings thousands of times."""
+        spec = _GROUP_SPEC.search(op.line)
+        key = spec.group(0) if spec else None
+        if key is None or key not in self.seen:
+            axes, slices = self.links(op)
+            lane = "+".join(_axes(op, self.sizes, self.n)) or "collective"
+            found = (axes, slices, lane + ("+dcn" if slices > 1 else ""))
+            if key is None:
+                return found
+            self.seen[key] = found
+        return self.seen[key]
 
     def links(self, op: _Instr) -> tuple[list[tuple[int, int]], int]:
         """The torus axes ``(length, full length)`` a collective's first group spans in one slice, and how
@@ -483,9 +508,7 @@ class _Program:
             event = _event(i, body, at, self.comps)
             transfer = None  # (kind, lane, bytes, seconds, part, where it is waited for, whether that is a done)
             if event.kind is not None:
-                axes, slices = self.links(event.op)
-                lane = "+".join(_axes(event.op, self.sizes, self.n)) or "collective"
-                lane += "+dcn" if slices > 1 else ""
+                axes, slices, lane = self.where(event.op)
                 size = sum(s for s, _ in _spaced(event.result))
                 done = event.done if event.asynchronous else None
                 if event.kind == "collective-permute" and not event.asynchronous and _TPU_LAYOUT in i.type:
