@@ -546,7 +546,9 @@ for what, figure in MIXTRAL_V5P.items():
     print(f"{what:<40}{figure}")
 
 # %% [markdown]
-# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) takes a mixture of
+# ## 6. Planning it: the expert axis in the planner
+#
+# The course's planner (`utils.planner`, which notebook 23 runs) takes a mixture of
 # experts as a model shape, `num_experts`, `experts_per_token` and `capacity_factor`, and searches an
 # `expert` axis beside data, FSDP and tensor parallelism when asked (`axes=(*AXES, "expert")`). Its
 # builder routes tokens as `annotated` does in §3, so each compiled candidate carries the all-to-alls, and

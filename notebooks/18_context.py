@@ -423,7 +423,9 @@ assert extra[LONG] > kv_bytes(LONG) / 2 / 2**20  # at 128k: most of the whole ke
 assert 1.4 < DEFAULT_EFFORT[LONG, "ring, contiguous"][2] / DEFAULT_EFFORT[LONG, "ring"][2] < 2 * N / (N + 1)
 
 # %% [markdown]
-# **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) has a `context` axis
+# ## 4. Planning it: the context axis in the planner
+#
+# The course's planner (`utils.planner`, which notebook 23 runs) has a `context` axis
 # when asked (`axes=(*AXES, "context")`). Its builder splits every sequence over that axis and gathers
 # the keys and values, the all-gather way of this section, and each compiled candidate's gathers are timed
 # by `estimate_step`. The axis is what makes fewer sequences than chips possible, for example 32 sequences
