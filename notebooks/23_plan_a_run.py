@@ -341,7 +341,8 @@ assert set(STORED["published"]) | set(STORED["not_run"]) == {row.name for row in
 # not ranked; the line under each row is the planner's reason. Three things show.
 #
 # - **Where the published plan fits here, the planner ranks it, with its reason.** It agrees with MaxText's
-#   16B row on a v5e-256 (pure FSDP, remat `full`, six sequences a chip). For the two v5p 128B rows it
+#   16B rows on one, two and 32 v5e-256 slices (pure FSDP, remat `full`, six sequences a chip, with the
+#   gradient sum over DCN across slices). For the two v5p 128B rows it
 #   prefers pure FSDP to the published FSDP x 8-way tensor plan, which it finds 15 to 18% slower on
 #   exposed communication. Take that with care: notebook 14 found the time model leaves too much tensor-parallel
 #   communication exposed on the v5e 128B rows.
