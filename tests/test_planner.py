@@ -1,7 +1,8 @@
 """The planner (utils.planner): candidates, pruning by formula, compiles, ranking, the explanation, bad input.
 
 The compiled tests plan a one-layer model on v5e:2x4 at the compiler's least effort (O0: about 2.5 s of CPU a
-compile); a larger search (v5e:4x4, two slices, the default effort) is marked slow.
+compile; the opt-in stage axis: one stage of a 2-layer model on 4 of its chips); a larger search (v5e:4x4, two
+slices, the default effort) is marked slow.
 """
 
 import dataclasses
@@ -404,6 +405,17 @@ def test_a_stage_mesh_is_the_first_stages_chips_in_every_slice():
     assert first.devices.tolist() == devices.reshape(4, 2, 1)[:2].tolist() and first.axis_names == AXES
     two_slices = planner._first_stage(mesh, Candidate(1, 2, 1, 2, "full", 1, 2, stage=2), 2)
     assert two_slices.devices.tolist() == devices.reshape(4, 2, 1)[[0, 2]].tolist()  # slice 0's and slice 1's
+
+
+def test_a_plan_without_a_pipeline_loses_nothing_on_its_bubble():
+    """why and versus compare two plans' terms; a term one lacks (a pipeline's bubble and sends) counts 0 there."""
+    plain = {"compute": 1.0, "memory": 2.0}
+    piped = {"compute": 0.5, "memory": 1.0, "pipeline bubble": 3.0, "pipeline sends": 0.25}
+    assert planner._extra(piped, plain) == {"compute": -0.5, "memory": -1.0, "pipeline bubble": 3.0,
+                                            "pipeline sends": 0.25}
+    assert planner._extra(plain, piped) == {"compute": 0.5, "memory": 1.0, "pipeline bubble": -3.0,
+                                            "pipeline sends": -0.25}
+    assert list(planner._extra(plain, plain)) == ["compute", "memory"]  # without a pipeline: the terms as before
 
 
 @pytest.mark.parametrize("kwargs, message", [

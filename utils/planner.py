@@ -271,7 +271,8 @@ class Ranking:
                  f"({second.step_seconds / best.step_seconds - 1:+.1%}): it loses most on {lost}, "
                  f"+{_ms(extra[lost])}")
         if second.candidate.accumulation != best.candidate.accumulation:
-            text += (f", with {second.candidate.accumulation} micro-steps against "
+            unit = "micro-batches" if best.pipeline is not None or second.pipeline is not None else "micro-steps"
+            text += (f", with {second.candidate.accumulation} {unit} against "
                      f"{best.candidate.accumulation}")
         text += "."
         if second.pipeline is not None and best.pipeline is None:
@@ -692,7 +693,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     order = sorted(plausible, key=lambda x: (x[3], x[0].accumulation, x[0].label()))
     compiles, meshes_made, fitted = 0, {}, set()
     for c, formula, accumulator, guess in order:
-        key = (c.data, c.fsdp, c.tensor, c.context, c.expert, c.remat)
+        key = (c.data, c.fsdp, c.tensor, c.context, c.expert, c.stage, c.remat)
         if key in fitted and c.stage == 1:  # a pipeline's smaller micro-batches shrink its bubble: never skipped
             plans[c] = Plan(c, "skipped", formula, guess, accumulator_bytes=accumulator,
                             note="a larger micro-batch of this mesh and remat fits")
