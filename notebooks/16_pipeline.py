@@ -478,10 +478,19 @@ if TPU_OK:
     micro = top.candidate.accumulation
     print(f"{top.candidate.label()}: {top.pipeline.iterations} iterations, bubble (estimate) "
           f"{top.pipeline.bubble:.0%}; HBM {format_bytes(top.hbm_bytes)} compiled for one micro-batch, "
-          f"{format_bytes(top.total_hbm_bytes)} with the accumulator and {micro - 1} more micro-batches in flight")
+          f"{format_bytes(top.total_hbm_bytes)} with the accumulator and the other {micro - 1} of {micro} "
+          "micro-batches in flight")
     assert top.pipeline.iterations == micro + 2 - 1 and top.pipeline.bubble == (2 - 1) / (micro + 2 - 1)
     assert top.in_flight_bytes > 0 and top.total_hbm_bytes > top.hbm_bytes  # GPipe holds every micro-batch
     assert "estimate" in str(piped).splitlines()[0] and "GPipe bubble" in str(piped)
+    assert (top.candidate.per_device_batch, micro) == (2, 2) and [p.status for p in piped] == ["fits", "not compiled"]
+
+# %% [markdown]
+# The planner compiled the candidate its paper estimate preferred, two micro-batches of two sequences, and
+# left the other (four of one) uncompiled, because `max_compiles=1`. Its bubble is the formula's, since the
+# step is built from it. For a plain mesh the planner skips a smaller micro-batch once a larger one fits,
+# because more micro-steps of the same program only cost time. It never skips a pipeline's, because more
+# micro-batches shrink the bubble: a search with more compiles times both and ranks them.
 
 # %% [markdown]
 # ## Takeaways
