@@ -448,10 +448,49 @@ if TPU_OK:
 # micro-batches for free: each one costs GPipe memory on every stage, which is what 1F1B's bound saves.
 #
 # **Planning it.** The course's planner (`utils.planner`, which notebook 23 runs) searches data, FSDP,
-# tensor, context and expert axes, but it compiles no pipeline. `utils.stages.estimate_pipeline` estimates
-# one from parts, as this section reasons: one stage's compiled step on a micro-batch, times the
-# `M + P - 1` iterations, plus each iteration's two activation sends over one link. Its result is an
-# estimate, not a compiled plan, and it says so.
+# tensor, context and expert axes, and a `stage` axis when you ask for it (`axes=(*AXES, "stage")`). Its
+# builder writes no pipeline, so the planner cannot compile a whole one. Instead it builds a pipeline plan
+# from parts, as this section reasons, and labels every figure of it an estimate:
+#
+# | part | where it comes from |
+# |---|---|
+# | one stage's program | compiled: `num_layers / P` layers on the `chips / P` chips of the first stage, one micro-batch |
+# | HBM | the compiler's for that program, plus the float32 gradient accumulator, plus the saved activations of the other `M - 1` micro-batches GPipe keeps in flight (a formula) |
+# | step | `utils.stages.estimate_pipeline`: `M + P - 1` iterations of the stage's timed step plus two activation sends over one link |
+# | bubble | `(P - 1) / (M + P - 1)` of the step, named in the table |
+#
+# The schedule is GPipe, because it is the one whose memory the planner can state simply: all `M`
+# micro-batches wait for their backward pass. 1F1B would hold at most `P` of them, and the planner does not
+# search it. The cell below plans a 2-layer model cut into 2 stages on a v5e-8, at the least effort, with
+# one compile.
+
+# %%
+from utils.planner import plan
+from utils.train_step import AXES, DecoderConfig
+
+if TPU_OK:
+    TWO_LAYERS = DecoderConfig(num_layers=2, d_model=256, num_heads=4, head_dim=64, d_ff=512, vocab_size=512,
+                               seq_len=128)
+    piped = plan(TWO_LAYERS, chip="v5e", topology="v5e:2x4", global_batch_tokens=16 * 128, remats=("full",),
+                 meshes=[(1, 4, 1, 1, 1, 2)], axes=(*AXES, "stage"), max_compiles=1, effort="O0")
+    print(piped)
+    top = piped.best
+    micro = top.candidate.accumulation
+    print(f"{top.candidate.label()}: {top.pipeline.iterations} iterations, bubble (estimate) "
+          f"{top.pipeline.bubble:.0%}; HBM {format_bytes(top.hbm_bytes)} compiled for one micro-batch, "
+          f"{format_bytes(top.total_hbm_bytes)} with the accumulator and the other {micro - 1} of {micro} "
+          "micro-batches in flight")
+    assert top.pipeline.iterations == micro + 2 - 1 and top.pipeline.bubble == (2 - 1) / (micro + 2 - 1)
+    assert top.in_flight_bytes > 0 and top.total_hbm_bytes > top.hbm_bytes  # GPipe holds every micro-batch
+    assert "estimate" in str(piped).splitlines()[0] and "GPipe bubble" in str(piped)
+    assert (top.candidate.per_device_batch, micro) == (2, 2) and [p.status for p in piped] == ["fits", "not compiled"]
+
+# %% [markdown]
+# The planner compiled the candidate its paper estimate preferred, two micro-batches of two sequences, and
+# left the other (four of one) uncompiled, because `max_compiles=1`. Its bubble is the formula's, since the
+# step is built from it. For a plain mesh the planner skips a smaller micro-batch once a larger one fits,
+# because more micro-steps of the same program only cost time. It never skips a pipeline's, because more
+# micro-batches shrink the bubble: a search with more compiles times both and ranks them.
 
 # %% [markdown]
 # ## Takeaways

@@ -392,6 +392,9 @@ assert any(status == "pruned" for status in unfit.values())  # the formula prune
 #   published plan among its own where it fits here, and says what the others gain. Where the compiler
 #   at O0 refuses it (nothing in VMEM, and the course's builder is not MaxText's program), the planner's
 #   choice is set by memory: compile near-limit plans at the default effort before believing a refusal.
+# - Context, expert and pipeline axes are opt-in (`axes=(*AXES, "context")`, `"expert"`, `"stage"`;
+#   notebooks 16-18). A `stage` plan is an estimate built from one compiled stage, and its table row names
+#   GPipe's bubble.
 
 # %% [markdown]
 # ## Exercises

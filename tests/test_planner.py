@@ -1,7 +1,8 @@
 """The planner (utils.planner): candidates, pruning by formula, compiles, ranking, the explanation, bad input.
 
 The compiled tests plan a one-layer model on v5e:2x4 at the compiler's least effort (O0: about 2.5 s of CPU a
-compile); a larger search (v5e:4x4, two slices, the default effort) is marked slow.
+compile; the opt-in stage axis: one stage of a 2-layer model on 4 of its chips); a larger search (v5e:4x4, two
+slices, the default effort) is marked slow.
 """
 
 import dataclasses
@@ -343,6 +344,138 @@ def test_a_mesh_axis_of_8_on_a_4x4_torus_is_laid_out_only_by_splitting_a_torus_a
     mesh, split = planner._mesh(make_mesh, "v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2), 1)
     assert split and mesh.size == 16
     assert planner._mesh(make_mesh, "v5e:4x4", Parallelism(ici_fsdp=4, ici_tensor=4), 1)[1] is False
+
+
+# --- the stage axis (opt-in): a GPipe pipeline estimated from one compiled stage ----------------------------
+
+STAGE = (*AXES, "stage")
+DEEP = dataclasses.replace(TINY, num_layers=4)
+
+
+def test_the_stage_axis_is_opt_in_and_divides_the_layers_and_the_chips():
+    default = candidates(DEEP, chips_per_slice=8, sequences=16, remats=("full",))
+    found = candidates(DEEP, chips_per_slice=8, sequences=16, remats=("full",), axes=STAGE)
+    assert {c.stage for c in default} == {1} and STAGE in AXES_CHOICES and (*AXES, "context", "expert", "stage") \
+        in AXES_CHOICES
+    assert [c for c in found if c.stage == 1] == default  # the 3-axis search first, unchanged
+    assert {c.stage for c in found} == {1, 2, 4}  # 8 stages do not cut 4 layers
+    assert all(c.data * c.fsdp * c.tensor * c.stage == 8 for c in found)
+    piped = [c for c in found if c.stage > 1]
+    assert all(c.accumulation >= c.stage for c in piped)  # GPipe: at least as many micro-batches as stages
+    # 16 sequences over a stage's 8 / P chips, all of them through every stage: b x M = 2P per chip
+    assert all(c.per_device_batch * c.accumulation == 2 * c.stage for c in piped)
+    assert {(c.per_device_batch, c.accumulation) for c in piped if c.stage == 2} == {(1, 4), (2, 2)}
+    assert Candidate(1, 4, 1, 1, "full", 1, 4, stage=2).label() == "1x4x1 stage 2 full b1x4"
+    assert Candidate(1, 4, 1, 1, "full", 1, 4, stage=2).parallelism.resolve(8, 1)[0] == (2, 4, 1)  # stage-major
+
+
+def test_a_stage_plans_formula_is_its_stage_plus_gpipes_micro_batches_in_flight():
+    """max_compiles=0: no compiler. A stage of 2 of DEEP's 4 layers holds half the layers' state, and GPipe keeps
+    the saved activations of all M = 4 micro-batches until their backward pass."""
+    ranking = plan(DEEP, chip="v5e", topology="v5e:2x4", global_batch_tokens=16 * 128, remats=("full",),
+                   meshes=[(1, 4, 1, 1, 1, 2)], axes=STAGE, max_compiles=0)
+    p = next(p for p in ranking if p.candidate.per_device_batch == 1)
+    assert (p.candidate.stage, p.candidate.accumulation, p.status) == (2, 4, "not compiled")
+    half = dataclasses.replace(DEEP, num_layers=2)
+    state = state_bytes(half, 1, 4, 1)
+    assert state < state_bytes(DEEP, 1, 4, 1)
+    logits = 128 * 3 * 4 * DEEP.vocab_size
+    layers = activation_bytes(half, "full", 1) - logits
+    assert p.formula_bytes == state + state // 3 + state // 3 + activation_bytes(half, "full", 1) + 3 * layers
+
+
+def test_the_paper_guess_of_a_stage_is_gpipes_iterations():
+    chip, flops = CHIPS["v5e"], 1e12
+    c = Candidate(1, 4, 1, 1, "full", 1, 4, stage=2)
+    one = guess_seconds(dataclasses.replace(DEEP, num_layers=2), Candidate(1, 4, 1, 1, "full", 1, 1), chip,
+                        model_flops=flops / 4)
+    send = 1 * 128 * DEEP.d_model * 2 / chip.link_bandwidth  # a micro-batch's bf16 activations at the cut
+    assert guess_seconds(DEEP, c, chip, model_flops=flops) == pytest.approx(5 * (one + 2 * send))
+
+
+def test_a_stage_mesh_is_the_first_stages_chips_in_every_slice():
+    """Laid out stage-major in data, the first stage is the first data x ... block of each slice."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    devices = np.array(jax.devices()[:8])
+    mesh = Mesh(devices.reshape(4, 2, 1), AXES)
+    first = planner._first_stage(mesh, Candidate(2, 2, 1, 1, "full", 1, 2, stage=2), 1)
+    assert first.devices.tolist() == devices.reshape(4, 2, 1)[:2].tolist() and first.axis_names == AXES
+    two_slices = planner._first_stage(mesh, Candidate(1, 2, 1, 2, "full", 1, 2, stage=2), 2)
+    assert two_slices.devices.tolist() == devices.reshape(4, 2, 1)[[0, 2]].tolist()  # slice 0's and slice 1's
+
+
+def test_a_plan_without_a_pipeline_loses_nothing_on_its_bubble():
+    """why and versus compare two plans' terms; a term one lacks (a pipeline's bubble and sends) counts 0 there."""
+    plain = {"compute": 1.0, "memory": 2.0}
+    piped = {"compute": 0.5, "memory": 1.0, "pipeline bubble": 3.0, "pipeline sends": 0.25}
+    assert planner._extra(piped, plain) == {"compute": -0.5, "memory": -1.0, "pipeline bubble": 3.0,
+                                            "pipeline sends": 0.25}
+    assert planner._extra(plain, piped) == {"compute": 0.5, "memory": 1.0, "pipeline bubble": -3.0,
+                                            "pipeline sends": -0.25}
+    assert list(planner._extra(plain, plain)) == ["compute", "memory"]  # without a pipeline: the terms as before
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model=dataclasses.replace(TINY, num_layers=3), meshes=[(1, 4, 1, 1, 1, 2)]),
+     r"num_layers=3 is not a multiple of stage=2: choose a stage axis that divides the layers \(1, 3\)"),
+    (dict(meshes=[(1, 1, 1, 1, 1, 3)]), r"multiply to the 8 chips.*a sixth, the stage axis"),
+    (dict(meshes=[(4, 1, 1, 1, 1, 2)], global_batch_tokens=4 * 128),
+     r"1 sequences per group of a stage's chips make fewer micro-batches than its 2 stages: make the global batch "
+     r"at least 2 x 4 x seq_len = 1,024 tokens, or use fewer stages"),
+    (dict(meshes=[(1, 4, 1, 1, 1, 2)], axes=AXES), r"has a stage axis of 2: pass axes=\(\*AXES, 'stage'\)"),
+])
+def test_bad_stage_input_names_the_fix(kwargs, message):
+    args = {"model": DEEP, "axes": STAGE, "global_batch_tokens": 8 * 128, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        plan(args.pop("model"), chip="v5e", topology="v5e:2x4", **args)
+
+
+@needs_tpu_compiler
+def test_a_stage_plan_compiles_one_stage_and_is_timed_as_a_pipeline(monkeypatch):
+    """Two O0 compiles of one stage (1 of 2 layers) on the 4 chips of its half of v5e:2x4: HBM the compiler's plus
+    GPipe's micro-batches in flight, the step estimate_pipeline's, the bubble named in the table and in why."""
+    import utils.train_step
+    from utils.stages import estimate_pipeline
+
+    two = dataclasses.replace(TINY, num_layers=2)
+    built = []
+    real = utils.train_step.lower_train_step
+
+    def recording(cfg, mesh, **kwargs):
+        built.append((cfg.num_layers, mesh.size, kwargs["per_device_batch"]))
+        return real(cfg, mesh, **kwargs)
+
+    monkeypatch.setattr("utils.train_step.lower_train_step", recording)
+    ranking = plan(two, chip="v5e", topology="v5e:2x4", global_batch_tokens=16 * 128, remats=("full",),
+                   meshes=[(1, 4, 1, 1, 1, 2)], axes=STAGE, max_compiles=2, effort="O0")
+    assert sorted(built) == [(1, 4, 1), (1, 4, 2)]  # one stage's layer on a stage's chips, each micro-batch
+    assert [p.status for p in ranking] == ["fits", "fits"]  # smaller micro-batches shrink the bubble: none skipped
+    half = dataclasses.replace(two, num_layers=1)
+    for p in ranking:
+        c = p.candidate
+        assert c.stage == 2 and c.per_device_batch * c.accumulation == 4
+        layers = activation_bytes(half, "full", c.per_device_batch) - c.per_device_batch * 128 * 3 * 4 * 512
+        assert p.in_flight_bytes == (c.accumulation - 1) * layers > 0
+        assert p.total_hbm_bytes == p.hbm_bytes + p.accumulator_bytes + p.in_flight_bytes
+        e = estimate_pipeline(p.estimate.seconds, stages=2, micro_batches=c.accumulation,
+                              activation_bytes=c.per_device_batch * 128 * TINY.d_model * 2, chip=CHIPS["v5e"])
+        assert p.pipeline == e and p.step_seconds == e.seconds and e.bubble == 1 / (c.accumulation + 1)
+        assert math.fsum(p.parts().values()) == pytest.approx(p.step_seconds)
+        assert p.parts()["pipeline bubble"] == pytest.approx(e.bubble * e.seconds)
+    table, why = str(ranking), ranking.why
+    assert "GPipe pipeline estimated from one compiled stage" in table.splitlines()[0]
+    assert " 1 x 4 x 1 pp2 " in table and "GPipe bubble 20% (estimate)" in table  # M = 4: 1 / 5
+    assert f"over {ranking.best.candidate.accumulation} micro-batches (GPipe, an estimate" in why
+    assert f"= {ranking.best.pipeline.bubble:.0%} of the step, the bubble" in why
+    stored = planner.record(ranking)["plans"][0]
+    assert (stored["stage"], stored["schedule"], stored["bubble"]) == (2, "GPipe (estimate)",
+                                                                       ranking.best.pipeline.bubble)
+    c = ranking.best.candidate
+    assert planner.find(ranking, data=1, fsdp=4, tensor=1, remat="full", per_device_batch=c.per_device_batch,
+                        stage=2)[1] is ranking.best
 
 
 # --- a compiled search ------------------------------------------------------------------------------------

@@ -71,3 +71,10 @@ def test_a_compiled_stage_gives_the_estimate():
     e = estimate_pipeline(step.seconds, stages=2, micro_batches=8, activation_bytes=activation, chip=V5E)
     assert e.iterations == 9 and e.bubble == 1 / 9
     assert e.seconds == pytest.approx(9 * (step.seconds + 2 * activation / V5E.link_bandwidth))
+
+
+def test_fewer_micro_batches_than_stages_names_the_fix():
+    with pytest.raises(ValueError, match=r"GPipe over 4 stages needs at least 4 micro-batches, got 3: cut the batch "
+                                         r"into more micro-batches .* or use fewer stages"):
+        estimate_pipeline(1e-3, stages=4, micro_batches=3, activation_bytes=MIB, chip=V5E)
+    assert estimate_pipeline(1e-3, stages=4, micro_batches=4, activation_bytes=MIB, chip=V5E).bubble == 3 / 7

@@ -57,9 +57,20 @@ compiler's and the time model's; the formula's activations per chip do not chang
 axis that divides the experts splits them (and the batch, and the dense weights' ``embed``), and the
 compiled program carries the all-to-alls that send each expert its tokens and bring them back. The
 formula's activations leave out the routing's dispatch and combine tensors (the compiler's HBM has them).
-**Pipelines** (a ``stage`` axis) are not candidates here: the builder writes no pipeline, so
-:func:`utils.stages.estimate_pipeline` estimates one from a compiled stage, its ``M + P - 1`` iterations and
-its sends.
+**Pipeline parallelism** (opt-in: ``"stage"`` in ``axes``, for example ``(*AXES, "stage")``): a ``stage``
+axis of ``P`` chips' groups that divides the layers cuts the model into ``P`` stages of ``num_layers / P``
+layers (:func:`utils.stages.stage_layers`), run on a GPipe schedule over ``M`` micro-batches (``M >= P``; the
+candidate's ``accumulation`` is ``M``). The builder writes no pipeline, so a stage candidate is an
+**estimate** built from one compiled stage: ONE stage's training step (its layers, with the embedding and
+the loss) is compiled on the ``chips / P`` of the rest of its mesh (the stage axis's first group of chips,
+in every slice), on one micro-batch; its HBM is the compiler's for that program, plus the float32 gradient
+accumulator and the saved activations of the other ``M - 1`` micro-batches GPipe keeps in flight until
+their backward pass (the formula's :func:`activation_bytes` of the stage's layers, in ``in_flight_bytes``;
+1F1B would keep at most ``P``, it is not searched); its step is
+:func:`utils.stages.estimate_pipeline`: ``(M + P - 1)`` x (the stage's timed micro-step + two sends of a
+micro-batch's activations over one link), of which ``(P - 1) / (M + P - 1)`` is the bubble (the table names
+it). The stage's optimizer update is counted in every iteration (an overestimate). Smaller micro-batches
+shrink the bubble, so none of a stage mesh's micro-batches is ``skipped``.
 
 Fitting plans are ranked by step time (the global batch is fixed, so also by tokens/s), then the refused,
 pruned, unmappable (``"no layout"``), skipped and not compiled ones. Compile effort: the compiler's default
@@ -75,6 +86,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .stages import PipelineEstimate
 from .timing import CHIPS, Chip, StepEstimate
 from .train_step import AXES, REMAT_POLICIES, DecoderConfig, Parallelism, _param_specs
 
@@ -85,9 +97,10 @@ GiB = 2**30
 MFU_FORMULA = "per_matrix_causal"
 """MaxText's current model-FLOP count (:data:`utils.published_rows.FORMULAS`), used for every plan's MFU."""
 EFFORTS = ("default", "O0", "O1", "O2", "O3")
-AXES_CHOICES = (AXES, (*AXES, "context"), (*AXES, "expert"), (*AXES, "context", "expert"))
+_WITHOUT_STAGE = (AXES, (*AXES, "context"), (*AXES, "expert"), (*AXES, "context", "expert"))
+AXES_CHOICES = _WITHOUT_STAGE + tuple((*a, "stage") for a in _WITHOUT_STAGE)
 """The ``axes`` that :func:`plan` and :func:`candidates` search: MaxText's three, with a context axis, an expert
-axis, or both."""
+axis, or both; each of those with a pipeline's ``stage`` axis last (an estimate: see the module's text)."""
 _OOM = re.compile(r"memory required for [^(]*\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # The share of a step's model FLOPs each remat policy adds by recomputing in the backward pass (full: the
@@ -104,7 +117,9 @@ class Candidate:
     = per_device_batch x accumulation x chips / context in all. ``context``: the size of the context axis
     (1: none), which splits each sequence over that many chips; ``expert``: the size of the expert axis
     (1: none), which splits a mixture of experts' experts (``data x fsdp x tensor x context x expert`` is the
-    slice's chips).
+    slice's chips). ``stage``: the size of a pipeline's stage axis (1: none); with ``stage > 1`` the other five
+    split one stage's ``chips / stage`` chips, ``per_device_batch`` is one micro-batch and ``accumulation`` is
+    GPipe's ``M`` micro-batches (at least ``stage``).
     """
 
     data: int
@@ -116,15 +131,19 @@ class Candidate:
     accumulation: int
     context: int = 1
     expert: int = 1
+    stage: int = 1
 
     @property
     def parallelism(self) -> Parallelism:
-        return Parallelism(ici_data=self.data, ici_fsdp=self.fsdp, ici_tensor=self.tensor, dcn_data=self.slices,
-                           ici_context=self.context, ici_expert=self.expert)
+        """The whole slice's layout; a stage axis takes data's place, stage-major (``ici_data = data x stage``),
+        and :func:`plan` keeps the first stage's chips of it."""
+        return Parallelism(ici_data=self.data * self.stage, ici_fsdp=self.fsdp, ici_tensor=self.tensor,
+                           dcn_data=self.slices, ici_context=self.context, ici_expert=self.expert)
 
     def label(self) -> str:
         mesh = f"{self.data}x{self.fsdp}x{self.tensor}" + (f" context {self.context}" if self.context > 1 else "")
         mesh += f" expert {self.expert}" if self.expert > 1 else ""
+        mesh += f" stage {self.stage}" if self.stage > 1 else ""
         mesh += f" x{self.slices} DCN" if self.slices > 1 else ""
         return f"{mesh} {self.remat} b{self.per_device_batch}x{self.accumulation}"
 
@@ -143,7 +162,10 @@ class Plan:
     ``hbm_bytes``: the compiler's figure for one micro-step (None if not compiled), or for a refusal the
     bytes it asked for; ``accumulator_bytes``: the float32 gradient accumulator added when
     ``accumulation > 1`` (a formula); ``step_seconds``: the estimated step (micro-step x accumulation);
-    ``estimate``: the micro-step's :class:`utils.timing.StepEstimate`.
+    ``estimate``: the micro-step's :class:`utils.timing.StepEstimate`. For a stage axis (an estimate):
+    ``hbm_bytes`` and ``estimate`` are one stage's program on one micro-batch, ``in_flight_bytes`` the saved
+    activations of GPipe's other ``M - 1`` micro-batches (a formula), ``pipeline`` the
+    :class:`utils.stages.PipelineEstimate` whose ``seconds`` is ``step_seconds``.
     """
 
     candidate: Candidate
@@ -158,6 +180,8 @@ class Plan:
     mfu: float | None = None
     estimate: StepEstimate | None = field(default=None, repr=False)
     note: str = ""
+    in_flight_bytes: int = 0
+    pipeline: PipelineEstimate | None = field(default=None, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -165,17 +189,24 @@ class Plan:
 
     @property
     def total_hbm_bytes(self) -> int | None:
-        """The compiler's HBM for a micro-step plus the accumulator: what the step needs per chip."""
-        return None if self.hbm_bytes is None else self.hbm_bytes + self.accumulator_bytes
+        """The compiler's HBM for a micro-step plus the accumulator (and, for a stage axis, GPipe's other
+        micro-batches in flight): what the step needs per chip."""
+        return None if self.hbm_bytes is None else self.hbm_bytes + self.accumulator_bytes + self.in_flight_bytes
 
     def parts(self) -> dict[str, float]:
         """The step's seconds by term (each micro-step's part x accumulation): compute, memory, the exposed
-        communication and host transfers; empty where not timed."""
+        communication and host transfers; empty where not timed. A stage axis adds the pipeline's bubble (its
+        ``P - 1`` idle iterations, their sends included) and the sends of its ``M`` working iterations (an
+        estimate: :func:`utils.stages.estimate_pipeline`)."""
         if self.estimate is None:
             return {}
         k, e = self.candidate.accumulation, self.estimate
-        return {"compute": k * e.compute, "memory": k * e.memory, "exposed communication": k * e.comm_exposed,
-                "host transfers": k * e.host_exposed}
+        parts = {"compute": k * e.compute, "memory": k * e.memory, "exposed communication": k * e.comm_exposed,
+                 "host transfers": k * e.host_exposed}
+        if self.pipeline is not None:  # the P - 1 idle iterations, sends included; the M working ones' sends
+            parts["pipeline bubble"] = self.pipeline.bubble_seconds
+            parts["pipeline sends"] = self.pipeline.send_seconds * k / self.pipeline.iterations
+        return parts
 
     @property
     def bound(self) -> str | None:
@@ -229,18 +260,24 @@ class Ranking:
         share = parts[best.bound] / best.step_seconds
         text = (f"The winner, {best.candidate.label()}, is bound by {best.bound}: {share:.0%} of its estimated "
                 f"{_ms(best.step_seconds)} step ({', '.join(f'{k} {_ms(v)}' for k, v in parts.items())}).")
+        if best.pipeline is not None:
+            text += " " + _bubble_sentence(best)
         if len(self.fitting) < 2:
             return text + " No other candidate fits, so there is no runner-up."
         second = self.fitting[1]
-        extra = {k: v - parts[k] for k, v in second.parts().items()}
+        extra = _extra(second.parts(), parts)
         lost = max(extra, key=extra.__getitem__)
         text += (f" The runner-up, {second.candidate.label()}, takes {_ms(second.step_seconds)} "
                  f"({second.step_seconds / best.step_seconds - 1:+.1%}): it loses most on {lost}, "
                  f"+{_ms(extra[lost])}")
         if second.candidate.accumulation != best.candidate.accumulation:
-            text += (f", with {second.candidate.accumulation} micro-steps against "
+            unit = "micro-batches" if best.pipeline is not None or second.pipeline is not None else "micro-steps"
+            text += (f", with {second.candidate.accumulation} {unit} against "
                      f"{best.candidate.accumulation}")
-        return text + "."
+        text += "."
+        if second.pipeline is not None and best.pipeline is None:
+            text += " " + _bubble_sentence(second)
+        return text
 
     def __str__(self) -> str:
         n = self.model.num_params()
@@ -249,13 +286,16 @@ class Ranking:
                 f"({self.chip.name}, {self.chip.hbm_bytes / GiB:.2f} GiB HBM), {self.global_batch_tokens:,} "
                 f"tokens a step; HBM from the compiler at effort {self.effort!r}, times estimated (utils.timing"
                 + ("" if self.effort == "default" else ", roofline only") + ")")
+        if any(p.candidate.stage > 1 for p in self.plans):
+            head += ("; a stage axis (ppP) is a GPipe pipeline estimated from one compiled stage (utils.stages): "
+                     "its HBM adds the micro-batches in flight, its step the bubble and the sends")
         cols = f"{'#':>3} {'data x fsdp x tensor':<22}{'remat':<10}{'batch x acc':>12}{'formula':>10}{'HBM':>10}" \
                f"{'step':>11}{'tok/s/chip':>12}{'MFU':>7}  {'bound / status':<s}"
         lines = [head, cols]
         for i, p in enumerate(self.plans, 1):
             c = p.candidate
             mesh = f"{c.data} x {c.fsdp} x {c.tensor}" + (f" cp{c.context}" if c.context > 1 else "") \
-                + (f" ep{c.expert}" if c.expert > 1 else "") \
+                + (f" ep{c.expert}" if c.expert > 1 else "") + (f" pp{c.stage}" if c.stage > 1 else "") \
                 + (f" (x{c.slices})" if c.slices > 1 else "")
             hbm = "" if p.total_hbm_bytes is None else f"{p.total_hbm_bytes / GiB:.2f}G"
             step = "" if p.step_seconds is None else _ms(p.step_seconds)
@@ -263,9 +303,39 @@ class Ranking:
             mfu = "" if p.mfu is None else f"{p.mfu:.1%}"
             status = (p.bound + (f" ({p.note})" if p.note else "")) if p.fits else \
                 p.status + (f": {p.note}" if p.note else "")
+            if p.pipeline is not None:
+                status += f"; GPipe bubble {p.pipeline.bubble:.0%} (estimate)"
             lines.append(f"{i:>3} {mesh:<22}{c.remat:<10}{f'{c.per_device_batch} x {c.accumulation}':>12}"
                          f"{p.formula_bytes / GiB:>9.2f}G{hbm:>10}{step:>11}{tok:>12}{mfu:>7}  {status}")
         return "\n".join(lines)
+
+
+def _extra(other: dict[str, float], best: dict[str, float]) -> dict[str, float]:
+    """Each term's seconds in ``other`` over ``best`` (a term one plan lacks, like a pipeline's bubble, is 0 there)."""
+    return {k: other.get(k, 0.0) - best.get(k, 0.0) for k in [*other, *(k for k in best if k not in other)]}
+
+
+def _bubble_sentence(p: Plan) -> str:
+    c, e = p.candidate, p.pipeline
+    return (f"Its pipeline of {c.stage} stages over {c.accumulation} micro-batches (GPipe, an estimate from one "
+            f"compiled stage) idles (P - 1) / (M + P - 1) = {e.bubble:.0%} of the step, the bubble "
+            f"({_ms(e.bubble_seconds)}).")
+
+
+def _stage_model(model: DecoderConfig, stage: int) -> DecoderConfig:
+    """One of ``stage`` equal stages of ``model`` (``num_layers / stage`` layers; the model itself for 1)."""
+    from dataclasses import replace
+
+    from .stages import stage_layers
+
+    return model if stage == 1 else replace(model, num_layers=stage_layers(model.num_layers, stage))
+
+
+def _layer_activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *, attention: str,
+                            context: int) -> int:
+    """:func:`activation_bytes` without the logits: what a layer stack keeps for its backward pass."""
+    logits = per_device_batch * model.seq_len // context * 3 * 4 * model.vocab_size
+    return activation_bytes(model, remat, per_device_batch, attention=attention, context=context) - logits
 
 
 def _ms(seconds: float) -> str:
@@ -333,8 +403,14 @@ def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops
     (DCN), and the expert axis's four all-to-alls a layer (six with remat ``full``) of the routed tokens.
     FSDP's gathers run over fsdp x context x expert ways. ``model_flops``: per chip per step.
     Far cruder than :func:`utils.timing.estimate_step`, which ranks the compiled plans; it never decreases
-    with more micro-steps, so a mesh and remat's largest micro-batch is compiled first.
+    with more micro-steps, so a mesh and remat's largest micro-batch is compiled first. A stage axis of ``P``:
+    one stage's guess on one micro-batch (its ``1 / M`` of the FLOPs) plus two sends of its activations over
+    one link, times GPipe's ``M + P - 1`` iterations (so there more micro-batches can be faster).
     """
+    if c.stage > 1:
+        one = Candidate(c.data, c.fsdp, c.tensor, c.slices, c.remat, c.per_device_batch, 1, c.context, c.expert)
+        stage = guess_seconds(_stage_model(model, c.stage), one, chip, model_flops=model_flops / c.accumulation)
+        return (c.accumulation + c.stage - 1) * (stage + 2 * _cut_bytes(model, c) / chip.link_bandwidth)
     k, params = c.accumulation, model.matmul_params()
     compute = model_flops * (1 + _RECOMPUTE[c.remat]) / chip.peak_flops
     ring = 2 * chip.link_bandwidth
@@ -357,6 +433,11 @@ def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops
     routed *= model.d_model  # the tokens' share of the experts' buffer a chip sends, in elements
     experts = k * passes * (c.expert - 1) / 4 * routed * _bytes(model.dtype) * model.num_layers / ring
     return max(compute, fsdp, host) + tensor + context + experts + data + dcn
+
+
+def _cut_bytes(model: DecoderConfig, c: Candidate) -> int:
+    """One micro-batch's activations at a cut between stages, per chip (what a stage sends on)."""
+    return c.per_device_batch * model.seq_len // c.context * model.d_model * _bytes(model.dtype)
 
 
 def _chip(chip: str | Chip, topology: str) -> Chip:
@@ -382,8 +463,13 @@ def _slice_chips(topology: str) -> int:
     return math.prod(int(d) for d in dims)
 
 
-def _divides(model: DecoderConfig, data: int, fsdp: int, tensor: int, context: int = 1, expert: int = 1) -> str:
+def _divides(model: DecoderConfig, data: int, fsdp: int, tensor: int, context: int = 1, expert: int = 1,
+             stage: int = 1) -> str:
     """'' if every sharded dimension of the model divides this mesh, else what does not (and the fix)."""
+    if model.num_layers % stage:
+        divisors = ", ".join(str(s) for s in range(1, model.num_layers + 1) if model.num_layers % s == 0)
+        return (f"num_layers={model.num_layers} is not a multiple of stage={stage}: choose a stage axis that "
+                f"divides the layers ({divisors})")
     if expert > 1 and not model.num_experts:
         return f"expert={expert} needs a mixture of experts: set num_experts, or keep the expert axis at 1"
     if model.num_experts % expert:
@@ -406,14 +492,16 @@ def _factorisations(n: int) -> list[tuple[int, int, int]]:
             for f in range(1, n // d + 1) if (n // d) % f == 0]
 
 
-def _meshes(n: int, axes: Sequence[str]) -> list[tuple[int, int, int, int, int]]:
-    """Every (data, fsdp, tensor, context, expert) of n chips; context and expert stay 1 unless in ``axes``.
-    The 3-axis meshes come first, in :func:`_factorisations`' order."""
+def _meshes(n: int, axes: Sequence[str]) -> list[tuple[int, int, int, int, int, int]]:
+    """Every (data, fsdp, tensor, context, expert, stage) of n chips; context, expert and stage stay 1 unless in
+    ``axes``. The 3-axis meshes come first, in :func:`_factorisations`' order."""
     sizes = [c for c in range(1, n + 1) if n % c == 0]
     contexts = sizes if "context" in axes else [1]
     experts = sizes if "expert" in axes else [1]
-    pairs = sorted(((c, e) for c in contexts for e in experts if n % (c * e) == 0), key=lambda p: (p != (1, 1), p))
-    return [(*s, c, e) for c, e in pairs for s in _factorisations(n // (c * e))]
+    stages = sizes if "stage" in axes else [1]
+    extra = sorted(((c, e, s) for c in contexts for e in experts for s in stages if n % (c * e * s) == 0),
+                   key=lambda p: (p != (1, 1, 1), p))
+    return [(*m, c, e, s) for c, e, s in extra for m in _factorisations(n // (c * e * s))]
 
 
 def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 1, sequences: int,
@@ -421,13 +509,15 @@ def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 
                axes: Sequence[str] = AXES) -> list[Candidate]:
     """Every candidate of step 1 (see the module's text): meshes ``(data, fsdp, tensor)`` of one slice that
     the model divides (``meshes`` to choose them yourself: each must multiply to ``chips_per_slice`` and
-    divide the model; a fourth number is the context axis, a fifth the expert axis), each remat of ``remats``,
-    each micro-batch dividing ``sequences / chips``. ``axes`` with ``"context"`` (:data:`AXES_CHOICES`) adds
-    every mesh with a context axis that divides ``seq_len``; with ``"expert"``, every expert axis that divides
-    ``num_experts``. ValueErrors name the fix."""
+    divide the model; a fourth number is the context axis, a fifth the expert axis, a sixth the stage axis),
+    each remat of ``remats``, each micro-batch dividing ``sequences / chips``. ``axes`` with ``"context"``
+    (:data:`AXES_CHOICES`) adds every mesh with a context axis that divides ``seq_len``; with ``"expert"``,
+    every expert axis that divides ``num_experts``; with ``"stage"``, every stage axis that divides the slice's
+    chips and ``num_layers``, with the micro-batches that give GPipe at least as many micro-batches as stages.
+    ValueErrors name the fix."""
     if tuple(axes) not in AXES_CHOICES:
         raise ValueError(f"axes must be one of {AXES_CHOICES} (the planner's axes; 'context' and 'expert' are "
-                         "opt-in), "
+                         "opt-in, and so is 'stage', last), "
                          f"got {tuple(axes)!r}")
     for r in remats:
         if r not in REMAT_POLICIES:
@@ -439,20 +529,30 @@ def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 
         shapes = []
         for s in meshes:
             s = tuple(int(x) for x in s)
-            if len(s) not in (3, 4, 5) or min(s) < 1 or math.prod(s) != chips_per_slice:
+            if len(s) not in (3, 4, 5, 6) or min(s) < 1 or math.prod(s) != chips_per_slice:
                 raise ValueError(f"mesh {s}: (data, fsdp, tensor) must be positive and multiply to the "
                                  f"{chips_per_slice} chips of a slice (for example (1, {chips_per_slice}, 1)); a "
-                                 "fourth number, the context axis, and a fifth, the expert axis, multiply with them")
+                                 "fourth number, the context axis, a fifth, the expert axis, and a sixth, the stage "
+                                 "axis, multiply with them")
+            if len(s) == 6 and "stage" not in axes and s[5] > 1:
+                raise ValueError(f"mesh {s} has a stage axis of {s[5]}: pass axes=(*AXES, 'stage') to plan a "
+                                 "pipeline (an estimate from one compiled stage)")
             if why := _divides(model, *s):
                 raise ValueError(f"mesh {s} does not divide the model: {why}; choose another split or change the model")
-            shapes.append((*s, 1, 1)[:5])
+            shapes.append((*s, 1, 1, 1)[:6])
     found = []
-    for d, f, t, c, e in shapes:  # a context axis of c chips shares each sequence: chips / c groups take them
-        if sequences % (chips // c):
+    for d, f, t, c, e, p in shapes:  # a context axis of c chips shares each sequence: chips / c groups take them
+        groups = chips // (c * p)  # a stage axis of p: each stage's chips / c groups take every sequence
+        if sequences % groups:
             continue
-        per_group = sequences // (chips // c)
-        batches = sorted((b for b in range(1, per_group + 1) if per_group % b == 0), reverse=True)
-        found += [Candidate(d, f, t, num_slices, r, b, per_group // b, c, e) for r in remats for b in batches]
+        per_group = sequences // groups
+        batches = sorted((b for b in range(1, per_group + 1) if per_group % b == 0 and per_group // b >= p),
+                         reverse=True)  # GPipe: at least as many micro-batches as stages
+        if meshes is not None and p > 1 and not batches:
+            raise ValueError(f"mesh {(d, f, t, c, e, p)}: {per_group} sequences per group of a stage's chips make "
+                             f"fewer micro-batches than its {p} stages: make the global batch at least {p} x "
+                             f"{groups} x seq_len = {p * groups * model.seq_len:,} tokens, or use fewer stages")
+        found += [Candidate(d, f, t, num_slices, r, b, per_group // b, c, e, p) for r in remats for b in batches]
     if not found:
         raise ValueError(f"{sequences} sequences a step do not split over {chips} chips: make the global batch a "
                          f"multiple of {chips} x seq_len = {chips * model.seq_len:,} tokens (the builder gives every "
@@ -493,6 +593,17 @@ def _mesh(make_mesh: Any, topology: str, parallelism: Parallelism, num_slices: i
         return None, True
 
 
+def _first_stage(mesh: Any, c: Candidate, num_slices: int) -> Any:
+    """The first stage's chips of a slice-wide mesh laid out stage-major in ``data`` (:attr:`Candidate.parallelism`),
+    in every slice: the mesh its one compiled stage runs on, ``chips / stage`` chips with the same axes."""
+    from jax.sharding import Mesh
+
+    grid = mesh.devices
+    rest = grid.shape[1:]
+    first = grid.reshape(num_slices, c.stage, c.data, *rest)[:, 0].reshape(num_slices * c.data, *rest)
+    return Mesh(first, mesh.axis_names)
+
+
 def _compile(lowered: Any, effort: str) -> Any:
     """``lowered.compile()`` at ``effort`` (``jax_optimization_level``), putting the previous level back."""
     from .capture import quiet
@@ -523,7 +634,8 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     (each takes seconds to minutes of CPU); ``effort``: ``"default"`` (what a training run gets) or
     ``"O0"``... (``jax_optimization_level``); ``axes``: :data:`AXES_CHOICES`, ``(*AXES, "context")`` to
     search context parallelism too, ``"expert"`` for expert parallelism (a 4-number mesh in ``meshes`` names its
-    context size, a 5-number one also its expert size). Returns a
+    context size, a 5-number one also its expert size), ``"stage"`` (last) for a GPipe pipeline, an estimate
+    from one compiled stage (a 6-number mesh names its stage size). Returns a
     :class:`Ranking` (see the module's text for the
     search). Needs libtpu for the compiles (a RuntimeError says so); bad input raises a ValueError naming
     the fix.
@@ -551,18 +663,23 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
                        remats=remats, meshes=meshes, axes=axes)
 
     from .published_rows import maxtext_flops_per_device
+    from .stages import estimate_pipeline
     from .timing import estimate_step
 
     model_flops = maxtext_flops_per_device(model, per_device_batch=sequences / chips, formula=MFU_FORMULA)
     hbm = hw.hbm_bytes
     plans: dict[Candidate, Plan] = {}
     plausible = []
+    in_flight: dict[Candidate, int] = {}  # a stage axis: GPipe's other M - 1 micro-batches' saved activations
     for c in found:
-        state = state_bytes(model, c.data, c.fsdp, c.tensor, c.context, c.expert)
+        m = _stage_model(model, c.stage)
+        state = state_bytes(m, c.data, c.fsdp, c.tensor, c.context, c.expert)
         grads = state // 3
         accumulator = grads if c.accumulation > 1 else 0
-        formula = state + grads + accumulator + activation_bytes(model, c.remat, c.per_device_batch, context=c.context,
-                                                                 attention=attention)
+        in_flight[c] = 0 if c.stage == 1 else (c.accumulation - 1) * _layer_activation_bytes(
+            m, c.remat, c.per_device_batch, attention=attention, context=c.context)
+        formula = state + grads + accumulator + in_flight[c] + activation_bytes(
+            m, c.remat, c.per_device_batch, context=c.context, attention=attention)
         guess = guess_seconds(model, c, hw, model_flops=model_flops)
         if state > hbm:
             plans[c] = Plan(c, "refused", formula, guess, note=f"parameters and moments alone {state / GiB:.2f} GiB")
@@ -576,8 +693,8 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     order = sorted(plausible, key=lambda x: (x[3], x[0].accumulation, x[0].label()))
     compiles, meshes_made, fitted = 0, {}, set()
     for c, formula, accumulator, guess in order:
-        key = (c.data, c.fsdp, c.tensor, c.context, c.expert, c.remat)
-        if key in fitted:
+        key = (c.data, c.fsdp, c.tensor, c.context, c.expert, c.stage, c.remat)
+        if key in fitted and c.stage == 1:  # a pipeline's smaller micro-batches shrink its bubble: never skipped
             plans[c] = Plan(c, "skipped", formula, guess, accumulator_bytes=accumulator,
                             note="a larger micro-batch of this mesh and remat fits")
             continue
@@ -585,20 +702,23 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             plans[c] = Plan(c, "not compiled", formula, guess, accumulator_bytes=accumulator,
                             note=f"past max_compiles={max_compiles}")
             continue
-        shape = (c.data, c.fsdp, c.tensor, c.context, c.expert)
+        shape = (c.data, c.fsdp, c.tensor, c.context, c.expert, c.stage)
         if shape not in meshes_made:
             meshes_made[shape] = _mesh(make_mesh, topology, c.parallelism, num_slices)
+            if c.stage > 1 and meshes_made[shape][0] is not None:
+                meshes_made[shape] = (_first_stage(meshes_made[shape][0], c, num_slices), meshes_made[shape][1])
         mesh, split = meshes_made[shape]
         if mesh is None:
             plans[c] = Plan(c, "no layout", formula, guess, accumulator_bytes=accumulator,
                             note=f"mesh_utils cannot lay {c.data} x {c.fsdp} x {c.tensor}"
                                  + (f" x context {c.context}" if c.context > 1 else "")
-                                 + (f" x expert {c.expert}" if c.expert > 1 else "") + f" out on {topology}")
+                                 + (f" x expert {c.expert}" if c.expert > 1 else "")
+                                 + (f" x stage {c.stage}" if c.stage > 1 else "") + f" out on {topology}")
             continue
         split_note = "a mesh axis splits a torus axis: allow_split_physical_axes" if split else ""
         compiles += 1
-        lowered = lower_train_step(model, mesh, per_device_batch=c.per_device_batch, remat=c.remat,
-                                   attention=attention)
+        lowered = lower_train_step(_stage_model(model, c.stage), mesh, per_device_batch=c.per_device_batch,
+                                   remat=c.remat, attention=attention)
         try:
             compiled = _compile(lowered, effort)
         except Exception as err:  # the compiler's refusal is a result; anything else is a real error
@@ -610,17 +730,28 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             continue
         m = compiled.memory_analysis()
         used = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-        if used + accumulator > hbm:
+        flight = in_flight[c]
+        if used + accumulator + flight > hbm:
             plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
+                            in_flight_bytes=flight,
                             note=f"the compiler's program needs {used / GiB:.2f} GiB"
-                                 + (f", {(used + accumulator) / GiB:.2f} with the accumulator" if accumulator else ""))
+                                 + (f", {(used + accumulator) / GiB:.2f} with the accumulator" if accumulator else "")
+                                 + (f", {(used + accumulator + flight) / GiB:.2f} with GPipe's micro-batches in "
+                                    "flight" if flight else ""))
             continue
         estimate = estimate_step(compiled, mesh, chip=hw, use_cycles=effort == "default")
-        seconds = estimate.seconds * c.accumulation
+        pipe = None
+        if c.stage > 1:
+            pipe = estimate_pipeline(estimate.seconds, stages=c.stage, micro_batches=c.accumulation,
+                                     activation_bytes=_cut_bytes(model, c), chip=hw)
+            seconds = pipe.seconds
+        else:
+            seconds = estimate.seconds * c.accumulation
         fitted.add(key)
         plans[c] = Plan(c, "fits", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
                         step_seconds=seconds, tokens_per_second_per_chip=global_batch_tokens / seconds / chips,
-                        mfu=model_flops / seconds / hw.peak_flops, estimate=estimate, note=split_note)
+                        mfu=model_flops / seconds / hw.peak_flops, estimate=estimate, note=split_note,
+                        in_flight_bytes=flight, pipeline=pipe)
     rank = {"fits": 0, "refused": 1, "pruned": 2, "no layout": 3, "skipped": 4, "not compiled": 5}
     ordered = sorted(plans.values(), key=lambda p: (rank[p.status], p.step_seconds or 0.0,
                                                     p.total_hbm_bytes or p.formula_bytes, p.candidate.label()))
@@ -629,16 +760,19 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
 
 # --- a ranking read back: one plan's place, why the winner beats it, and the ranking as plain data ----------
 
-def find(ranking: Ranking, *, data: int, fsdp: int, tensor: int, remat: str, per_device_batch: int) -> tuple[int, Plan]:
+def find(ranking: Ranking, *, data: int, fsdp: int, tensor: int, remat: str, per_device_batch: int,
+         stage: int = 1) -> tuple[int, Plan]:
     """The 1-based place of one plan in ``ranking`` and its :class:`Plan` (for example a published plan's).
 
     The plan is named by its mesh inside a slice, remat and micro-batch (the slices and the accumulation
-    follow from the ranking). A ValueError names the fix when the ranking does not hold it: pass ``meshes``
-    and ``remats`` to :func:`plan` that include it, and a global batch that is a multiple of its micro-batch.
+    follow from the ranking; ``stage`` names a pipeline's). A ValueError names the fix when the ranking does not
+    hold it: pass ``meshes`` and ``remats`` to :func:`plan` that include it, and a global batch that is a
+    multiple of its micro-batch.
     """
     for i, p in enumerate(ranking.plans, 1):
         c = p.candidate
-        if (c.data, c.fsdp, c.tensor, c.remat, c.per_device_batch) == (data, fsdp, tensor, remat, per_device_batch):
+        if (c.data, c.fsdp, c.tensor, c.remat, c.per_device_batch, c.stage) == (data, fsdp, tensor, remat,
+                                                                                  per_device_batch, stage):
             return i, p
     raise ValueError(f"the ranking holds no plan {data}x{fsdp}x{tensor} {remat} with micro-batch {per_device_batch}: "
                      "call plan() with meshes and remats that include it, and a global batch that is a whole "
@@ -658,7 +792,7 @@ def versus(ranking: Ranking, other: Plan) -> str:
     if not other.fits:
         return (f"{other.candidate.label()} is {other.status}" + (f" ({other.note})" if other.note else "")
                 + f", so the planner prefers {best.candidate.label()}.")
-    extra = {k: v - best.parts()[k] for k, v in other.parts().items()}
+    extra = _extra(other.parts(), best.parts())
     lost = max(extra, key=extra.__getitem__)
     return (f"{other.candidate.label()} takes {_ms(other.step_seconds)} against {_ms(best.step_seconds)} for "
             f"{best.candidate.label()} ({other.step_seconds / best.step_seconds - 1:+.1%}): it loses most on "
@@ -673,12 +807,16 @@ def record(ranking: Ranking) -> dict[str, Any]:
 
     def one(p: Plan) -> dict[str, Any]:
         c = p.candidate
-        return dict(label=c.label(), data=c.data, fsdp=c.fsdp, tensor=c.tensor, slices=c.slices, remat=c.remat,
+        row = dict(label=c.label(), data=c.data, fsdp=c.fsdp, tensor=c.tensor, slices=c.slices, remat=c.remat,
                     per_device_batch=c.per_device_batch, accumulation=c.accumulation, status=p.status,
                     compiled=p.compiled, formula_bytes=p.formula_bytes, formula_seconds=p.formula_seconds,
                     hbm_bytes=p.hbm_bytes, accumulator_bytes=p.accumulator_bytes, step_seconds=p.step_seconds,
                     tokens_per_second_per_chip=p.tokens_per_second_per_chip, mfu=p.mfu, parts=p.parts(),
                     bound=p.bound, note=p.note)
+        if c.stage > 1:  # only a pipeline's plans carry these (stored rankings without one are unchanged)
+            row.update(stage=c.stage, micro_batches=c.accumulation, in_flight_bytes=p.in_flight_bytes,
+                       bubble=None if p.pipeline is None else p.pipeline.bubble, schedule="GPipe (estimate)")
+        return row
 
     return dict(model=asdict(ranking.model), params=ranking.model.num_params(), chip=ranking.chip.name,
                 hbm_bytes=ranking.chip.hbm_bytes, topology=ranking.topology, num_slices=ranking.num_slices,

@@ -8,7 +8,8 @@ backward: :func:`utils.train_step.lower_train_step` with ``num_layers / P`` laye
 :func:`utils.timing.estimate_step`), times the iterations, plus each iteration's two sends of a
 micro-batch's activations over one link (forward, and their gradient back), timed as a collective-permute
 (:func:`utils.timing.collective_seconds`). Every figure it returns is an estimate: the first and last
-stages' embedding and loss, and any overlap of the sends with compute, are left out.
+stages' embedding and loss, and any overlap of the sends with compute, are left out. The planner's opt-in
+``stage`` axis (``plan(..., axes=(*AXES, "stage"))``) times its pipeline candidates with it.
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ def estimate_pipeline(stage_seconds: float, *, stages: int, micro_batches: int, 
     micro-batch, forward and backward; ``activation_bytes``: one micro-batch's activations at a cut (what a
     stage sends on, per chip); ``chip``: the :class:`utils.timing.Chip` whose link carries the sends. Each of
     the ``M + P - 1`` iterations costs the stage's time plus two sends over one link (notebook 16's loop);
-    the bubble is ``(P - 1) / (M + P - 1)`` of them.
+    the bubble is ``(P - 1) / (M + P - 1)`` of them. ``micro_batches`` must be at least ``stages`` (fewer
+    leave every stage idle most of the step; a ValueError names the fix).
     """
     for name, value in (("stages", stages), ("micro_batches", micro_batches)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if micro_batches < stages:
+        raise ValueError(f"GPipe over {stages} stages needs at least {stages} micro-batches, got {micro_batches}: cut "
+                         f"the batch into more micro-batches (smaller ones, or a larger global batch) or use fewer "
+                         "stages")
     if not stage_seconds > 0:
         raise ValueError(f"stage_seconds must be > 0 (estimate_step(...).seconds of one stage), got {stage_seconds!r}")
     if activation_bytes < 0:
