@@ -477,6 +477,25 @@ def test_utils_loads_lazily_and_launch_imports_nothing_heavy():
     assert "ok module 'utils' has no attribute 'no_such_name'" in r.stdout
 
 
+def test_utils_exports_what_type_checkers_read():
+    """``utils.__all__`` and the lazy loader come from the ``TYPE_CHECKING`` imports; run those imports for real and
+    each name must be the object the loader serves, taken from the submodule that defines it."""
+    import ast
+    import importlib
+
+    import utils
+    source = Path(utils.__file__).read_text(encoding="utf-8")
+    block = next(node for node in ast.parse(source).body
+                 if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    seen: dict = {}
+    exec(compile(ast.Module(block.body, type_ignores=[]), utils.__file__, "exec"), {"__package__": "utils"}, seen)
+    assert {"setup_devices", "draw_sharding", "collectives", "estimate_step"} <= set(seen)
+    assert utils.__all__ == sorted(seen)
+    for name, value in seen.items():
+        module = importlib.import_module(f"utils.{utils._MODULE_OF[name]}")
+        assert getattr(utils, name) is value is getattr(module, name), name
+
+
 # --- the setup cell, run for real ----------------------------------------------------------------------------------
 
 

@@ -14,66 +14,69 @@ and ``jax.device_put`` themselves).
 Names load lazily (PEP 562): ``from utils import setup_devices`` imports
 ``utils.devices`` and nothing else, so the setup cell can install packages
 (``utils.launch``) before numpy, matplotlib or JAX are imported in the kernel.
+The exported names are written once, as the ``TYPE_CHECKING`` imports below:
+type checkers read those, and ``__all__`` and the loader's table are parsed from them.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # what the lazy loader below returns, for type checkers and editors
-    from .capture import quiet
-    from .devices import DeviceCountError, assert_close, setup_devices
-    from .drawing import (
-        draw_memory,
-        draw_mesh,
-        draw_permute,
-        draw_pipeline,
-        draw_ring_steps,
-        draw_routing,
-        draw_schedule,
-        draw_sharding,
-        draw_shardings,
-    )
-    from .effort import compile_effort
-    from .exercises import NOT_ANSWERED, Exercise, answer_errors
-    from .explorer import explore
-    from .inspecting import collectives, compile_with_log, format_bytes, memory_per_device, memory_spaces, shard_table
+if TYPE_CHECKING:  # the one list of exported names: type checkers and editors read it, the loader below parses it
+    from .capture import quiet as quiet
+    from .devices import DeviceCountError as DeviceCountError
+    from .devices import assert_close as assert_close
+    from .devices import setup_devices as setup_devices
+    from .drawing import draw_memory as draw_memory
+    from .drawing import draw_mesh as draw_mesh
+    from .drawing import draw_permute as draw_permute
+    from .drawing import draw_pipeline as draw_pipeline
+    from .drawing import draw_ring_steps as draw_ring_steps
+    from .drawing import draw_routing as draw_routing
+    from .drawing import draw_schedule as draw_schedule
+    from .drawing import draw_sharding as draw_sharding
+    from .drawing import draw_shardings as draw_shardings
+    from .effort import compile_effort as compile_effort
+    from .exercises import NOT_ANSWERED as NOT_ANSWERED
+    from .exercises import Exercise as Exercise
+    from .exercises import answer_errors as answer_errors
+    from .explorer import explore as explore
+    from .inspecting import collectives as collectives
+    from .inspecting import compile_with_log as compile_with_log
+    from .inspecting import format_bytes as format_bytes
+    from .inspecting import memory_per_device as memory_per_device
+    from .inspecting import memory_spaces as memory_spaces
     from .inspecting import schedule as schedule
-    from .layout import tiles, type_string
-    from .step_pictures import draw_roofline, draw_timeline
-    from .timing import CHIPS, Chip, StepEstimate, TimedOp, chip_of, collective_seconds, estimate_step
-    from .tpu import tpu_compiler_available
+    from .inspecting import shard_table as shard_table
+    from .layout import tiles as tiles
+    from .layout import type_string as type_string
+    from .step_pictures import draw_roofline as draw_roofline
+    from .step_pictures import draw_timeline as draw_timeline
+    from .timing import CHIPS as CHIPS
+    from .timing import Chip as Chip
+    from .timing import StepEstimate as StepEstimate
+    from .timing import TimedOp as TimedOp
+    from .timing import chip_of as chip_of
+    from .timing import collective_seconds as collective_seconds
+    from .timing import estimate_step as estimate_step
+    from .tpu import tpu_compiler_available as tpu_compiler_available
 
-_SOURCES = {
-    "devices": ("DeviceCountError", "assert_close", "setup_devices"),
-    "drawing": ("draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_routing",
-                "draw_schedule", "draw_sharding",
-                "draw_shardings"),
-    "capture": ("quiet",),
-    "effort": ("compile_effort",),
-    "exercises": ("NOT_ANSWERED", "Exercise", "answer_errors"),
-    "tpu": ("tpu_compiler_available",),
-    "explorer": ("explore",),
-    "inspecting": (
-        "collectives", "compile_with_log", "format_bytes", "memory_per_device", "memory_spaces", "schedule",
-        "shard_table",
-    ),
-    "layout": ("tiles", "type_string"),
-    "step_pictures": ("draw_roofline", "draw_timeline"),
-    "timing": ("CHIPS", "Chip", "StepEstimate", "TimedOp", "chip_of", "collective_seconds", "estimate_step"),
-}
-_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
-_SUBMODULES = frozenset({*_SOURCES, "launch"})
 
-__all__ = [  # every name the lazy loader serves
-    "CHIPS", "NOT_ANSWERED", "Chip", "DeviceCountError", "Exercise", "StepEstimate", "TimedOp", "answer_errors",
-    "assert_close", "chip_of", "collective_seconds", "collectives", "compile_effort", "compile_with_log",
-    "draw_memory", "draw_mesh", "draw_permute", "draw_pipeline", "draw_ring_steps", "draw_roofline", "draw_routing",
-    "draw_schedule", "draw_sharding", "draw_shardings", "draw_timeline", "estimate_step", "explore", "format_bytes",
-    "memory_per_device", "memory_spaces", "quiet", "schedule", "setup_devices", "shard_table", "tiles",
-    "tpu_compiler_available", "type_string"
-]
+def _exported() -> dict[str, str]:
+    """Each exported name and the submodule that defines it, read from the ``TYPE_CHECKING`` imports above (which
+    never run), so the names are written once: the same idea as ``lazy_loader.attach_stub``, without its .pyi."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    return {alias.asname or alias.name: str(node.module) for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+
+
+_MODULE_OF = _exported()
+_SUBMODULES = frozenset({*_MODULE_OF.values(), "launch"})
+__all__ = sorted(_MODULE_OF)  # every name the lazy loader serves
 
 
 def __getattr__(name: str) -> Any:
