@@ -44,7 +44,7 @@ def donation_on_tpu():
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from tests.test_tpu_side import from_notebook
+    from course_support import from_notebook
     from utils import memory_per_device, quiet
 
     nb = from_notebook("07", "MLP", "step")
@@ -109,7 +109,7 @@ def _exact_or_skip(memories):
 
 
 def test_07_donation_table_on_tpu():
-    from tests.test_tpu_side import from_notebook
+    from course_support import from_notebook
 
     table = from_notebook("07", "TPU_DONATION").TPU_DONATION
     memory = donation_on_tpu()
@@ -126,7 +126,7 @@ def test_07_donation_saves_hbm_on_tpu_too():
 
 
 def test_11_strategy_table_on_tpu():
-    from tests.test_tpu_side import from_notebook
+    from course_support import from_notebook
 
     table = from_notebook("11", "TPU_STRATEGIES").TPU_STRATEGIES
     figures = strategies_on_tpu()

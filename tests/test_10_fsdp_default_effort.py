@@ -22,7 +22,7 @@ MiB = 2**20
 def default_effort():
     from jax.experimental import topologies
 
-    from tests.test_tpu_side import from_notebook
+    from course_support import from_notebook
     from utils import memory_per_device, quiet
 
     nb = from_notebook("10", "mesh", "path_name", "fsdp_rule", "WideMLP", "create_wide", "WIDE_PARAM_BYTES",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import jax
 import pytest
-from test_tpu_side import from_notebook
 
+from course_support import from_notebook
 from exercises.ex14_step_time import loop_permutes
 from utils import collectives, estimate_step, schedule
 

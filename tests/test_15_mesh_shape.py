@@ -17,8 +17,8 @@ from pathlib import Path
 
 import jax
 import pytest
-from test_tpu_side import from_notebook
 
+from course_support import from_notebook
 from utils import collectives, estimate_step, quiet
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "mesh_shape"

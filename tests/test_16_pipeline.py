@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.test_tpu_side import REPO, from_notebook
+from course_support import REPO, from_notebook
 from utils import collectives
 
 CAST = 'params = jax.lax.pcast(params, batch_axes, to="varying")'

@@ -20,7 +20,7 @@ GiB = 2**30
 
 @pytest.fixture(scope="module")
 def default_effort():
-    from tests.test_tpu_side import from_notebook
+    from course_support import from_notebook
     from utils import collectives, estimate_step, memory_per_device
 
     nb = from_notebook("16", "layer", "stack", "pipeline_loss", "pipelined", "BIG", "compile_tpu")
@@ -33,7 +33,7 @@ def default_effort():
 
 def test_the_circular_schedule_needs_least_at_o0_too():
     """The notebook's "the circular schedule needs the least, at both efforts": at O0, roofline-timed as it is."""
-    from tests.test_tpu_side import from_notebook
+    from course_support import from_notebook
     from utils import estimate_step, memory_per_device
 
     nb = from_notebook("16", "layer", "stack", "pipeline_loss", "pipelined", "BIG", "compile_tpu")

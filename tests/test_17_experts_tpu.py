@@ -24,7 +24,7 @@ def compiled():
     from jax.experimental import topologies
     from jax.sharding import AxisType
 
-    from tests.test_tpu_side import from_notebook
+    from course_support import from_notebook
     from utils import compile_effort, quiet
 
     nb = from_notebook("17", "capacity_of", "route", "experts_ffn", "moe", "rms_norm", "mixtral_step", "MIXTRAL_V5P")

@@ -1,6 +1,5 @@
 """The renderer: tests read the returned Figure (tiles, labels, colours, panels)."""
 
-import itertools
 import re
 
 import jax
@@ -8,12 +7,12 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
+from course_support import V5E_ORDER, extents, label_boxes, mesh_labels, patches, tile_labels, v5e_ordered_mesh
 from utils import drawing
 from utils.drawing import (
     device_color,
@@ -28,38 +27,8 @@ from utils.layout import Tile
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
 
-# What a reader sees in a figure, read back by the tests (here and in the notebook-helper tests).
-def tile_labels(fig: Figure) -> list[str]:
-    """The label of every block drawn in ``fig``, panel by panel: what a reader sees (lines as
-    ``utils.drawing._tile_lines`` orders them)."""
-    if not isinstance(fig, Figure):
-        raise TypeError(f"tile_labels reads a Figure returned by draw_sharding(s); got {type(fig).__name__}")
-    return [t.get_label() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
-
-
-def mesh_labels(fig: Figure) -> list[list[list[int]]]:
-    """The device ids a ``draw_mesh`` figure shows: one grid (rows of ids) per panel.
-
-    ``mesh_labels(draw_mesh(mesh))[0]`` equals ``mesh.device_ids.tolist()``
-    for a 2-D mesh, so a test can assert what the picture shows.
-    """
-    if not isinstance(fig, Figure):
-        raise TypeError(f"mesh_labels reads a Figure returned by draw_mesh; got {type(fig).__name__}")
-    cells = [sorted((t.get_position()[::-1], int(t.get_text())) for t in ax.texts if t.get_gid() == "device-label")
-             for ax in fig.axes]
-    grids = [[[dev for _, dev in row] for _, row in itertools.groupby(c, key=lambda cell: cell[0][0])]
-             for c in cells if c]
-    if not grids:
-        raise ValueError("this figure has no devices drawn: pass a Figure from draw_mesh")
-    return grids
-
-
 def _ns(spec):
     return NamedSharding(MESH, spec)
-
-
-def _patches(fig, gid):
-    return [p for ax in fig.axes for p in ax.patches if p.get_gid() == gid]
 
 
 def _card_colors(ax):
@@ -70,7 +39,7 @@ def test_2d_blocks_with_devices_and_shapes():
     x = jax.device_put(jnp.ones((128, 512)), NamedSharding(MESH, P("data", "model")))
     fig = draw_sharding(x)
     assert isinstance(fig, Figure)
-    assert len(_patches(fig, "tile")) == 8
+    assert len(patches(fig, "tile")) == 8
     labels = tile_labels(fig)
     assert sorted(labels)[0] == "dev 0\n(32, 256)\n32.0 KiB"
     assert {label.split("\n")[1] for label in labels} == {"(32, 256)"}
@@ -80,7 +49,7 @@ def test_2d_blocks_with_devices_and_shapes():
 
 def test_block_geometry_is_proportional():
     fig = draw_sharding((128, 512), NamedSharding(MESH, P(None, "model")))
-    tiles = sorted(_patches(fig, "tile"), key=lambda p: p.get_x())
+    tiles = sorted(patches(fig, "tile"), key=lambda p: p.get_x())
     assert [round(p.get_x(), 6) for p in tiles] == [0.0, 0.5]
     assert all(round(p.get_width(), 6) == 0.5 and round(p.get_height(), 6) == 1.0 for p in tiles)
 
@@ -124,9 +93,9 @@ def test_uneven_shard_is_drawn_short_with_padding():
     labels = tile_labels(fig)
     assert [label.split("\n")[1] for label in labels] == ["(3)", "(3)", "(3)", "(1)"]
     assert "padded to (3)" in labels[-1] and all("padded" not in label for label in labels[:3])
-    widths = [round(p.get_width(), 6) for p in sorted(_patches(fig, "tile"), key=lambda p: p.get_x())]
+    widths = [round(p.get_width(), 6) for p in sorted(patches(fig, "tile"), key=lambda p: p.get_x())]
     assert widths == [0.3, 0.3, 0.3, 0.1]
-    (pad,) = _patches(fig, "padding")
+    (pad,) = patches(fig, "padding")
     assert round(pad.get_x(), 6) == 1.0 and round(pad.get_width(), 6) == 0.2  # 2 padded elements beyond the array
 
 
@@ -136,7 +105,7 @@ def test_same_device_same_colour_across_figures():
     colours_a = {label.split("\n")[0]: None for label in tile_labels(a)}
     assert len(colours_a) == 8
     mesh_colours = {int(t.get_text()): None for t in b.axes[0].texts}
-    for patch, text in zip(_patches(b, "device"), b.axes[0].texts, strict=True):
+    for patch, text in zip(patches(b, "device"), b.axes[0].texts, strict=True):
         mesh_colours[int(text.get_text())] = to_rgba(patch.get_facecolor(), 1.0)
     assert all(mesh_colours[i] == to_rgba(device_color(i), 1.0) for i in range(8))
     assert device_color(3) == device_color(3) and device_color(3) != device_color(4)
@@ -144,13 +113,13 @@ def test_same_device_same_colour_across_figures():
 
 def test_draw_mesh_layouts():
     fig = draw_mesh(MESH)
-    assert len(_patches(fig, "device")) == 8
+    assert len(patches(fig, "device")) == 8
     assert fig.axes[0].get_ylabel().startswith("data (4)") and fig.axes[0].get_xlabel().startswith("model (2)")
     one = draw_mesh(jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,)))
     assert len(one.axes) == 1 and one.axes[0].get_xlabel().startswith("data (8)")
     three = draw_mesh(jax.make_mesh((2, 2, 2), ("data", "model", "pipeline"), axis_types=(AxisType.Auto,) * 3))
     assert [ax.get_title() for ax in three.axes] == ["data=0", "data=1"]
-    assert len(_patches(three, "device")) == 8
+    assert len(patches(three, "device")) == 8
 
 
 def test_draw_mesh_rejects_non_meshes():
@@ -291,20 +260,12 @@ def test_a_big_deck_shows_fewer_cards_when_the_block_is_small():
     plt.close(fig)
 
 
-def _label_boxes(fig):
-    canvas = FigureCanvasAgg(fig)  # the returned figure is closed: give it a canvas to measure text on
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    return [(t.get_text(), t.get_window_extent(renderer)) for ax in fig.axes for t in ax.texts
-            if t.get_gid() == "tile-label"]
-
-
 @pytest.mark.parametrize("spec", [P(None, "model"), P("data", None), P(), P("data", "model"), P("model", "data")],
                          ids=str)
 def test_labels_never_overlap(spec):
     pair = {"w": ((512, 1024), NamedSharding(MESH, spec)), "b": ((1024,), NamedSharding(MESH, P()))}
     for fig in (draw_sharding((512, 1024), NamedSharding(MESH, spec)), draw_shardings(pair)):
-        boxes = _label_boxes(fig)
+        boxes = label_boxes(fig)
         for i, (a_text, a) in enumerate(boxes):
             for b_text, b in boxes[i + 1 :]:
                 assert not a.overlaps(b), (a_text, b_text)
@@ -317,8 +278,8 @@ def test_many_blocks_in_one_dimension_wrap_onto_rows():
     fig, ax = plt.subplots(figsize=(9, 4))
     drawing._draw_tiles(ax, (1024,), None, [(t, drawing._tile_lines(t, 4, True)) for t in tiles_64], None, 0, 0.3)
     drawing._finish(fig)
-    assert len(_patches(fig, "array")) == 4  # 4 rows of 16 blocks
-    ys = sorted({round(p.get_y(), 6) for p in _patches(fig, "tile")})
+    assert len(patches(fig, "array")) == 4  # 4 rows of 16 blocks
+    ys = sorted({round(p.get_y(), 6) for p in patches(fig, "tile")})
     assert len(ys) == 4 and ax.get_xlabel() == "dim 0 (1024), wrapped: 256 per row"
     assert all(t.get_fontsize() >= 6 for t in ax.texts if t.get_gid() == "tile-label")  # legible, not squeezed
     plt.close(fig)
@@ -471,12 +432,6 @@ def test_inline_switch_needs_a_kernel():
 # --- one true aspect per array, one scale per matmul, axes that name the mesh axes ----------------------------------
 
 
-def _extents(fig):
-    """The drawn outline of each panel's array, in pixels of the rendered figure: one Bbox per panel."""
-    FigureCanvasAgg(fig).draw()
-    return [p.get_window_extent() for ax in fig.axes for p in ax.patches if p.get_gid() == "array"]
-
-
 def _ratio(box):
     return box.height / box.width
 
@@ -486,24 +441,24 @@ SPECS_128x512 = [P("data"), P(None, "model"), P("data", "model"), P()]
 
 def test_every_layout_of_one_array_is_drawn_at_its_true_aspect_and_the_same_size():
     grid = draw_shardings({str(s): ((128, 512), _ns(s)) for s in SPECS_128x512}, ncols=4)
-    boxes = _extents(grid)
+    boxes = extents(grid)
     assert len(boxes) == 4 and all(abs(_ratio(b) - 128 / 512) < 0.01 for b in boxes)
     assert max(b.width for b in boxes) - min(b.width for b in boxes) < 1  # pixels
     assert not any("not to scale" in ax.get_xlabel() for ax in grid.axes)
     mesh_1d = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     for fig in [draw_sharding((128, 512), NamedSharding(mesh_1d, P("data")))] + [
             draw_sharding((128, 512), _ns(s)) for s in SPECS_128x512]:
-        (box,) = _extents(fig)
+        (box,) = extents(fig)
         assert abs(_ratio(box) - 0.25) < 0.01  # wider than tall, as the array is
     tall = draw_sharding((512, 128), _ns(P("data", "model")))
-    assert abs(_ratio(_extents(tall)[0]) - 4) < 0.04
+    assert abs(_ratio(extents(tall)[0]) - 4) < 0.04
     panels = draw_sharding((2, 128, 512), _ns(P("model", "data", None)))
-    assert [round(_ratio(b), 2) for b in _extents(panels)] == [0.25, 0.25]
+    assert [round(_ratio(b), 2) for b in extents(panels)] == [0.25, 0.25]
 
 
 def test_an_extreme_aspect_is_clamped_and_says_so():
     fig = draw_sharding((8, 4096), _ns(P(None, "model")))
-    (box,) = _extents(fig)
+    (box,) = extents(fig)
     assert abs(_ratio(box) - 1 / 8) < 0.01
     assert "not to scale (true height:width 1:512)" in fig.axes[0].get_xlabel()
 
@@ -628,6 +583,8 @@ def test_draw_pipeline_refuses_bad_input_with_the_fix():
         draw_pipeline(np.array([[0, 1]]), [0, 1])
     with pytest.raises(ValueError, match="shape of work"):
         draw_pipeline(np.array([[0, 1]]), [0], backward=[[True]])
+
+
 # --- draw_ring_steps: which block each device holds at each step of a ring -------------------------------------------
 
 
@@ -664,3 +621,126 @@ def test_draw_ring_steps_refuses_bad_input_with_the_fix():
         draw_ring_steps({"x": {**good, "work": [[1, 2], [0, 0]]}}, [0, 1])
     with pytest.raises(ValueError, match="at least 2 devices"):
         draw_ring_steps({"x": good}, [0])
+
+
+# --- meshes not in id order, every mesh shape the notebooks use (notebooks 00-02) ---------------------------------
+
+
+def test_draw_sharding_names_the_holder_on_a_reordered_mesh():
+    labels = tile_labels(draw_sharding((128, 512), NamedSharding(v5e_ordered_mesh(), P("data"))))
+    assert len(labels) == 8
+    assert all(device_label([d]) in label.split("\n") for label, d in zip(labels, V5E_ORDER, strict=True))
+
+
+@pytest.mark.parametrize("shape", [(8,), (8, 1), (4, 2), (2, 4), (2, 2, 2)], ids=str)
+def test_draw_mesh_shows_every_device_once(shape):
+    names = ("data", "model", "pipeline")[: len(shape)]
+    mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+    assert sorted(np.ravel(mesh_labels(draw_mesh(mesh))).tolist()) == list(range(8))
+
+
+def test_draw_mesh_shows_a_reordered_mesh_in_its_order():
+    assert mesh_labels(draw_mesh(v5e_ordered_mesh())) == [[list(V5E_ORDER)]]
+
+
+# --- 3-D arrays: labels with bytes, panels that follow the mesh's columns (notebook 03) ---------------------------
+
+MESH_EXPLICIT = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+
+def test_3d_blocks_are_labelled_with_their_full_shape_and_bytes():
+    labels = tile_labels(draw_sharding((2, 128, 512), NamedSharding(MESH_EXPLICIT, P(None, "data", "model"))))
+    assert len(labels) == 8 and all("(2, 32, 256)\n64.0 KiB" in label for label in labels)
+    assert labels[3].startswith("dev 3\n")
+
+
+def test_a_sharded_leading_dimension_gives_one_panel_per_mesh_column():
+    fig = draw_sharding((2, 128, 512), NamedSharding(MESH_EXPLICIT, P("model", "data", None)))
+    assert [ax.get_title() for ax in fig.axes] == ["dim 0 = 0:1", "dim 0 = 1:2"]
+    labels = tile_labels(fig)
+    assert [label.split("\n")[0] for label in labels] == [f"dev {d}" for d in (0, 2, 4, 6, 1, 3, 5, 7)]
+    assert all("(1, 32, 512)\n64.0 KiB" in label for label in labels)
+
+
+def test_a_kernel_split_over_model_is_drawn_as_two_decks_of_four():
+    labels = tile_labels(draw_sharding((512, 1024), NamedSharding(MESH_EXPLICIT, P(None, "model"))))
+    assert "dev 0,2,4,6\n(512, 512)\n1.0 MiB\n4 copies" in labels
+
+
+# --- the rings of notebook 06: draw_permute between mesh positions, draw_rings ------------------------------------
+# 06 section 5 draws its ring shift along 'data' with ``draw_permute`` before running it. The arrows must join mesh
+# positions, and name the devices that sit there: in id order (the CPU) and in the order a TPU v5e-8 host's
+# ``jax.make_mesh`` gives, where the same positions hold other ids. Section 6 draws its recorded ring all-gather and
+# reduce-scatter with ``utils.drawing.draw_rings``: each arrow must carry the block that the next device holds new in
+# the next frame, and a sum must show the colours of its contributors.
+RING = [(i, (i + 1) % 4) for i in range(4)]  # 06 section 5: position i along 'data' sends to i + 1
+
+
+@pytest.mark.parametrize("order", [tuple(range(8)), V5E_ORDER], ids=["id order", "v5e order"])
+def test_the_ring_of_06_is_drawn_between_mesh_positions(order):
+    devices = jax.devices()
+    mesh = Mesh(np.array([devices[i] for i in order]).reshape(4, 2), ("data", "model"),
+                axis_types=(AxisType.Auto, AxisType.Auto))
+    ids = mesh.device_ids
+    want = sorted(f"dev {ids[a, j]} -> dev {ids[b, j]}" for a, b in RING for j in range(2))
+    assert sorted(_arrows(draw_permute(mesh, "data", RING))) == want
+    if order == V5E_ORDER:  # the wrap-around of the first column: data index 3 holds device 5 there, not 6
+        assert "dev 5 -> dev 0" in want and "dev 6 -> dev 0" not in want
+
+
+# 06 section 6 draws its two rings with ``utils.drawing.draw_rings``.
+# Frames of a 4-device ring all-gather: after step f, the device at position i holds blocks i-f .. i.
+def _gather_frames(ids):
+    n = len(ids)
+    return [[{(i - s) % n: (ids[(i - s) % n],) for s in range(f + 1)} for i in range(n)] for f in range(n)]
+
+
+@pytest.fixture(scope="module")
+def draw_rings():
+    from utils.drawing import draw_rings
+
+    return draw_rings
+
+
+@pytest.mark.parametrize("ids", [[0, 2, 4, 6], [0, 2, 7, 5]], ids=["id order", "v5e order"])
+def test_draw_rings_sends_the_block_the_next_device_gets_in_the_next_frame(draw_rings, ids):
+    from matplotlib.colors import to_rgba
+
+    from utils.drawing import device_color
+
+    fig = draw_rings({"all-gather": _gather_frames(ids)}, ids)
+    (ax,) = fig.axes
+    arrows = [p.get_label() for p in ax.patches if p.get_gid() == "ring-arrow"]
+    # at step f + 1 the device at position i passes on block i - f, the one it got last
+    want = [f"dev {ids[i]} -> dev {ids[(i + 1) % 4]}: block {(i - f) % 4}" for f in range(3) for i in range(4)]
+    assert arrows == want
+    blocks = [p for p in ax.patches if p.get_gid() == "ring-block"]
+    assert len(blocks) == sum(range(1, 5)) * 4  # 1, 2, 3, then 4 blocks on each of 4 devices
+    assert {to_rgba(p.get_facecolor()) for p in blocks} == {to_rgba(device_color(d)) for d in ids}
+    assert min(t.get_fontsize() for t in ax.texts) >= 6.5
+
+
+def test_draw_rings_stripes_a_sum_in_the_colours_of_its_contributors(draw_rings):
+    ids = [0, 2, 4, 6]
+    frames = [[{i: (ids[i],)} for i in range(4)], [{(i + 1) % 4: (ids[i], ids[(i + 1) % 4])} for i in range(4)]]
+    fig = draw_rings({"a sum": frames}, ids)
+    (ax,) = fig.axes
+    labels = sorted(t.get_text() for t in ax.texts if t.get_gid() == "ring-label")
+    assert labels == sorted(["0", "2", "4", "6", "0+2", "2+4", "4+6", "6+0"])
+    widths = {round(p.get_width(), 3) for p in ax.patches if p.get_gid() == "ring-block"}
+    assert len(widths) == 2  # whole blocks, and halves for the sums of two
+
+
+def test_draw_rings_refuses_frames_where_no_block_moved(draw_rings):
+    ids = [0, 2, 4, 6]
+    still = [{i: (ids[i],)} for i in range(4)]
+    with pytest.raises(ValueError, match="exactly one new or updated block"):  # nothing arrived: no send to draw
+        draw_rings({"stuck": [still, still]}, ids)
+
+
+def test_draw_rings_refuses_a_frame_without_every_device_and_an_empty_ring(draw_rings):
+    ids = [0, 2, 4, 6]
+    with pytest.raises(ValueError, match="one entry per device"):
+        draw_rings({"short": [[{0: (0,)}]]}, ids)
+    with pytest.raises(ValueError, match="at least one ring"):
+        draw_rings({}, ids)

@@ -11,16 +11,20 @@ jax.make_mesh orders devices as a TPU host does.
 import importlib
 import math
 import pkgutil
+import re
 from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import exercises
+from exercises import ex00_setup, ex01_meshes, ex02_partitionspec, ex03_namedsharding, ex04_propagation_resharding
 from utils.exercises import NOT_ANSWERED, Exercise, Outcome, Verdict, plain
+from utils.inspecting import collectives
 
 
 def _all_exercises() -> list[tuple[str, Exercise]]:
@@ -366,3 +370,64 @@ def test_checkers_follow_the_mesh_not_the_device_ids(physical_order):
         if qualname in ON_PHYSICAL_ORDER and exercise.verdict(exercise.solution) is not Verdict.WRONG:
             problems.append(f"{qualname} accepts the id-order answer {exercise.solution!r} on another order")
     assert not problems, "\n".join(problems)
+
+
+# --- single exercises of 00-02: bad input, numpy integers ---------------------------------------------------------
+
+
+def test_ex00_rejects_a_spec_longer_than_the_array():
+    with pytest.raises(AssertionError, match="3 entries"):
+        ex00_setup.columns_spec.checker(P(None, "data", None))
+
+
+def test_exercises_accept_numpy_integers():
+    assert ex00_setup.bytes_per_device.check(np.int64(16384))
+    assert ex02_partitionspec.predict_shard_shape.check(tuple(np.array([64, 12, 8])))
+    assert ex01_meshes.model_group.check(jax.make_mesh((2, 4), ("d", "m"), axis_types=(AxisType.Auto,) * 2)
+                                         .device_ids[1])
+
+
+# --- ex03: the once-wrong cases (a hint that blamed the dtype; copies said to follow device ids) ------------------
+
+def test_ex03_eight_times_the_array_is_not_blamed_on_the_dtype_alone():
+    eight_copies = 8 * 512 * 1024 * 2  # P(): every device holds the whole bfloat16 array (= 4 copies of f32)
+    with pytest.raises(AssertionError) as caught:
+        ex03_namedsharding.mesh_bytes.checker(eight_copies)
+    assert "P()" in str(caught.value) and "2 bytes" in str(caught.value)
+
+
+def test_ex03_replica_zero_follows_mesh_position_not_device_id():
+    reversed_mesh = Mesh(np.array(jax.devices())[::-1].reshape(4, 2), ("data", "model"),
+                         axis_types=(AxisType.Explicit,) * 2)
+    a = jax.device_put(np.zeros((128, 512), np.float32), NamedSharding(reversed_mesh, P("data", None)))
+    first = {s.device.id for s in a.addressable_shards if s.replica_id == 0}
+    assert first == set(reversed_mesh.device_ids[:, 0].tolist()) == {7, 5, 3, 1}  # the mesh's left column
+    assert ex03_namedsharding.first_replicas.solution == first
+    with pytest.raises(AssertionError, match="mesh order, not by device id"):
+        ex03_namedsharding.first_replicas.checker({0, 2, 4, 6})  # the lower id of each pair: the once-wrong reading
+    assert "mesh position, not device ids" in ex03_namedsharding.first_replicas.explanation
+
+
+# --- ex04: the premises (the groups it asks about, its byte estimate on any backend) ------------------------------
+
+def test_ex04_the_groups_it_asks_about_are_an_all_gather_over_data():
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    a = jax.ShapeDtypeStruct((128, 256), jnp.float32, sharding=NamedSharding(mesh, P("model", "data")))
+    b = jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=NamedSharding(mesh, P()))
+    compiled = jax.jit(lambda a, b: a @ b).lower(a, b).compile()
+    (op,) = collectives(compiled).ops
+    line = next(s for s in compiled.as_text().splitlines() if f"%{op.name} = " in s)
+    assert op.kind == "all-gather" and op.group_size == 4
+    assert "replica_groups=[2,4]<=[4,2]T(1,0)" in line
+    groups = [sorted(g) for g in ex04_propagation_resharding.read_groups.solution]
+    assert groups == mesh.device_ids.T.tolist()  # the mesh's columns: devices that differ only in 'data'
+
+
+def test_ex04_the_byte_estimate_counts_float32_whatever_the_gather_dtype(tpu_devices):
+    tpu_mesh = Mesh(np.array(tpu_devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    fsdp = NamedSharding(tpu_mesh, P(("data", "model"), None))
+    x = jax.ShapeDtypeStruct((128, 256), jnp.float32, sharding=fsdp)
+    w = jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=fsdp)
+    (op,) = collectives(jax.jit(lambda x, w: x @ w).lower(x, w).compile()).ops
+    assert re.match(r"bf16\[256,512\]", op.result_type)  # the TPU gathers w as bfloat16 ...
+    assert op.shapes[0] == (256, 512) and op.group_size == 8  # ... with the shape and group the checker reads

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 from matplotlib.figure import Figure
-from test_drawing import tile_labels
 
+from course_support import tile_labels
 from utils.explorer import DEFAULTS, describe, explore, layout, parse_axis_names, parse_shape, parse_spec
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name as canonicalize
 
+from course_support import find_uv
 from tools.binder import binder_requirements
 from tools.course import (
     BADGES_LINE,
@@ -631,15 +632,6 @@ def _fake_cuda_plugin(folder: Path) -> list[Path]:
                    requires=("jax-cuda12-pjrt==0.7.2",))]
 
 
-def _find_uv() -> Path | None:
-    """The course's bootstrapped uv (make puts it in <repo>/.uv), here or in the main checkout of a worktree."""
-    roots = [ROOT]
-    common = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=ROOT, capture_output=True, text=True)
-    if common.returncode == 0:
-        roots.append((ROOT / common.stdout.strip()).resolve().parent)
-    return next((r / ".uv" / "bin" / "uv" for r in roots if (r / ".uv" / "bin" / "uv").is_file()), None)
-
-
 def _find_python(version: str) -> str | None:
     r = subprocess.run([str(ROOT / "tools" / "find-python"), f"python{version}"], capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else None
@@ -694,7 +686,7 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
     import nbformat
     from nbclient import NotebookClient
 
-    uv, python = _find_uv(), _find_python(COLAB_PYTHON)
+    uv, python = find_uv(), _find_python(COLAB_PYTHON)
     if uv is None:
         pytest.skip("no bootstrapped uv in <repo>/.uv (make env creates it)")
     if python is None:

@@ -7,6 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from course_support import V5E_ORDER, v5e_ordered_mesh
 from utils.layout import as_layout, check_spec, pending_marker, short_dtype, spec_entries, tiles, type_string
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
@@ -153,3 +154,28 @@ def test_short_dtype():
     named = [short_dtype(d) for d in dtypes]
     assert named == ["i4", "u4", "f8_e4m3fn", "f16", "c64", "u32", "bool", "bf16"]
     assert named == [jax.typeof(jnp.zeros(2, d)).str_short(short_dtypes=True).removesuffix("[2]") for d in dtypes]
+
+
+# --- meshes not in id order, axes of size 1, Auto and Explicit meshes (notebooks 00-02) ---------------------------
+
+
+def test_tiles_follow_the_mesh_device_order():
+    sharding = NamedSharding(v5e_ordered_mesh(), P("data"))
+    got = {t.start[0]: t.devices for t in tiles((128, 512), sharding)}
+    assert got == {16 * k: (device,) for k, device in enumerate(V5E_ORDER)}
+    runtime = {i[0].start or 0: (d.id,) for d, i in sharding.devices_indices_map((128, 512)).items()}
+    assert got == runtime
+
+
+def test_an_axis_of_size_one_splits_nothing():
+    mesh81 = jax.make_mesh((8, 1), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    both = tiles((128, 512), NamedSharding(mesh81, P("data", "model")))
+    rows = tiles((128, 512), NamedSharding(mesh81, P("data", None)))
+    assert both == rows and len(both) == 8
+
+
+def test_type_string_writes_the_same_notation_on_auto_and_explicit_meshes():
+    x = jnp.zeros((16, 8))
+    for types in (AxisType.Auto, AxisType.Explicit):
+        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(types,) * 2)
+        assert type_string(jax.device_put(x, NamedSharding(mesh, P("data", None)))) == "f32[16@data,8]"

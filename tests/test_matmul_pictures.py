@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_drawing import _extents, _label_boxes, _patches, tile_labels  # the same ways of measuring a picture
 
+from course_support import extents, label_boxes, patches, tile_labels  # the same ways of measuring a picture
 from notebooks.matmul_pictures import draw_matmul, matmul_traffic
 from utils.inspecting import collectives
 
@@ -127,9 +127,9 @@ def test_draw_matmul_the_four_cases():
     assert "(all-reduce)" in figs["all-reduce"]._suptitle.get_text()
     assert _roles(figs["nothing"]) == ["held by dev 0", "held by dev 0", "dev 0's block: complete"]
     assert "nothing moves" in figs["nothing"]._suptitle.get_text()
-    assert not _patches(figs["nothing"], "fetched") and not _patches(figs["nothing"], "partial")
+    assert not patches(figs["nothing"], "fetched") and not patches(figs["nothing"], "partial")
     assert _roles(figs["all-reduce-data"])[-1] == "dev 0's block: pending sum {U:data}"
-    (fetched,) = _patches(figs["gather"], "fetched")  # the one piece dev 0 fetches: A[0:128, 512:1024]
+    (fetched,) = patches(figs["gather"], "fetched")  # the one piece dev 0 fetches: A[0:128, 512:1024]
     assert (round(fetched.get_x(), 6), round(fetched.get_y(), 6), round(fetched.get_width(), 6)) == (0.5, 0.0, 0.5)
     legend = [t.get_text() for t in figs["gather"].legends[0].get_texts()]
     assert legend[:2] == ["held by dev 0", "needed by dev 0, held elsewhere: fetched (all-gather)"]
@@ -150,7 +150,7 @@ def test_draw_matmul_reduce_scatter_marks_the_partial_sums_it_sends():
     fig = draw_matmul((A, _ns(P(None, "data"))), (B, _ns(P("data", None))), _ns(P("data", None)))
     assert "(reduce-scatter)" in fig._suptitle.get_text()
     assert sum("gets a partial sum from dev 0" in label for label in tile_labels(fig)) == 3
-    (partial,) = _patches(fig, "partial")
+    (partial,) = patches(fig, "partial")
     assert round(partial.get_height(), 6) == 1.0  # dev 0 computes partial sums for all of C
 
 
@@ -222,7 +222,7 @@ def test_draw_matmul_draws_a_b_and_c_on_one_scale(case, sizes):
     i, j, k = sizes
     a, b, c = MATMUL_CASES[case]
     fig = draw_matmul(((i, j), _ns(a)), ((j, k), _ns(b)), _ns(c))
-    box_a, box_b, box_c = _extents(fig)
+    box_a, box_b, box_c = extents(fig)
     assert abs(box_a.y0 - box_c.y0) < 1 and abs(box_a.y1 - box_c.y1) < 1  # A's rows are C's rows
     assert abs(box_b.x0 - box_c.x0) < 1 and abs(box_b.x1 - box_c.x1) < 1  # B's columns are C's columns
     assert box_a.x1 < box_c.x0 and box_b.y0 > box_c.y1  # A to the left of C, B above it
@@ -236,5 +236,5 @@ def test_draw_matmul_draws_a_b_and_c_on_one_scale(case, sizes):
         assert any("not to scale" in ax.get_xlabel() for ax in fig.axes)
     sizes_pt = [t.get_fontsize() for ax in fig.axes for t in ax.texts if t.get_gid() == "tile-label"]
     assert min(sizes_pt) >= 6.5
-    boxes = _label_boxes(fig)
+    boxes = label_boxes(fig)
     assert not [(p, q) for n, (p, a) in enumerate(boxes) for q, b in boxes[n + 1:] if a.overlaps(b)]

@@ -12,8 +12,8 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from matplotlib.colors import to_rgba
-from test_drawing import _label_boxes, _patches  # the same ways of measuring a picture
 
+from course_support import label_boxes, patches  # the same ways of measuring a picture
 from utils import draw_schedule, schedule
 from utils.drawing import _MIN_FONT, _PALETTE, _axes_color
 
@@ -158,7 +158,7 @@ def test_tpu_step_overlaps_an_asynchronous_gather_with_a_matmul(tpu_devices):
 
 
 def _colours(fig, gid="step"):
-    return [to_rgba(p.get_facecolor(), 1.0) for p in _patches(fig, gid)]
+    return [to_rgba(p.get_facecolor(), 1.0) for p in patches(fig, gid)]
 
 
 def test_picture_boxes_in_order_coloured_by_axes():
@@ -166,7 +166,7 @@ def test_picture_boxes_in_order_coloured_by_axes():
     fig = draw_schedule(steps, title="FSDP x TP")
     want = [to_rgba("0.75") if s.kind == "matmul" else to_rgba(_axes_color(s.axes)) for s in steps]
     assert _colours(fig) == want
-    xs = [p.get_x() for p in _patches(fig, "step")]
+    xs = [p.get_x() for p in patches(fig, "step")]
     assert xs == sorted(xs)  # one row, time going right
     assert {s.axes for s in steps if s.kind != "matmul"} == {("data",), ("model",)}
     assert len({_axes_color(a) for a in [("data",), ("model",), ("data", "model"), ("fsdp",)]}) == 4
@@ -194,10 +194,10 @@ def test_picture_of_a_long_asynchronous_schedule_wraps_and_stays_legible():
     steps.append(ScheduleStep("all-reduce", "ar", "f32[64]", ("data", "model")))
     assert len(steps) == 41
     fig = draw_schedule(steps)
-    assert len(_patches(fig, "step")) == len(steps) and _patches(fig, "step-more")  # bars cross a row's end
-    assert len({round(p.get_y(), 3) for p in _patches(fig, "step") if p.get_height() > 0.7}) == 3  # 3 rows
+    assert len(patches(fig, "step")) == len(steps) and patches(fig, "step-more")  # bars cross a row's end
+    assert len({round(p.get_y(), 3) for p in patches(fig, "step") if p.get_height() > 0.7}) == 3  # 3 rows
     assert all(t.get_fontsize() >= _MIN_FONT for t in _all_text(fig))
-    boxes = _label_boxes(fig)
+    boxes = label_boxes(fig)
     for i, (a_text, a) in enumerate(boxes):
         assert not any(a.overlaps(b) for _, b in boxes[i + 1:]), a_text
     assert fig.get_size_inches()[0] <= 10.0

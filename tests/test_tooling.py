@@ -13,6 +13,7 @@ import nbformat
 import pytest
 from jupytext.formats import guess_format
 
+from course_support import find_uv
 from tools import notebooks as tool  # not `import notebooks`: that name is the notebooks/ package
 from tools.course import HIDDEN_CELL, ROOT, notebooks, setup_source
 
@@ -143,9 +144,7 @@ def test_requirements_txt_is_the_export_of_uv_lock(tmp_path):
     The export runs in a copy of pyproject.toml and uv.lock, with the Makefile's own arguments, so the
     header it writes (the command, ``-o requirements.txt`` included) must match too.
     """
-    from test_launch import _find_uv
-
-    uv = _find_uv()
+    uv = find_uv()
     if uv is None:
         pytest.skip("no bootstrapped uv in <repo>/.uv: `make test` creates it (any make target that needs uv does)")
     pinned = _make_variable("UV_VERSION")

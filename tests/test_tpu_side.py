@@ -30,7 +30,6 @@ and 15 for some of theirs); 22 is PyTorch/XLA. Skipped, with the reason, where l
 
 from __future__ import annotations
 
-import ast
 import functools
 import os
 import re
@@ -38,7 +37,6 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +48,7 @@ from flax.linen import logical_to_mesh_axes
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from course_support import from_notebook
 from utils import collectives, compile_effort, compile_with_log, memory_per_device, memory_spaces, quiet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,39 +89,7 @@ def equivalent(sharding, mesh, spec, ndim=2):
     return sharding.is_equivalent_to(NamedSharding(mesh, spec), ndim)
 
 
-# --- the notebooks' own code, read from their sources ----------------------------------------------------
-
-
-def _bound(node):
-    """The names a top-level statement binds (def, class, assignment, import: a program a notebook imports from
-    notebooks/models.py is the one it runs)."""
-    if isinstance(node, ast.FunctionDef | ast.ClassDef):
-        return {node.name}
-    if isinstance(node, ast.Assign):
-        return {n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name)}
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        return {alias.asname or alias.name.split(".")[0] for alias in node.names}
-    return set()
-
-
-def from_notebook(number, *names, given=None):
-    """Notebook ``number``'s top-level definitions of ``names``, executed after the notebook's imports, in the
-    notebook's order: its own code, not a copy. ``given`` adds names the definitions read (a model imported
-    from notebooks/models.py). Fails, naming the notebook, when a name is no longer bound exactly once."""
-    (path,) = (REPO / "notebooks").glob(f"{number}_*.py")
-    tree = ast.parse(path.read_text(), path.name)
-    chosen = {id(node): node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)}
-    for name in names:
-        found = [node for node in tree.body if name in _bound(node)]
-        if len(found) != 1:
-            raise LookupError(f"{path.name} binds {name!r} at the top level {len(found)} times, not once: "
-                              "tests/test_tpu_side.py reads that definition from it, update the name there")
-        chosen[id(found[0])] = found[0]
-    namespace = {"__name__": f"notebook_{number}", **(given or {})}
-    for node in sorted(chosen.values(), key=lambda node: node.lineno):  # line numbers stay the notebook's
-        exec(compile(ast.Module([node], type_ignores=[]), str(path), "exec"), namespace)
-    return SimpleNamespace(**namespace)
-
+# --- the notebooks' own code, read from their sources by course_support.from_notebook -----------------------
 
 N_PARAMS = 64 * 256 + 256 + 256 * 10 + 10
 
