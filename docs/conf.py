@@ -50,18 +50,17 @@ NOTEBOOKS = notebooks()
 _BUILD = {"xla_executed": False}  # set at config-inited, once the command line's -D options are applied
 
 project = "SPMD automatic sharding in JAX"
-author = "the course's authors"
-copyright = "the course's authors: prose under CC BY 4.0, code under Apache 2.0"
-language = "en"
+author = "The SPMD course authors"
+copyright = "The SPMD course authors: prose under CC BY 4.0, code under Apache 2.0"
 
 extensions = ["myst_nb"]
-root_doc = "index"
 # The sources: this page and the course's notebooks, nothing else under docs/notebooks (.py twins, conftest.py).
 include_patterns = ["index.md", *(f"notebooks/{p.name}" for p in NOTEBOOKS)]
-exclude_patterns = ["**/.ipynb_checkpoints"]
 
 # Notebook 07 writes a formula in $...$; it is rendered to MathML here (see setup), no MathJax from a CDN.
 myst_enable_extensions = ["dollarmath"]
+# What index.md leaves to be filled in ({{ notebooks }} ...): MyST's substitutions, which index.md's front matter
+# turns on for that page only (a notebook's markdown may show replica groups such as {{0,1},{2,3}}).
 html_math_renderer = "mathml"
 
 nb_execution_mode = "cache"
@@ -93,7 +92,6 @@ html_theme_options = {
     "show_toc_level": 2,
     "navbar_persistent": [],
 }
-html_show_sourcelink = True
 
 
 def _docname(path: Path) -> str:
@@ -101,7 +99,7 @@ def _docname(path: Path) -> str:
 
 
 def _index_parts() -> dict[str, str]:
-    """What ``index.md`` leaves to be filled in: the notebook list and the links built from REPO."""
+    """The substitutions ``index.md`` uses: the notebook list and the links built from REPO."""
     first = NOTEBOOKS[0].name
     rows = []
     for path in NOTEBOOKS:
@@ -110,18 +108,14 @@ def _index_parts() -> dict[str, str]:
         rows.append(f"- [{path.stem[:2]} · {title}]({_docname(path)}.ipynb): {promise}")
     toctree = "\n".join(["```{toctree}", ":hidden:", ":caption: Notebooks", ""] + [_docname(p) for p in NOTEBOOKS])
     return {
-        "{{ notebooks }}": "\n".join(rows) + "\n\n" + toctree + "\n```",
-        "{{ repository }}": f"[{REPO}]({REPO_URL})",
-        "{{ colab_first }}": f"[Colab]({colab_url(first)})",
-        "{{ binder_first }}": f"[Binder]({binder_url(first)})",
+        "notebooks": "\n".join(rows) + "\n\n" + toctree + "\n```",
+        "repository": f"[{REPO}]({REPO_URL})",
+        "colab_first": f"[Colab]({colab_url(first)})",
+        "binder_first": f"[Binder]({binder_url(first)})",
     }
 
 
-def fill_index(app, docname: str, source: list[str]) -> None:
-    """``source-read``: write the course's notebooks and addresses into the landing page."""
-    if docname == app.config.root_doc:
-        for marker, text in _index_parts().items():
-            source[0] = source[0].replace(marker, text)
+myst_substitutions = _index_parts()
 
 
 def xla_executed(app) -> bool:
@@ -190,9 +184,17 @@ def adapt_notebook_page(app, doctree: nodes.document) -> None:
 
 
 def drop_xla_launch_buttons(app, pagename: str, templatename: str, context: dict, doctree) -> None:
-    """``html-page-context``, after the theme's: no Colab/Binder buttons where the notebook cannot run."""
+    """``html-page-context``, after the theme's: no Colab/Binder buttons where the notebook cannot run.
+
+    sphinx-book-theme (1.4) has no option for that on one page: it adds its buttons to every notebook page as the
+    header button labelled "launch-buttons". Where that label is missing (a theme update), the build warns,
+    so ``make book`` (-W) fails rather than keep buttons that cannot work."""
     if pagename.startswith("notebooks/") and not launchable(Path(pagename).name + ".ipynb"):
-        context["header_buttons"] = [b for b in context["header_buttons"] if b.get("label") != "launch-buttons"]
+        buttons = context["header_buttons"]
+        context["header_buttons"] = [b for b in buttons if b.get("label") != "launch-buttons"]
+        if len(context["header_buttons"]) == len(buttons):
+            logging.getLogger(__name__).warning(f"{pagename}: no 'launch-buttons' header button to remove: "
+                                                "did sphinx-book-theme rename it? See docs/conf.py")
 
 
 def _mathml(latex: str, node: nodes.Node, block: bool) -> str:
@@ -222,7 +224,6 @@ def setup(app) -> None:
     # Formulas as MathML, which browsers render natively: no script, nothing fetched, readable offline.
     app.add_html_math_renderer("mathml", (visit_math, None), (visit_math_block, None))
     app.connect("config-inited", exclude_xla)
-    app.connect("source-read", fill_index)
     app.connect("doctree-read", fix_notebook_links)
     app.connect("doctree-read", adapt_notebook_page)
     app.connect("html-page-context", drop_xla_launch_buttons, priority=900)
