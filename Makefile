@@ -124,8 +124,11 @@ lock: $(UV)
 # tests/test_tooling.py runs this same command and compares. tools/binder.py then pins Binder's packages from it.
 REQUIREMENTS_EXPORT := export --frozen --offline --no-hashes --format requirements-txt --no-default-groups \
 	--group test --group lab --group tpu -o requirements.txt
+# The lock covers Linux and macOS, so pip on Windows skips every line without a word: the file's first line says so.
+REQUIREMENTS_NOTE := Linux and macOS only: on Windows pip skips every line below, so use WSL, Colab or Binder.
 requirements: $(UV)
 	$(UV) --quiet $(REQUIREMENTS_EXPORT)
+	@{ echo "# $(REQUIREMENTS_NOTE)"; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt
 	.uv/bin/python tools/binder.py
 
 bench: env
