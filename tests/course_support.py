@@ -1,7 +1,8 @@
 """What several test files share (a module, not a test file, so no test module imports another):
 
 - ways of reading a figure from ``utils.drawing`` back, so a test asserts what a reader sees;
-- ``from_notebook``: a notebook's own top-level definitions, read from its source, for the tests of its code;
+- ``from_notebook``: a notebook's own top-level definitions, read from its source, for the tests of its code
+  (``notebook_11``, ``notebook_12``: those of 11 and 12 that several files compile, read once);
 - ``find_uv``: the course's bootstrapped uv, for the tests of the lock and of Colab's install;
 - ``V5E_ORDER``: the device order ``jax.make_mesh`` gives on a TPU v5e-8 host, for meshes not in id order.
 """
@@ -9,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import subprocess
 from pathlib import Path
@@ -110,6 +112,23 @@ def from_notebook(number, *names, given=None):
     for node in sorted(chosen.values(), key=lambda node: node.lineno):  # line numbers stay the notebook's
         exec(compile(ast.Module([node], type_ignores=[]), str(path), "exec"), namespace)
     return SimpleNamespace(**namespace)
+
+
+@functools.cache
+def notebook_11():
+    """Notebook 11's sizes, abstract state, rule tables and steps (its model from notebooks/models.py)."""
+    from notebooks.models import MyTransformer
+
+    return from_notebook("11", "D_MODEL", "FAST_COMPILE", "build", "abstract_model", "graphdef", "n_split",
+                         "n_embed_only", "STRATEGIES", "train_step", "with_rules", "is_activation", "loss_only",
+                         "double", given={"MyTransformer": MyTransformer})
+
+
+@functools.cache
+def notebook_12():
+    """Notebook 12's wide model, its layouts and steps: the notebook's own definitions (``from_notebook``)."""
+    return from_notebook("12", "D", "WIDE", "TOKENS", "Block", "Stack", "create", "loss_fn", "param_grad", "ZERO",
+                         "layout", "pin", "make_step", "create_sharded", "abstract")
 
 
 # --- the course's uv -------------------------------------------------------------------------------------------------

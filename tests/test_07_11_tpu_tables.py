@@ -78,7 +78,7 @@ def strategies_on_tpu():
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from tests.test_tpu_side import notebook_11
+    from course_support import notebook_11
     from utils import collectives, memory_per_device, quiet
 
     nb = notebook_11()

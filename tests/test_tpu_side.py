@@ -48,7 +48,7 @@ from flax.linen import logical_to_mesh_axes
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from course_support import from_notebook
+from course_support import from_notebook, notebook_11, notebook_12
 from utils import collectives, compile_effort, compile_with_log, memory_per_device, memory_spaces, quiet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -474,16 +474,6 @@ def test_09_two_d_train_step_talks_along_rows_and_columns(chips):
 # --- 11 the transformer: four strategies from rule tables --------------------------------------------------
 
 
-@functools.cache
-def notebook_11():
-    """Notebook 11's sizes, abstract state, rule tables and steps (its model from notebooks/models.py)."""
-    from notebooks.models import MyTransformer
-
-    return from_notebook("11", "D_MODEL", "FAST_COMPILE", "build", "abstract_model", "graphdef", "n_split",
-                         "n_embed_only", "STRATEGIES", "train_step", "with_rules", "is_activation", "loss_only",
-                         "double", given={"MyTransformer": MyTransformer})
-
-
 @pytest.fixture(scope="module")
 def transformer(chips):
     """Each of notebook 11's strategies on the TPU's chips: its mesh, state and batch, and its compiled train step."""
@@ -577,13 +567,6 @@ def test_11_rules_are_read_while_tracing(chips):
 # Notebook 12 compiles its wide model (1024 x 8192, 1,024 tokens per device) for a TPU itself; these tests
 # check the same HBM facts on the notebook's own code (read from the notebook, not copied), and what the
 # notebook shows only on its own backend.
-
-
-@functools.cache
-def notebook_12():
-    """Notebook 12's wide model, its layouts and steps: the notebook's own definitions (``from_notebook``)."""
-    return from_notebook("12", "D", "WIDE", "TOKENS", "Block", "Stack", "create", "loss_fn", "param_grad", "ZERO",
-                         "layout", "pin", "make_step", "create_sharded", "abstract")
 
 
 @pytest.fixture(scope="module")
