@@ -2,6 +2,7 @@
 
 import math
 import os
+import re
 import time
 
 import pytest
@@ -155,6 +156,21 @@ def test_multi_slice_mesh_puts_dcn_on_the_data_axis():
     assert dict(mesh.shape) == {"data": 2, "fsdp": 8, "tensor": 1}
     slices = {d.slice_index for d in mesh.devices[0].flat}  # one slice per data index
     assert len(slices) == 1 and {d.slice_index for d in mesh.devices.flat} == {0, 1}
+
+
+@needs_tpu_compiler
+def test_dot_scores_stay_in_bf16_where_asked():
+    """scores_in_fp32=False keeps the scores and the softmax's exponential in bfloat16 (MaxText's 2023 dot path);
+    the default computes them in float32. Read from the lowered program (b=4, 8 heads, 256 x 256 scores)."""
+    mesh = make_mesh("v5e:2x4", Parallelism(ici_fsdp=-1))
+    cfg = DecoderConfig(num_layers=1, **TINY)
+
+    def exponentials(fp32: bool) -> set[str]:
+        text = lower_train_step(cfg, mesh, per_device_batch=1, scores_in_fp32=fp32).as_text()
+        return set(re.findall(r"stablehlo.exponential %\S+ : tensor<8x8x1x256x256x(\w+)>", text))
+
+    assert exponentials(True) == {"f32"}
+    assert exponentials(False) == {"bf16"}
 
 
 # --- the builder: FLOPs of a compiled step ---------------------------------------------------------

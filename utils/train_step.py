@@ -364,7 +364,7 @@ def _act(name: str):
 
 
 def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, remat: Remat = "full",
-                     attention: Attention = "dot", causal: bool = True,
+                     attention: Attention = "dot", causal: bool = True, scores_in_fp32: bool = True,
                      learning_rate: float = 3e-5) -> jax.stages.Lowered:
     """The lowered training step ``(params, opt_state, tokens) -> (params, opt_state, loss)``.
 
@@ -375,6 +375,9 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     the no-batch-dim matmul outputs to host memory, ``"none"`` keeps everything.
     ``attention="flash"`` runs MaxText's Pallas kernel (512-blocks) per shard under ``shard_map``;
     ``causal=False`` computes every score, as MaxText's flash call did until November 2023.
+    ``scores_in_fp32`` (``attention="dot"`` only): the scores and their softmax in float32 (the usual choice
+    for stability); ``False`` keeps them in ``cfg.dtype``, as MaxText's ``dot_product_attention`` did in
+    October 2023 (``float32_logits`` defaulted to False and its ``DecoderLayer`` did not set it).
     ``per_device_batch``: sequences per chip (per group of ``context`` chips where the mesh has that axis).
     Call ``.compile()`` on the result (libtpu does the work; no TPU is needed).
     """
@@ -433,7 +436,11 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     def dot_attention(q, k, v):
         b, s = q.shape[:2]
         q = q.reshape(b, s, cfg.kv_heads, group, cfg.head_dim)
-        scores = jnp.einsum("bqngk,bsnk->bngqs", q, k).astype(jnp.float32) / np.sqrt(cfg.head_dim)
+        scores = jnp.einsum("bqngk,bsnk->bngqs", q, k)
+        if scores_in_fp32:
+            scores = scores.astype(jnp.float32) / np.sqrt(cfg.head_dim)
+        else:  # MaxText's 2023 dot path: bf16 scores, bf16 softmax
+            scores = scores / jnp.asarray(np.sqrt(cfg.head_dim), scores.dtype)
         if causal:
             scores = jnp.where(jnp.tril(jnp.ones((s, s), dtype=bool)), scores, -1e10)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
