@@ -15,8 +15,10 @@ What is modelled, and what is not:
   tied or untied output embedding; an embedding read by gather or by a one-hot matmul (``iota_embed``);
   RMS norms; f32 master weights cast to the activation dtype at each matmul.
 - attention is plain XLA dot-product attention with a causal mask: the scores are materialised, as
-  MaxText's ``dot_product`` path does, not computed blockwise by a flash kernel. Rotary or relative
-  position terms are left out (elementwise work, no matmul FLOPs).
+  MaxText's ``dot_product`` path does, not computed blockwise by a flash kernel; in float32 unless
+  ``scores_in_fp32=False`` (bfloat16, as that path had them in October 2023). Rotary or relative
+  position terms, and that path's layer norms on queries and keys, are left out (elementwise work, no
+  matmul FLOPs).
 - the mesh has MaxText's axes ``('data', 'fsdp', 'tensor')``; weights are sharded by MaxText's logical
   rules (``embed`` on fsdp; heads, mlp and vocab on tensor), the batch over data and fsdp. Several slices
   (``num_slices``) put the DCN axis outside the ICI axis of the same name, as MaxText's hybrid mesh does.
@@ -42,8 +44,10 @@ build a config from a learner's numbers and call :func:`lower_train_step`.
 Cost on a 2-core machine (libtpu 0.0.50.1, jax 0.12.0.1), MaxText's 16B row (32 layers, 256 chips of
 ``v5e:16x16``, 12,288 tokens per chip, full remat): lowering 0.5 s CPU; compiling 112 s CPU with the
 flash kernel and 128 s with ``"dot"`` at the default effort, 26 s at ``jax_optimization_level="O0"``;
-peak RSS 1.1 GB. The compiler's HBM for it: 14.1 GB (flash, default), 16.2 GB (dot, default),
-16.6 GB (flash, O0), against the chip's 16 GB.
+peak RSS 1.1 GB. ``memory_analysis()``'s arguments + temporaries for it: 14.1 GB (flash, default), 16.2 GB
+(dot, default), 16.6 GB (flash, O0), against the chip's 16 GB. On TPU that sum over-states the HBM: the
+compiler's own allocation (``total_allocation_bytes``) is what must fit, e.g. 12.70 GiB where the 32B row
+sums to 17.95 GiB (see :class:`utils.published_rows.RowEstimate`).
 """
 
 from __future__ import annotations
@@ -364,7 +368,7 @@ def _act(name: str):
 
 
 def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, remat: Remat = "full",
-                     attention: Attention = "dot", causal: bool = True,
+                     attention: Attention = "dot", causal: bool = True, scores_in_fp32: bool = True,
                      learning_rate: float = 3e-5) -> jax.stages.Lowered:
     """The lowered training step ``(params, opt_state, tokens) -> (params, opt_state, loss)``.
 
@@ -375,6 +379,9 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     the no-batch-dim matmul outputs to host memory, ``"none"`` keeps everything.
     ``attention="flash"`` runs MaxText's Pallas kernel (512-blocks) per shard under ``shard_map``;
     ``causal=False`` computes every score, as MaxText's flash call did until November 2023.
+    ``scores_in_fp32`` (``attention="dot"`` only): the scores and their softmax in float32 (the usual choice
+    for stability); ``False`` keeps them in ``cfg.dtype``, as MaxText's ``dot_product_attention`` did in
+    October 2023 (``float32_logits`` defaulted to False and its ``DecoderLayer`` did not set it).
     ``per_device_batch``: sequences per chip (per group of ``context`` chips where the mesh has that axis).
     Call ``.compile()`` on the result (libtpu does the work; no TPU is needed).
     """
@@ -433,7 +440,11 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     def dot_attention(q, k, v):
         b, s = q.shape[:2]
         q = q.reshape(b, s, cfg.kv_heads, group, cfg.head_dim)
-        scores = jnp.einsum("bqngk,bsnk->bngqs", q, k).astype(jnp.float32) / np.sqrt(cfg.head_dim)
+        scores = jnp.einsum("bqngk,bsnk->bngqs", q, k)
+        if scores_in_fp32:
+            scores = scores.astype(jnp.float32) / np.sqrt(cfg.head_dim)
+        else:  # MaxText's 2023 dot path: bf16 scores, bf16 softmax
+            scores = scores / jnp.asarray(np.sqrt(cfg.head_dim), scores.dtype)
         if causal:
             scores = jnp.where(jnp.tril(jnp.ones((s, s), dtype=bool)), scores, -1e10)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
