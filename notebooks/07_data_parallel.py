@@ -134,10 +134,16 @@ class MLP(nnx.Module):
         return self.linear2(jax.nn.relu(self.linear1(x)))
 
 
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-x = jax.random.normal(key_x, (64, 64))
-w_teacher = jax.random.normal(key_teacher, (64, 10))
-y = jnp.argmax(x @ w_teacher, axis=-1).astype(jnp.int32)
+@jax.jit  # one compiled program, rather than one per operation (jax.random, @, argmax), each compiled on first use
+def teacher_data(key):
+    """64 examples of 64 features, labelled by a fixed random "teacher" matrix."""
+    key_x, key_teacher = jax.random.split(key)
+    x = jax.random.normal(key_x, (64, 64))
+    w_teacher = jax.random.normal(key_teacher, (64, 10))
+    return x, jnp.argmax(x @ w_teacher, axis=-1).astype(jnp.int32)
+
+
+x, y = teacher_data(jax.random.key(0))
 
 
 def step(model, optimizer, x, y):
@@ -269,6 +275,7 @@ assert not np.allclose(k_one[0], k_full, atol=1e-3)  # one device's gradient alo
 # pending sum, and `reshard` to `P()` adds them, the all-reduce that section 4 finds in the compiled step:
 
 # %% tags=["save"]
+@nnx.jit  # compiled whole, rather than one small program per operation of the gradient
 def first_layer_gradient(model, x, y):
     """dh: the gradient of the course's loss at the MLP's first layer output (before the ReLU), on one device.
     Notebooks 09 and 10 read their pending-sum types from it too."""
@@ -530,7 +537,7 @@ print("the 8 copies of linear2/kernel are bit-identical after 5 steps")
 #
 # Data parallelism scales by keeping the **per-device** batch fixed and adding devices: the **global**
 # batch grows with the device count. Build meshes of 2, 4 and 8 devices, give each device 8 examples,
-# and compile the same train step on each.
+# and compile the same train step on each (on 8 devices it is section 4's program, already compiled).
 #
 # **Pop quiz.** Before you run it: from 2 to 8 devices the global batch grows 4 times. What happens to
 # the bytes the all-reduce carries, and to the ring estimate of what each device sends?
@@ -545,15 +552,17 @@ print("the 8 copies of linear2/kernel are bit-identical after 5 steps")
 
 # %%
 rows, batches = [], {}
+x_host, y_host = np.asarray(x), np.asarray(y)  # sliced on the host: nothing to compile
 for n in (2, 4, 8):
     sub_mesh = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
-    xb = jax.device_put(x[: 8 * n], NamedSharding(sub_mesh, P("data")))
-    yb = jax.device_put(y[: 8 * n], NamedSharding(sub_mesh, P("data")))
+    xb = jax.device_put(x_host[: 8 * n], NamedSharding(sub_mesh, P("data")))
+    yb = jax.device_put(y_host[: 8 * n], NamedSharding(sub_mesh, P("data")))
     m = MLP(nnx.Rngs(0))
     o = nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
     nnx.update(m, jax.device_put(nnx.state(m), NamedSharding(sub_mesh, P())))
     nnx.update(o, jax.device_put(nnx.state(o), NamedSharding(sub_mesh, P())))
-    compiled_n = train_step.lower(m, o, xb, yb).compile()
+    # 8 devices: section 4's mesh, shardings and step, so its program; 2 and 4: compiled here
+    compiled_n = compiled if n == 8 else train_step.lower(m, o, xb, yb).compile()
     rows.append((n, xb.shape[0], xb.sharding.shard_shape(xb.shape)[0], collectives(compiled_n),
                  memory_per_device(compiled_n)))
     batches[f"{n} devices"] = xb

@@ -348,7 +348,7 @@ from notebooks.models import first_layer_gradient  # notebook 07's
 
 fresh = MLP(nnx.Rngs(0))  # the initial parameters, on one device
 dh = first_layer_gradient(fresh, x, y)  # the gradient at the first layer's output
-full_dw1 = nnx.grad(lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean())(fresh)
+full_dw1 = nnx.jit(nnx.grad(lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()))(fresh)
 with jax.set_mesh(explicit_mesh):
     x_rows = jax.device_put(x, NamedSharding(explicit_mesh, P("data", None)))
     dh_blocks = jax.device_put(dh, NamedSharding(explicit_mesh, P("data", "model")))

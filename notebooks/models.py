@@ -60,10 +60,16 @@ class MLP(nnx.Module):
         return self.linear2(jax.nn.relu(self.linear1(x)))
 
 
-key_x, key_teacher = jax.random.split(jax.random.key(0))
-x = jax.random.normal(key_x, (64, 64))
-w_teacher = jax.random.normal(key_teacher, (64, 10))
-y = jnp.argmax(x @ w_teacher, axis=-1).astype(jnp.int32)
+@jax.jit  # one compiled program, rather than one per operation (jax.random, @, argmax), each compiled on first use
+def teacher_data(key):
+    """64 examples of 64 features, labelled by a fixed random "teacher" matrix."""
+    key_x, key_teacher = jax.random.split(key)
+    x = jax.random.normal(key_x, (64, 64))
+    w_teacher = jax.random.normal(key_teacher, (64, 10))
+    return x, jnp.argmax(x @ w_teacher, axis=-1).astype(jnp.int32)
+
+
+x, y = teacher_data(jax.random.key(0))
 
 
 def step(model, optimizer, x, y):
@@ -79,6 +85,7 @@ train_step = nnx.jit(step, donate_argnums=(0, 1))  # model and optimizer are upd
 
 
 # --- from notebooks/07_data_parallel.py
+@nnx.jit  # compiled whole, rather than one small program per operation of the gradient
 def first_layer_gradient(model, x, y):
     """dh: the gradient of the course's loss at the MLP's first layer output (before the ReLU), on one device.
     Notebooks 09 and 10 read their pending-sum types from it too."""

@@ -782,3 +782,19 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
     after = _versions(vpy)
     changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
     assert changed == {"optax", "jax-cuda12-pjrt", "jax-cuda12-plugin"}, changed
+
+
+def test_freeze_at_exit_registers_once_and_freezes_the_collector_when_the_process_exits():
+    """The exit handler runs after every handler registered later (JAX's among them) and freezes the collector."""
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))  # runs after freeze_at_exit's\n"
+        "from utils import launch\n"
+        "first, again = launch.freeze_at_exit(), launch.freeze_at_exit()\n"
+        "atexit.register(lambda: print('frozen before it:', gc.get_freeze_count() > 0))\n"
+        "print('registered:', first, again, gc.get_freeze_count())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["registered: True False 0", "frozen before it: False", "frozen at exit: True"]
