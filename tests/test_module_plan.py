@@ -165,3 +165,13 @@ def test_the_shared_optimizer_clips_and_decays_the_weights():
     unclipped, _ = optax.adamw(1e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1).update(
         {"w": jnp.array([300.0, 400.0, 0.0])}, state[1], params)
     assert not jnp.allclose(unclipped["w"], same["w"])  # the check above can fail
+
+
+def test_an_h100_target_without_a_gpu_stops_before_building_the_module():
+    try:
+        jax.devices("gpu")
+        pytest.skip("a GPU is visible: the H100 target compiles here")
+    except RuntimeError:
+        pass
+    with pytest.raises(RuntimeError, match="needs a visible NVIDIA GPU"):
+        plan_module(lambda: pytest.fail("built the module"), **{**ARGS, "chip": "H100", "topology": "H100:1x1x8"})

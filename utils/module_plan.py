@@ -64,6 +64,9 @@ from .planner import (
     _compile,
     _describe,
     _factorisations,
+    _gpu_make_mesh,
+    _gpu_ready,
+    _is_gpu,
     _mesh,
     _refusal,
     _slice_chips,
@@ -236,7 +239,8 @@ def plan_module(make: Callable[[], Any], *, seq_len: int, vocab_size: int, chip:
 
     ``seq_len`` and ``vocab_size``: the token shape the module reads and the logits' last dimension;
     ``rules``: logical axis name -> ``"data"``, ``"fsdp"``, ``"tensor"`` or None (:data:`LOGICAL_RULES`);
-    ``meshes``: restrict the ``(data, fsdp, tensor)`` meshes. The rest as :func:`utils.planner.plan`. Returns a
+    ``meshes``: restrict the ``(data, fsdp, tensor)`` meshes. The rest as :func:`utils.planner.plan`
+    (``chip="H100"``, ``topology="H100:1x1x8"`` needs a visible GPU and stops at once without one). Returns a
     :class:`utils.planner.Ranking` whose rows' remat is ``"as written"``. Needs libtpu for the compiles; bad
     input raises a ValueError naming the fix.
     """
@@ -257,6 +261,9 @@ def plan_module(make: Callable[[], Any], *, seq_len: int, vocab_size: int, chip:
         raise ValueError(f"effort must be one of {EFFORTS}, got {effort!r}")
     if not isinstance(max_compiles, int) or max_compiles < 0:
         raise ValueError(f"max_compiles must be a whole number >= 0, got {max_compiles!r}")
+    gpu = _is_gpu(hw)
+    if gpu:  # at once: the CUDA compiler needs a visible GPU (utils.planner.plan's rule)
+        _gpu_ready(topology, num_slices, "dot")
     graphdef, params, rest = abstract_module(make)
     name = graphdef.nodes[0].type.__name__  # the module's class (the graph's root node)
     sequences, chips = global_batch_tokens // seq_len, per_slice * num_slices
@@ -298,7 +305,9 @@ def plan_module(make: Callable[[], Any], *, seq_len: int, vocab_size: int, chip:
                                 note=f"parameters and moments alone {state / GiB:.2f} GiB")
             else:
                 plausible.append((c, formula, accumulator, guess, specs))
-    if max_compiles and plausible:
+    if gpu:
+        make_mesh = _gpu_make_mesh
+    elif max_compiles and plausible:
         _describe(topology, num_slices)
     compiles, fitted = 0, set()
     for c, formula, accumulator, guess, specs in sorted(plausible, key=lambda x: (x[3], x[0].accumulation,
@@ -336,7 +345,7 @@ def plan_module(make: Callable[[], Any], *, seq_len: int, vocab_size: int, chip:
             plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
                             note=f"the compiler's program needs {(used + accumulator) / GiB:.2f} GiB")
             continue
-        estimate = estimate_step(compiled, mesh, chip=hw, use_cycles=effort == "default")
+        estimate = estimate_step(compiled, mesh, chip=hw, use_cycles=effort == "default" and not gpu)
         seconds = estimate.seconds * c.accumulation
         fitted.add(key)
         plans[c] = Plan(c, "fits", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
