@@ -18,6 +18,10 @@ Call::
     print(ranking.why)      # which term bounds the winner, and what the runner-up loses to
     best = ranking.best     # a Plan: mesh, remat, per-device batch, HBM, step seconds, MFU
 
+A learner's own Flax NNX module, rather than a ``DecoderConfig``, goes to :func:`utils.module_plan.plan_module`
+(its weights split by their logical axis names; the same ranking comes back). An H100 node
+(``chip="H100", topology="H100:1x1x8"``) compiles with the CUDA compiler and so needs a visible GPU.
+
 The search, in four steps:
 
 1. **Candidates.** Every factorisation of a slice's chips over ``(data, fsdp, tensor)`` whose sizes the
@@ -217,10 +221,12 @@ class Plan:
 
 @dataclass(frozen=True)
 class Ranking:
-    """Every plan, best first (:func:`plan`); iterate it, index it, print it as a table, read ``why``."""
+    """Every plan, best first (:func:`plan`); iterate it, index it, print it as a table, read ``why``.
+    ``model``: the :class:`utils.train_step.DecoderConfig` planned, or for a module
+    (:func:`utils.module_plan.plan_module`) a :class:`utils.module_plan.ModuleModel`."""
 
     plans: tuple[Plan, ...]
-    model: DecoderConfig
+    model: DecoderConfig | Any
     chip: Chip
     topology: str
     num_slices: int
