@@ -385,6 +385,68 @@ assert set(slower) == {row.name for row in ROWS if row.name.startswith("v5p 128B
 assert all(0.145 < v < 0.185 for v in slower.values())  # 15 to 18% slower by the planner's estimate
 
 # %% [markdown]
+# ## 6. Your own Flax NNX module
+#
+# A learner's model is often their own code rather than a `DecoderConfig`. `plan_module` takes a function
+# that builds an NNX module. It builds it with `nnx.eval_shape`, so no parameter is allocated and a 70B
+# module costs no memory. The module says how each weight may be split with Flax's logical axis names
+# (`nnx.with_partitioning(init, ("embed", "mlp"))`), and the planner maps those names onto each candidate
+# mesh the way MaxText's rules do: `embed` on `fsdp`; `mlp`, `heads` and `vocab` on `tensor`. The module must
+# take tokens and return logits; the step around it is the same cross-entropy and AdamW as above.
+#
+# Remat is not searched, because the planner cannot wrap layers it cannot see: the module is compiled as
+# written (with its own `nnx.remat` if it has one), and its rows say so. The activations depend on code the
+# planner does not read, so nothing is pruned on them. The formula only refuses what the state alone
+# cannot fit, and the compiler decides the rest.
+
+# %%
+import jax
+from flax import nnx
+
+from utils.module_plan import abstract_module, plan_module
+
+
+class TinyLM(nnx.Module):
+    """An embedding, one gated feed-forward with logical names, a norm, and logits through the embedding."""
+
+    def __init__(self, rngs: nnx.Rngs, vocab: int = 1024, width: int = 256, hidden: int = 1024):
+        named = nnx.with_partitioning
+        self.embed = nnx.Embed(vocab, width, rngs=rngs,
+                               embedding_init=named(nnx.initializers.normal(), ("vocab", "embed")))
+        self.gate, self.up = (nnx.Linear(width, hidden, use_bias=False, rngs=rngs,
+                                         kernel_init=named(nnx.initializers.lecun_normal(), ("embed", "mlp")))
+                              for _ in range(2))
+        self.down = nnx.Linear(hidden, width, use_bias=False, rngs=rngs,
+                               kernel_init=named(nnx.initializers.lecun_normal(), ("mlp", "embed")))
+        self.norm = nnx.RMSNorm(width, rngs=rngs)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        h = self.norm(x)
+        return self.embed.attend(x + self.down(jax.nn.silu(self.gate(h)) * self.up(h)))
+
+
+_, abstract, _ = abstract_module(lambda: TinyLM(nnx.Rngs(0)))
+assert all(isinstance(v.get_value(), jax.ShapeDtypeStruct) for _, v in nnx.to_flat_state(abstract))  # no array
+mine = plan_module(lambda: TinyLM(nnx.Rngs(0)), seq_len=256, vocab_size=1024, chip="v5e", topology="v5e:2x4",
+                   global_batch_tokens=8 * 256, max_compiles=0)
+meshes = {(p.candidate.data, p.candidate.fsdp, p.candidate.tensor): p for p in mine if p.candidate.accumulation == 1}
+print(f"{mine.model.num_params():,} parameters; weights, moments and gradients a chip (formula), "
+      f"data x fsdp x tensor:")
+print(", ".join(f"{d}x{f}x{t} {p.formula_bytes / 2**20:.2f} MiB" for (d, f, t), p in meshes.items()))
+assert len(meshes) == 10 and {p.candidate.remat for p in mine} == {"as written"}  # every split the names divide
+assert meshes[1, 8, 1].formula_bytes < meshes[8, 1, 1].formula_bytes / 4  # the names split the state 8 ways
+assert meshes[1, 1, 8].formula_bytes < meshes[8, 1, 1].formula_bytes / 4  # and so do vocab and mlp on tensor
+
+# %% [markdown]
+# The formula column shows the names at work. Under `fsdp` (or `tensor`) every named weight is split eight
+# ways, so a chip holds about an eighth of the data-parallel plan's state; the norm's scale has no name, so
+# every chip keeps it whole. With `max_compiles=0` nothing was compiled, so every row waits as "not compiled".
+# The same call with `max_compiles=2, effort="O0"` compiles the two cheapest plans for the v5e-8 in about 4 s
+# of CPU and ranks them by the time model, exactly as for a `DecoderConfig` (the course's tests do it, so this
+# notebook keeps to its time budget). On a real slice, each compile of a real module takes tens of seconds.
+
+# %% [markdown]
 # ## Takeaways
 # - `plan(model, chip=..., topology=..., global_batch_tokens=...)` ranks the plans (mesh, remat,
 #   micro-batch) for a model on a slice: `print(ranking)` is the table, `ranking.why` the explanation,
@@ -405,6 +467,9 @@ assert all(0.145 < v < 0.185 for v in slower.values())  # 15 to 18% slower by th
 #   published plan among its own where it fits here, and says what the others gain. Where the compiler
 #   at O0 refuses it (nothing in VMEM, and the course's builder is not MaxText's program), the planner's
 #   choice is set by memory: compile near-limit plans at the default effort before believing a refusal.
+# - Your own Flax NNX module plans the same way: `plan_module(make, seq_len=..., vocab_size=..., ...)` builds
+#   it abstractly, splits its weights by their logical axis names, and compiles it as written (remat is the
+#   module's own).
 # - Context, expert and pipeline axes are opt-in (`axes=(*AXES, "context")`, `"expert"`, `"stage"`;
 #   notebooks 16-18). A `stage` plan is an estimate built from one compiled stage, and its table row names
 #   GPipe's bubble.

@@ -668,3 +668,45 @@ def test_the_compiler_refuses_what_the_formula_let_through():
     refused = next(p for p in ranking if p.compiled and p.candidate.per_device_batch == 2)
     assert refused.status == "refused" and refused.hbm_bytes > CHIPS["v5e"].hbm_bytes >= refused.formula_bytes
     assert ranking.best.candidate.accumulation == 2 and ranking.best.hbm_bytes < CHIPS["v5e"].hbm_bytes
+
+
+# --- a GPU target (H100): compiled by the CUDA compiler, so only where a GPU is visible ---------------------
+
+def _gpu_visible() -> tuple[bool, str]:
+    import jax
+
+    try:
+        return bool(jax.devices("gpu")), "a GPU is visible"
+    except RuntimeError as err:
+        first = str(err).splitlines()[0]
+        return False, f"no GPU visible to jax ({first}): the H100 target compiles with CUDA's compiler"
+
+
+def test_an_h100_target_without_a_gpu_stops_at_once_and_says_what_to_use(monkeypatch):
+    ok, _ = _gpu_visible()
+    if ok:
+        pytest.skip("a GPU is visible: the H100 target compiles here")
+    monkeypatch.setattr(planner, "candidates", lambda *a, **k: pytest.fail("searched before checking for a GPU"))
+    for chip in ("H100", "h100"):
+        with pytest.raises(RuntimeError, match=r"needs a visible NVIDIA GPU.*topology='v5p:2x2x2'"):
+            plan(TINY, chip=chip, topology="H100:1x1x8", global_batch_tokens=8 * 128, max_compiles=0)
+
+
+def test_an_h100_target_names_its_limits():
+    with pytest.raises(ValueError, match="is not a H100 slice"):
+        plan(TINY, chip="H100", topology="v5e:2x4", global_batch_tokens=8 * 128)
+    assert planner._is_gpu(CHIPS["H100"]) and not planner._is_gpu(CHIPS["v5e"])
+    ok, _ = _gpu_visible()
+    if not ok:  # the limits are checked after the GPU, which is missing here: check them without it
+        for kwargs, message in ((dict(num_slices=2), "one node"), (dict(attention="flash"), "attention='dot'")):
+            with pytest.raises(ValueError, match=message):
+                planner._gpu_ready("H100:1x1x8", kwargs.get("num_slices", 1), kwargs.get("attention", "dot"))
+
+
+def test_an_h100_node_is_planned_where_a_gpu_is_visible():
+    ok, why = _gpu_visible()
+    if not ok:
+        pytest.skip(why)
+    ranking = plan(TINY, chip="H100", topology="H100:1x1x8", global_batch_tokens=8 * 128, remats=("full",),
+                   meshes=[(8, 1, 1), (1, 8, 1)], max_compiles=2)
+    assert len(ranking.fitting) == 2 and ranking.best.step_seconds > 0

@@ -18,6 +18,10 @@ Call::
     print(ranking.why)      # which term bounds the winner, and what the runner-up loses to
     best = ranking.best     # a Plan: mesh, remat, per-device batch, HBM, step seconds, MFU
 
+A learner's own Flax NNX module, rather than a ``DecoderConfig``, goes to :func:`utils.module_plan.plan_module`
+(its weights split by their logical axis names; the same ranking comes back). An H100 node
+(``chip="H100", topology="H100:1x1x8"``) compiles with the CUDA compiler and so needs a visible GPU.
+
 The search, in four steps:
 
 1. **Candidates.** Every factorisation of a slice's chips over ``(data, fsdp, tensor)`` whose sizes the
@@ -217,10 +221,12 @@ class Plan:
 
 @dataclass(frozen=True)
 class Ranking:
-    """Every plan, best first (:func:`plan`); iterate it, index it, print it as a table, read ``why``."""
+    """Every plan, best first (:func:`plan`); iterate it, index it, print it as a table, read ``why``.
+    ``model``: the :class:`utils.train_step.DecoderConfig` planned, or for a module
+    (:func:`utils.module_plan.plan_module`) a :class:`utils.module_plan.ModuleModel`."""
 
     plans: tuple[Plan, ...]
-    model: DecoderConfig
+    model: DecoderConfig | Any
     chip: Chip
     topology: str
     num_slices: int
@@ -443,13 +449,14 @@ def _cut_bytes(model: DecoderConfig, c: Candidate) -> int:
 def _chip(chip: str | Chip, topology: str) -> Chip:
     if isinstance(chip, Chip):
         found = chip
-    elif chip in CHIPS:
-        found = CHIPS[chip]
+    elif chip in CHIPS or chip.upper() in CHIPS:
+        found = CHIPS[chip] if chip in CHIPS else CHIPS[chip.upper()]
     else:
         raise ValueError(f"unknown chip {chip!r}; known chips: {', '.join(CHIPS)} (or pass a utils.timing.Chip)")
     if not isinstance(topology, str) or ":" not in topology:
-        raise ValueError(f"topology must name a TPU slice like 'v5e:16x16' or 'v5p:4x4x8', got {topology!r}")
-    if topology.split(":")[0] != found.name:
+        raise ValueError(f"topology must name a TPU slice like 'v5e:16x16' or 'v5p:4x4x8' (or 'H100:1x1x8' for one "
+                         f"node of 8 H100s), got {topology!r}")
+    if topology.split(":")[0].lower() != found.name.lower():
         raise ValueError(f"topology {topology!r} is not a {found.name} slice; name a '{found.name}:...' topology "
                          f"or chip={topology.split(':')[0]!r}")
     return found
@@ -561,6 +568,52 @@ def candidates(model: DecoderConfig, *, chips_per_slice: int, num_slices: int = 
     return found
 
 
+def _is_gpu(chip: Chip) -> bool:
+    """A GPU target (its interconnect is a switch, ``torus == 0``): compiled by the CUDA compiler, not libtpu."""
+    return chip.torus == 0
+
+
+def _gpu_ready(topology: str, num_slices: int, attention: str) -> None:
+    """Check at once that a GPU target can be compiled here; a RuntimeError (no GPU) or ValueError names the fix.
+
+    The CUDA compiler runs only where jax sees an NVIDIA GPU (``jax[cuda12]`` and a driver), unlike libtpu,
+    which compiles for any TPU slice with no TPU; so a GPU plan needs a GPU machine and the course never does."""
+    import jax
+
+    if num_slices != 1:
+        raise ValueError(f"num_slices={num_slices}: a GPU target is one node here ({topology!r}); use num_slices=1")
+    if attention != "dot":
+        raise ValueError("attention='flash' is the TPU Pallas kernel; use attention='dot' for a GPU target")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise RuntimeError(f"planning for {topology!r} compiles with the CUDA compiler, which needs a visible NVIDIA "
+                           f"GPU, and jax sees none here ({why}). Plan on a TPU slice instead, which compiles "
+                           "with no TPU (chip='v5p', topology='v5p:2x2x2'), or run this on a machine with a GPU "
+                           "and jax[cuda12]") from None
+    if not gpus:  # pragma: no cover (jax raises above where there is none)
+        raise RuntimeError(f"planning for {topology!r} needs a visible NVIDIA GPU; jax sees none")
+
+
+def _gpu_make_mesh(topology: str, parallelism: Parallelism, *, num_slices: int = 1,
+                   allow_split_physical_axes: bool = False) -> Any:
+    """The ``(data, fsdp, tensor)`` mesh over a GPU node's compile-only devices
+    (``topologies.get_topology_desc(name, "cuda", topology="1x1x8")``), in device order (an NVSwitch node: every
+    pair of GPUs is one hop, so the order does not change the time model)."""
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh
+
+    from .capture import quiet
+
+    name, shape = topology.split(":", 1)
+    with quiet():
+        devices = topologies.get_topology_desc(name.lower(), "cuda", topology=shape).devices
+    (ici, _) = parallelism.resolve(len(devices), num_slices)
+    return Mesh(np.asarray(devices).reshape(ici), AXES)
+
+
 def _describe(topology: str, num_slices: int) -> None:
     """Check that libtpu knows the slice (before any compile); a ValueError naming the fix if not."""
     from jax.experimental import topologies
@@ -626,8 +679,11 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
     """Rank the sharding plans for training ``model`` on ``num_slices`` slices of ``topology``.
 
     ``model``: a :class:`utils.train_step.DecoderConfig`; ``chip``: a name of :data:`utils.timing.CHIPS`
-    (``"v5e"``, ``"v5p"``, ``"v6e"``) or a :class:`utils.timing.Chip`; ``topology``: the slice
-    (``"v5e:16x16"``); ``global_batch_tokens``: tokens per optimizer step, all slices together (a multiple of
+    (``"v5e"``, ``"v5p"``, ``"v6e"``, ``"H100"``) or a :class:`utils.timing.Chip`; ``topology``: the slice
+    (``"v5e:16x16"``), or for ``"H100"`` one node (``"H100:1x1x8"``: the CUDA compiler's
+    ``get_topology_desc("h100", "cuda", topology="1x1x8")``, which needs a visible NVIDIA GPU: without one
+    :func:`plan` stops at once with a RuntimeError saying to plan on a TPU slice instead; one node, the three
+    axes, ``attention="dot"``); ``global_batch_tokens``: tokens per optimizer step, all slices together (a multiple of
     chips x ``seq_len``); ``remats``: the remat policies to try; ``meshes``: restrict the ICI meshes
     ``(data, fsdp, tensor)`` (default: every one the model divides); ``attention``: ``"dot"`` or ``"flash"``
     (:func:`utils.train_step.lower_train_step`); ``max_compiles``: at most this many ahead-of-time compiles
@@ -657,6 +713,11 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
         raise ValueError(f"max_compiles must be a whole number >= 0, got {max_compiles!r}")
     if attention not in ("dot", "flash"):
         raise ValueError(f"attention must be 'dot' or 'flash', got {attention!r}")
+    gpu = _is_gpu(hw)
+    if gpu:  # at once, before any formula: the CUDA compiler needs a visible GPU
+        _gpu_ready(topology, num_slices, attention)
+        if tuple(axes) != AXES:
+            raise ValueError(f"axes={tuple(axes)}: a GPU target searches {AXES} only; drop the opt-in axes")
     sequences = global_batch_tokens // model.seq_len
     chips = per_slice * num_slices
     found = candidates(model, chips_per_slice=per_slice, num_slices=num_slices, sequences=sequences,
@@ -687,7 +748,9 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             plans[c] = Plan(c, "pruned", formula, guess, note=f"formula {formula / GiB:.2f} GiB")
         else:
             plausible.append((c, formula, accumulator, guess))
-    if max_compiles and plausible:
+    if gpu:
+        make_mesh = _gpu_make_mesh
+    elif max_compiles and plausible:
         _describe(topology, num_slices)
     # the paper guess first; a mesh and remat's fewer micro-steps come first (the guess grows with them)
     order = sorted(plausible, key=lambda x: (x[3], x[0].accumulation, x[0].label()))
@@ -739,7 +802,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
                                  + (f", {(used + accumulator + flight) / GiB:.2f} with GPipe's micro-batches in "
                                     "flight" if flight else ""))
             continue
-        estimate = estimate_step(compiled, mesh, chip=hw, use_cycles=effort == "default")
+        estimate = estimate_step(compiled, mesh, chip=hw, use_cycles=effort == "default" and not gpu)
         pipe = None
         if c.stage > 1:
             pipe = estimate_pipeline(estimate.seconds, stages=c.stage, micro_batches=c.accumulation,

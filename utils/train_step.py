@@ -68,7 +68,7 @@ from .capture import quiet
 from .tpu import tpu_compiler_available
 
 __all__ = ["AXES", "AXES_WITH_CONTEXT", "REMAT_POLICIES", "DecoderConfig", "Parallelism", "lower_train_step",
-           "make_mesh"]
+           "make_mesh", "optimizer"]
 
 AXES = ("data", "fsdp", "tensor")
 AXES_WITH_CONTEXT = ("data", "fsdp", "context", "tensor")  # the mesh of Parallelism(ici_context > 1)
@@ -518,8 +518,7 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
         log_probs = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.sum(log_probs * jax.nn.one_hot(targets, cfg.vocab_size, dtype=jnp.float32), -1))
 
-    tx = optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(learning_rate, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1))
+    tx = optimizer(learning_rate)
 
     def train_step(params, opt_state, tokens, targets):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
@@ -541,6 +540,13 @@ def lower_train_step(cfg: DecoderConfig, mesh: Mesh, *, per_device_batch: int, r
     tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32, sharding=NamedSharding(mesh, P(batch_axes, seq)))
     step = jax.jit(train_step, donate_argnums=(0, 1))
     return step.lower(params, opt_state, tokens, tokens)
+
+
+def optimizer(learning_rate: float = 3e-5) -> optax.GradientTransformation:
+    """The training step's optimizer: global-norm clipping at 1.0, then AdamW (MaxText's defaults: b1 0.9,
+    b2 0.95, eps 1e-8, weight decay 0.1). Shared with :func:`utils.module_plan.plan_module`'s step."""
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adamw(learning_rate, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1))
 
 
 def _moments_like(opt_state, params, shardings, mesh: Mesh):
