@@ -43,6 +43,7 @@ SETUP = setup_devices(8)
 CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
+import json
 import re
 from functools import partial
 
@@ -57,6 +58,7 @@ from jax.sharding import PartitionSpec as P
 
 from utils import (NOT_ANSWERED, assert_close, collectives, draw_permute, draw_shardings, format_bytes,
                    memory_per_device, quiet, shard_table, tpu_compiler_available, type_string)
+from utils.published_rows import PROGRAMS
 
 ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance means nothing
 
@@ -321,46 +323,47 @@ for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params)
 # The same loss and the same parameters after the update.
 #
 # The memory figures above are the CPU compiler's, at a toy size; on a TPU a program this small lives
-# mostly in on-chip VMEM (128 MiB on a v5e). Compile for a TPU v5e at a size that matters: the MLP
-# made `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768 examples (a 256 MiB hidden activation per
-# chip), nothing allocated. `footprint` is HBM. These two programs are compiled at the compiler's
-# default effort, the one a training run gets, and not at the faster O0 of notebook 12, because what
-# the compiler does with the loop is the lesson here. That makes this the notebook's slowest cell.
+# mostly in on-chip VMEM (128 MiB on a v5e). The TPU's memory needs a size that matters: the MLP made
+# `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768 examples (a 256 MiB hidden activation per chip),
+# compiled ahead of time for a TPU v5e with 8 chips, nothing allocated. Its programs must be compiled at
+# the compiler's default effort, the one a training run gets, because what the compiler does with the
+# loop is the lesson: at O0 or O1 the TPU compiler keeps the gradient sum inside the loop, and the
+# strided step then needs *more* HBM than the whole batch. At this size each of those compiles takes
+# about 8 s of CPU, more than this page's budget, so the course compiled the three steps once and keeps
+# their HBM per chip in `data/sequence_batch` (`tests/test_13_sequence_batch.py` compiles them again
+# with this notebook's code and checks the figures). Where the collectives sit in the loop does not
+# depend on the size: the cell compiles the toy steps above for the TPU, at the default effort, live.
 
 # %%
 acc_ops = collectives(compiled_steps["strided"])
 print(f"{jax.default_backend().upper()}:", acc_ops, sep="\n")
+WIDE, N_WIDE = (2048, 16384, 2048), 32768  # the TPU figures' MLP and examples
+hidden = N_WIDE // 8 * WIDE[1] * 4  # one chip's hidden activation for its whole share of the batch
+stored = json.loads((PROGRAMS.parent / "sequence_batch" / "tpu_hbm.json").read_text())  # data/sequence_batch
+assert (tuple(stored["mlp"]), stored["examples"], stored["compiler_effort"]) == (WIDE, N_WIDE, "default")
+tpu_hbm = stored["hbm"]
+print(f"\nTPU {stored['topology']}, MLP {WIDE}, {N_WIDE:,} examples, default effort (stored; jax {stored['jax']}, "
+      f"libtpu {stored['libtpu']}): hidden activation {format_bytes(hidden)} per chip")
+for name, hbm in tpu_hbm.items():
+    print(f"{name:<13} HBM {format_bytes(hbm):>10}")
+assert tpu_hbm["strided"] < tpu_hbm["whole batch"] - hidden // 4  # one micro-batch's activations at a time
+assert tpu_hbm["consecutive"] > tpu_hbm["whole batch"]  # the gathered batch, on every chip
 if TPU_OK:
-    WIDE, N_WIDE = (2048, 16384, 2048), 32768
-    wide_graphdef, wide_params = nnx.split(nnx.eval_shape(lambda: MLP(nnx.Rngs(0), WIDE)))
-    wide_big, wide_accumulating = make_steps(wide_graphdef)
-    wide_args = (wide_params, jax.eval_shape(tx.init, wide_params),
-                 jax.ShapeDtypeStruct((N_WIDE, WIDE[0]), jnp.float32), jax.ShapeDtypeStruct((N_WIDE,), jnp.int32))
-    wide_specs = (*jax.tree.map(lambda _: P(), wide_args[:2]), P("data"), P("data"))
-    hidden = N_WIDE // 8 * WIDE[1] * 4  # one chip's hidden activation for its whole share of the batch
-    tpu_memory, tpu_ops = {}, {}
-    for name, step in (("whole batch", wide_big), ("strided", partial(wide_accumulating, split=strided))):
-        program = on_tpu(lambda m, f=step: f, "data", wide_args, wide_specs, **donated)
-        tpu_memory[name], tpu_ops[name] = memory_per_device(program), collectives(program)
-        del program  # free each compiled program before the next
-    print(f"\nTPU v5e, MLP {WIDE}, {N_WIDE:,} examples: hidden activation {format_bytes(hidden)} per chip")
-    for name, mem in tpu_memory.items():
-        print(f"{name:<13} HBM {format_bytes(mem.footprint):>10}")
+    state_specs = jax.tree.map(lambda _: P(), state0)
+    tpu_ops = {name: collectives(on_tpu(lambda m, step=programs[name]: step, "data", (*state0, x_big, y_big),
+                                        (*state_specs, P("data"), P("data"))))
+               for name in ("strided", "consecutive")}  # the toy steps above, for 8 TPU chips, default effort
     print("strided, TPU:", tpu_ops["strided"], sep="\n")
-    assert tpu_memory["strided"].footprint < tpu_memory["whole batch"].footprint - hidden // 4  # in HBM
     grads_ops = [op for op in tpu_ops["strided"].ops if op.result_bytes > 4]
     assert grads_ops and all((op.kind, op.in_loop) == ("all-reduce", False) for op in grads_ops)  # after the loop
     assert all(op.result_bytes <= 4 for op in tpu_ops["strided"].ops if op.in_loop)  # per micro-batch: the loss
-    state_specs = jax.tree.map(lambda _: P(), state0)
-    tpu_consecutive = collectives(on_tpu(lambda m: programs["consecutive"], "data", (*state0, x_big, y_big),
-                                         (*state_specs, P("data"), P("data"))))
-    assert tpu_consecutive.kinds == {"all-gather"}  # consecutive micro-batches: gathered on TPU too
+    assert tpu_ops["consecutive"].kinds == {"all-gather"}  # consecutive micro-batches: gathered on TPU too
 
 # %% [markdown]
 # The strided step needs less HBM than the whole batch: it keeps one micro-batch's activations, and
 # pays for an accumulator the size of the weights. On the CPU the gradient all-reduce sits in the loop
 # body, once per micro-batch; the TPU compiler moves it after the loop. Consecutive micro-batches are
-# gathered on the TPU too.
+# gathered on the TPU too, and need more HBM than the whole batch.
 #
 # Under FSDP (notebook 10) the weights are sharded, and each micro-batch needs them whole. Shard the
 # MLP's kernels over `data` and compile the strided step for both backends:

@@ -45,6 +45,7 @@ CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compi
 
 # %%
 import gzip
+import json
 import re
 
 import jax
@@ -392,10 +393,13 @@ if CPU:
 #
 # Everything above is the CPU compiler's program. JAX can compile for a TPU topology without a TPU, as
 # notebook 12 showed (notebook 19 goes further). Here is the FSDP x TP step for a `v5e:8x8` slice beside
-# the CPU's; the other rows would not fit the time budget. The TPU program is compiled at the compiler's
-# default effort, with only its machine-code optimisation off (`FAST_COMPILE`). On TPU, `footprint` is
-# each chip's HBM. What the compiler placed in on-chip VMEM (128 MiB on a v5e) is not in it, and at this
-# toy size much of the program fits there.
+# the CPU's. The TPU program is this notebook's `compile_for` at its toy width, for the slice's 64 chips,
+# at the compiler's default effort, with only its machine-code optimisation off (`FAST_COMPILE`). That
+# compile takes about 4 s of CPU, so, like section 4's programs, the course compiled it once and keeps its
+# text and its memory figures in `data/mesh_shape` (`tests/test_15_mesh_shape.py` compiles it again and
+# checks both); the cell reads them, and needs no libtpu. On TPU, `footprint` is each chip's HBM. What
+# the compiler placed in on-chip VMEM (128 MiB on a v5e) is not in it, and at this toy size much of the
+# program fits there.
 
 # %%
 def matrix_gathers(c):
@@ -407,30 +411,31 @@ def matrix_gathers(c):
             for dtype, dims in re.findall(r"(\w+)\[(\d+,\d+)\]", op.result_type) if dtype.startswith(("f", "bf"))}
 
 
-if not ok:
-    print(why)
-else:
-    with quiet():
-        tpu, _ = compile_for(*LAYOUTS["FSDP x TP"], devices=topo.devices)  # at this notebook's toy width
-    sides = {"CPU": compiled["FSDP x TP"], "TPU v5e:8x8": tpu}
-    mem = {side: memory_per_device(c) for side, c in sides.items()}
-    col = {side: collectives(c) for side, c in sides.items()}
-    gathered = {side: matrix_gathers(col[side]) for side in sides}
-    kinds = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-    print(f"{'FSDP x TP (8, 8)':<17}{'arguments':>11}{'footprint':>11}" + "".join(f"{k:>19}" for k in kinds)
-          + "   matrices gathered as")
-    for side in sides:
-        print(f"{side:<17}{format_bytes(mem[side].argument):>11}{format_bytes(mem[side].footprint):>11}"
-              + "".join(f"{col[side].count(k):>19}" for k in kinds)
-              + f"   {sorted({dtype for dtype, _ in gathered[side]})}")
-    for side in sides:  # where they agree: the residual stream, summed over `model`
-        residual = [op for op in col[side].ops if op.kind == "all-reduce" and (8, SEQ, D_MODEL) in op.shapes]
-        assert residual and {op.group_size for op in residual} == {8}
-    # where they differ
-    assert {d for d, _ in gathered["CPU"]} == {"f32"} and {d for d, _ in gathered["TPU v5e:8x8"]} == {"bf16"}
-    assert {s for _, s in gathered["TPU v5e:8x8"]} <= {s for _, s in gathered["CPU"]}  # the same weights
-    assert mem["TPU v5e:8x8"].argument > mem["CPU"].argument  # TPU tiles pad small shards
-    assert mem["TPU v5e:8x8"].footprint < mem["CPU"].footprint  # at this toy size: some buffers sit in VMEM
+TOY = json.loads((STORED / "toy_FSDP_x_TP.json").read_text())  # the TPU program's compile, and its memory
+assert TOY["width"] == dict(D_MODEL=D_MODEL, NUM_LAYERS=NUM_LAYERS, NUM_HEADS=NUM_HEADS, D_FF=D_FF, VOCAB=VOCAB,
+                            SEQ=SEQ, BATCH=BATCH) and TOY["compiler_effort"] == "default"  # this notebook's width
+print(f"TPU v5e:8x8 program: stored, compiled by jax {TOY['jax']} with libtpu {TOY['libtpu']}")
+cpu_memory = memory_per_device(compiled["FSDP x TP"])
+tpu_text = gzip.decompress((STORED / "toy_FSDP_x_TP.hlo.gz").read_bytes()).decode()  # the program, as_text()
+sides = {"CPU": compiled["FSDP x TP"], "TPU v5e:8x8": tpu_text}
+mem = {"CPU": dict(argument=cpu_memory.argument, footprint=cpu_memory.footprint), "TPU v5e:8x8": TOY["memory"]}
+col = {side: collectives(c) for side, c in sides.items()}
+gathered = {side: matrix_gathers(col[side]) for side in sides}
+kinds = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+print(f"{'FSDP x TP (8, 8)':<17}{'arguments':>11}{'footprint':>11}" + "".join(f"{k:>19}" for k in kinds)
+      + "   matrices gathered as")
+for side in sides:
+    print(f"{side:<17}{format_bytes(mem[side]['argument']):>11}{format_bytes(mem[side]['footprint']):>11}"
+          + "".join(f"{col[side].count(k):>19}" for k in kinds)
+          + f"   {sorted({dtype for dtype, _ in gathered[side]})}")
+for side in sides:  # where they agree: the residual stream, summed over `model`
+    residual = [op for op in col[side].ops if op.kind == "all-reduce" and (8, SEQ, D_MODEL) in op.shapes]
+    assert residual and {op.group_size for op in residual} == {8}
+# where they differ
+assert {d for d, _ in gathered["CPU"]} == {"f32"} and {d for d, _ in gathered["TPU v5e:8x8"]} == {"bf16"}
+assert {s for _, s in gathered["TPU v5e:8x8"]} <= {s for _, s in gathered["CPU"]}  # the same weights
+assert mem["TPU v5e:8x8"]["argument"] > mem["CPU"]["argument"]  # TPU tiles pad small shards
+assert mem["TPU v5e:8x8"]["footprint"] < mem["CPU"]["footprint"]  # at this toy size: some buffers sit in VMEM
 
 # %% [markdown]
 # Both programs sum the residual stream over groups of 8 (the `model` axis) and gather the weight
@@ -449,10 +454,9 @@ else:
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU and TPU compilers' exact figures, §5: reduce-scatters
-if ok:
-    print("reduce-scatters:", {side: col[side].count("reduce-scatter") for side in sides})
-    if CPU:
-        assert col["CPU"].count("reduce-scatter") == 0  # the CPU compiler keeps all-reduce + slice
+print("reduce-scatters:", {side: col[side].count("reduce-scatter") for side in sides})
+if CPU:
+    assert col["CPU"].count("reduce-scatter") == 0  # the CPU compiler keeps all-reduce + slice
 
 # %% [markdown]
 # ## 6. A rule of thumb, from the table

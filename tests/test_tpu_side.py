@@ -13,19 +13,21 @@ the TPU program differs, the test asserts the TPU's form. What it checks, and wh
   notebook's shapes and layouts, because the operator is the program (naming it would add nothing);
 - 07, 08, 09, 13: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
   own, read from its source by ``from_notebook`` (which follows 08's and 09's import of notebook 07's MLP
-  from ``notebooks/models.py``), the step is ``abstract_train_step`` below; 13's feed-forward block and its
-  gradient-accumulation steps are the notebook's too;
+  from ``notebooks/models.py``), the step is ``abstract_train_step`` below; 13's feed-forward block is the
+  notebook's too (its wide gradient-accumulation steps, whose HBM the notebook reads stored, are compiled in
+  ``tests/test_13_sequence_batch.py``);
 - 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
   notebook's code (its model from ``notebooks/models.py``, the rest read from its source);
 - 12: the wide model, its layouts and steps, read from the notebook's source (``notebook_12``);
-- 15: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: the five layouts at its size, three at a
-  real width (its own TPU cell compiles one layout).
+- 15: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: three at a real width (the five at its own
+  size, and the stored programs it reads, are compiled in ``tests/test_15_mesh_shape.py``).
 
 libtpu is loaded by the ``chips``/``tpu_pod`` fixtures, when a test first needs it, not at collection.
 The largest compiles (over a minute each on 2 cores) are marked ``slow`` (``make test-slow``): they run on
 both lines in CI, since each line has its own libtpu. Not checked here: 00, 03, 04, 10, 14 and 19 to 22.
-Notebooks 04, 10, 14 and 19 to 21 compile their TPU programs themselves and assert on them (so do 12, 13
-and 15 for some of theirs); 22 is PyTorch/XLA. Skipped, with the reason, where libtpu is not installed.
+Notebooks 04, 10, 14 and 19 to 21 compile their TPU programs themselves and assert on them (so do 12 and 13
+for some of theirs; 13, 14 and 15 read some stored, each checked by its own test file); 22 is PyTorch/XLA.
+Skipped, with the reason, where libtpu is not installed.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from course_support import from_notebook, notebook_11, notebook_12
-from utils import collectives, compile_effort, compile_with_log, memory_per_device, memory_spaces, quiet
+from utils import collectives, compile_effort, compile_with_log, memory_per_device, quiet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -684,26 +686,6 @@ def test_13_tensor_parallel_block_all_reduces_the_residual_stream(chips):
     assert [(kind, shapes) for kind, shapes, _ in summary(compiled)] == [("all-reduce", ((b, s, d),))]
 
 
-@pytest.mark.slow
-def test_13_consecutive_micro_batches_need_more_hbm_than_the_whole_batch(chips):
-    """Notebook 13 section 2 at its TPU size (MLP 2048 -> 16384 -> 2048, 32,768 examples), with the notebook's
-    own steps: in HBM, consecutive micro-batches need more than the whole batch. (The notebook compiles the
-    whole batch and the strided split for TPU and asserts that strided needs less; it leaves consecutive out
-    to keep within its time budget, so this one compiles only the whole batch and consecutive.)"""
-    nb = from_notebook("13", "MLP", "cross_entropy", "N", "tx", "make_steps", "consecutive")
-    mesh, n, sizes = tpu_mesh(chips, (8,), ("data",)), 32768, (2048, 16384, 2048)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: nb.MLP(nnx.Rngs(0), sizes)))
-    big_step, accumulating_step = nb.make_steps(graphdef)
-    state = jax.tree.map(lambda a: struct(a.shape, mesh, P(), a.dtype), (params, jax.eval_shape(nb.tx.init, params)))
-    batch = (struct((n, sizes[0]), mesh, P("data")), struct((n,), mesh, P("data"), jnp.int32))
-    hbm = {}
-    for name, step in (("whole", big_step), ("consecutive", partial(accumulating_step, split=nb.consecutive))):
-        with quiet():
-            hbm[name] = memory_spaces(jax.jit(step, donate_argnums=(0, 1)).lower(*state, *batch))["default"]
-    hidden = n // 8 * sizes[1] * 4  # one chip's hidden activation for its whole share of the batch
-    assert hbm["consecutive"] > hbm["whole"] > hidden
-
-
 def test_13_explicit_mesh_train_step_talks_along_rows_and_columns(chips):
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"), axis_type=AxisType.Explicit)
     rows = NamedSharding(mesh, P("data", None))
@@ -742,18 +724,19 @@ def test_13_expert_context_and_pipeline_collectives(chips):
 
 # --- 15 choosing a mesh shape --------------------------------------------------------------------------
 
-def _layouts_on_v5e_8x8(tpu_pod, names, sizes=None):
+def _layouts_on_v5e_8x8(tpu_pod, names, sizes):
     """Notebook 15's layouts, its own ``compile_for``, compiled for v5e:8x8: {name: (HBM per chip, state bytes per
     chip)}. ``sizes``: a real width instead of the notebook's toy one (D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF,
-    VOCAB, SEQ, BATCH), compiled at the least effort (minutes at the default for 64 chips)."""
+    VOCAB, SEQ, BATCH), compiled at the least effort (minutes at the default for 64 chips). The five layouts
+    at the notebook's own width, default effort, are compiled in tests/test_15_mesh_shape.py."""
     from notebooks.models import MyTransformer
 
     size_names = ("D_MODEL", "NUM_LAYERS", "NUM_HEADS", "D_FF", "VOCAB", "SEQ", "BATCH")
-    given = {"MyTransformer": MyTransformer, **dict(zip(size_names, sizes or (), strict=False))}
-    nb = from_notebook("15", *(() if sizes else ("D_MODEL",)), "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS",
-                       "FAST_COMPILE", "make_step", "compile_for", "state_bytes", given=given)
+    given = {"MyTransformer": MyTransformer, **dict(zip(size_names, sizes, strict=True))}
+    nb = from_notebook("15", "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS", "FAST_COMPILE", "make_step",
+                       "compile_for", "state_bytes", given=given)
     found = {}
-    with compile_effort("O0" if sizes else None):
+    with compile_effort("O0"):
         for name in names:
             shape, rules = nb.LAYOUTS[name]
             with quiet():
@@ -761,18 +744,6 @@ def _layouts_on_v5e_8x8(tpu_pod, names, sizes=None):
             found[name] = (memory_per_device(program).footprint, nb.state_bytes(state))
             del program
     return found
-
-
-@pytest.mark.slow
-def test_15_five_layouts_in_tpu_hbm_at_the_notebooks_size(tpu_pod):
-    """At the notebook's toy size, in HBM: data parallelism needs the most, FSDP less than 1/8 of it.
-
-    Between the model-parallel layouts the toy size says little (much of it sits in VMEM): see below."""
-    found = _layouts_on_v5e_8x8(tpu_pod, ["data", "2-D", "tensor", "FSDP", "FSDP x TP"])
-    hbm = {name: footprint for name, (footprint, _) in found.items()}
-    state = {name: held for name, (_, held) in found.items()}
-    assert max(hbm, key=hbm.get) == "data" and min(state, key=state.get) == "FSDP"
-    assert 8 * hbm["FSDP"] < hbm["data"]
 
 
 @pytest.mark.slow
