@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from test_tpu_side import from_notebook
 
+from course_support import from_notebook
 from utils import collectives, memory_per_device
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "sequence_batch" / "tpu_hbm.json"
