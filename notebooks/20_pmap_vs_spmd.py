@@ -636,6 +636,11 @@ ex.migrate_to_jit.check(answer_1);
 answer_2 = NOT_ANSWERED  # a number: ported gradient / true gradient
 ex.pmean_factor.check(answer_2);
 
+# %% [markdown]
+# **Next:** [21 · Multi-host SPMD: two processes, one mesh](21_multihost.ipynb), or first the optional
+# appendix below.
+
+# %% [markdown]
 # ## Appendix (optional): FSDP with `pmap`, by hand
 #
 # Skip this on a first reading. Notebook 10 teaches FSDP and reads its compiled step. This appendix only
@@ -745,6 +750,3 @@ if CPU:
     assert fsdp_comm.estimated_bytes > pmap_fsdp_comm.estimated_bytes
     print(f"CPU compiler, ring estimates: jit {fsdp_comm.estimated_bytes:,.0f} B, by hand "
           f"{pmap_fsdp_comm.estimated_bytes:,.0f} B")
-
-# %% [markdown]
-# **Next:** [21 · Multi-host SPMD: two processes, one mesh](21_multihost.ipynb)
