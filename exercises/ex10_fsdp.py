@@ -212,6 +212,11 @@ def _fsdp_inputs() -> tuple[dict, jax.Array, jax.Array]:
     return params, x, jnp.asarray(rng.integers(0, 10, size=64), jnp.int32)
 
 
+def _rtol() -> float:
+    """1e-4 on CPU; accelerators multiply float32 at lower precision by default (TF32, bf16 passes)."""
+    return 1e-4 if jax.default_backend() == "cpu" else 1e-2
+
+
 def _check_fsdp_by_hand(step: object) -> None:
     assert callable(step), f"give a function fsdp_loss_and_grads(params, x, y); got {step!r}"
     n = _N
@@ -242,13 +247,13 @@ def _check_fsdp_by_hand(step: object) -> None:
                 f"{ref.shape}: return each device's own {own} block of the summed gradient"
             )
             scale = float(np.vdot(got, ref) / np.vdot(ref, ref))
-            assert np.allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max()), (
+            assert np.allclose(got, ref, rtol=_rtol(), atol=_rtol() / 10 * np.abs(ref).max()), (
                 f"{name}/{part}: the gradient is {scale:.3g} times the full-batch gradient"
                 if (abs(scale - round(scale)) < 0.01 and round(scale) not in (0, 1)) or abs(scale * n - 1) < 0.01
                 else f"{name}/{part}: the gradient differs from the full-batch gradient (largest error "
                 f"{np.abs(got - ref).max():.3g})"
             )
-    assert np.allclose(float(loss), float(want_loss), rtol=1e-5), (
+    assert np.allclose(float(loss), float(want_loss), rtol=_rtol()), (
         f"the loss is {float(loss):.5g}, but the mean over all 64 examples is {float(want_loss):.5g}"
     )
     ops = collectives(compiled).ops
