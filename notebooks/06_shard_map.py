@@ -426,7 +426,10 @@ assert sent["reduce-scatter"] == (N - 1) / N * PARTS[0].nbytes  # (N-1)/N of eac
 # %% [markdown]
 # The picture shows the first `model` column after each step, drawn by `draw_rings` from `utils.drawing`.
 # A block takes the colours of the devices whose data it holds, and the outlined block is the one sent
-# next, along the arrow:
+# next, along the arrow. In the reduce-scatter, each device also holds its own partials of all 4 blocks
+# from the start, so they are drawn as a faint column beside its blocks. The dashed outline marks the
+# partial that the device added in that frame: for example, after step 1 the sum that a device received
+# gains a stripe in its own colour, at the height of the outlined partial.
 
 # %%
 ids = mesh.device_ids[:, 0].tolist()  # the devices along data, model=0
@@ -441,7 +444,7 @@ frames = {"ring all-gather: whose block each is": [
     for step in range(N)],
     "ring reduce-scatter: whose partials each sum adds": [
     [{int(s[1] / s[0]) - 1: contributors(s[0])} for s in rings["reduce-scatter"][:, step, 0]] for step in range(N)]}
-draw_rings(frames, ids)
+draw_rings(frames, ids, own_partials=["ring reduce-scatter: whose partials each sum adds"])
 
 # %% [markdown]
 # Each device sent 3 blocks of 8 bytes: 24 bytes, `(N-1)/N` of the all-gather's 32-byte result, the

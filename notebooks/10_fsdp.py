@@ -22,6 +22,7 @@
 # - which collectives the FSDP step contains, and why FSDP saves memory, not communication;
 # - hybrid sharding (HSDP): FSDP inside a group, data parallelism across groups;
 # - that FSDP gives the same losses as data parallelism and as a single device.
+# - (exercise 4) how to write the same step by hand in `jax.shard_map`: gather, compute, reduce-scatter.
 #
 # The strategy in the course's types (`{U:fsdp}`: partial sums still to be added over `fsdp`). Section 5
 # reads each type from JAX and checks it:
@@ -791,6 +792,32 @@ ex.adam_bytes_per_device.check(answer_2);
 # %%
 answer_3 = NOT_ANSWERED  # a pair (reduce-scatter bytes, all-reduce bytes)
 ex.gradient_traffic.check(answer_3);
+
+# %% [markdown]
+# **Exercise 4: FSDP by hand.** Write this notebook's FSDP step yourself, in `jax.shard_map`, so that you
+# choose every collective the compiler chose in section 5. The checker runs your per-device function
+# `fsdp_loss_and_grads(params, x, y)` on the 8-device `fsdp` mesh, for the MLP `64 -> 256 -> 10`:
+#
+# | argument or result | what one device holds |
+# |---|---|
+# | `params` | `{'linear1': {'kernel', 'bias'}, 'linear2': {...}}`: its block of each kernel's rows, `(8, 256)` and `(32, 10)`, and both biases whole |
+# | `x`, `y` | its 8 of the 64 examples and their labels |
+# | `loss` (returned) | the mean cross-entropy over all 64 examples, the same on every device |
+# | `grads` (returned) | shaped like `params`: its block of rows of each kernel's full-batch gradient, and the biases' gradients whole |
+#
+# A right answer takes about 15 lines: gather each kernel whole, compute the loss and its gradient, and
+# sum each kernel's gradient over the devices so that each keeps only its own rows. The checker compares
+# the loss and the gradients with the single-device ones, and reads the compiled program with
+# `collectives()`: it wants the kernels gathered whole, as in section 5, and their gradients
+# reduce-scattered, as the TPU compiles this step. Nothing compiles until you answer.
+
+# %%
+def fsdp_loss_and_grads(params, x, y):
+    ...  # gather, compute, reduce-scatter; return (loss, grads)
+
+
+answer_4 = NOT_ANSWERED  # set it to fsdp_loss_and_grads once you have written it
+ex.fsdp_by_hand.check(answer_4);
 
 # %% [markdown]
 # **Next:** [11 · A sharded transformer, end to end](11_transformer.ipynb)

@@ -7,18 +7,19 @@
 # step into `shard_map` runs without a warning while every gradient comes out 8 times too large. Splitting
 # the parameters 8 ways, four specs with `jit`, is a page of hand-written collectives with `pmap`.
 #
-# **You need:** notebooks 06 (`jax.shard_map`, `check_vma`) and 07 (data parallelism with `jax.jit`);
-# 08 and 10 (tensor parallelism, FSDP) for section 7.
+# **You need:** notebooks 06 (`jax.shard_map`, `check_vma`) and 07 (data parallelism with `jax.jit`),
+# and 08 (tensor parallelism) for section 7.
 #
 # If you are migrating from `pmap`, start here after notebook 07. Sections 1-6 are the port. Section 7
-# shows why you will not want to go back, and it can wait until you have read 08 and 10.
+# shows why you will not want to go back, and it can wait until you have read 08. An optional appendix
+# after the exercises writes FSDP (notebook 10) with `pmap` by hand.
 #
 # **You will learn**
 # - how the same step written with `pmap`, `jit` and `shard_map` relate;
 # - that a `pmap` output is an ordinary `jax.Array` with a `NamedSharding`, and why nested `pmap` fails;
 # - the migration recipe: `pmap`'s arguments as specs, blocks that keep their rank, `jax.device_put`,
 #   and why `pmean` of gradients inside `shard_map` must go;
-# - what needs `jit` or `shard_map`: a second mesh axis, and sharded parameters (FSDP).
+# - what needs `jit` or `shard_map`: a second mesh axis, and (in the appendix) sharded parameters.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -582,15 +583,74 @@ assert nesting in doc and nested_failed
 # A regression of the move onto `shard_map` in JAX 0.8.0 (the
 # [migration guide](https://docs.jax.dev/en/latest/migrate_pmap.html) calls the new `pmap` "not a
 # perfect replacement"): use a 2-D mesh with `jit`, or a `shard_map` over both axes.
+
+# %% [markdown]
+# ## Takeaways
+# - One data-parallel step can be `pmap` + `pmean`, `jit` + `NamedSharding`, or `shard_map` + `pmean` of
+#   the loss. All three give the same parameters and the same all-reduce, and `jit` is the shortest.
+# - `pmap` is `jit` around `shard_map(check_vma=False)` on a 1-D mesh, and returns ordinary `jax.Array`s
+#   with `(1, ...)` blocks. Nesting it fails, though its docstring documents it.
+# - Migrating: `in_axes` become specs, blocks keep their rank, and placement is `jax.device_put` with
+#   `P()` or `P('data')`. **Never keep `pmean` of gradients inside `shard_map`**: the gradient of a
+#   replicated input is already summed there, so it comes out N times too large. Differentiate the
+#   `pmean`-ed loss instead.
+# - A second mesh axis is a choice of specs with `jit` and impossible with today's `pmap`, because
+#   nesting fails. Sharded parameters (FSDP, the appendix) are specs with `jit` and a page of
+#   hand-written collectives with `pmap`. `jit`'s collectives depend on the compiler: read them.
+
+# %% [markdown]
+# ## Exercises
 #
-# ### 7.3 FSDP: sharded parameters
+# Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
+# `ex.<name>.reveal()` for the reference answer.
 #
-# *Optional on a first reading:* this section repeats notebook 10 in `pmap`'s terms.
+# **Exercise 1: migrate a pmap step to `jax.jit`.** This linear-regression step ran as
+# `jax.pmap(old_step, axis_name='data')` on a weight stacked 8 times, `(8, 16)`, and a batch reshaped
+# to `(8, 8, 16)` and `(8, 8)`:
 #
-# FSDP (notebook 10) splits the parameters themselves, so each device stores about 1/8 of them. The axis
-# that splits them is the one that splits the batch. Notebook 10 names it `fsdp`; here it keeps the name
-# `data`, because it is the same mesh as in sections 2 to 6. With `jit` it is again four specs (`b2`, 10
-# numbers, stays whole):
+# ```python
+# def old_step(w, x, y):
+#     g = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+#     return w - 0.1 * jax.lax.pmean(g, "data")
+# ```
+#
+# Give a triple `(new_step, w_spec, batch_spec)`: `new_step(w, x, y)` takes the weight `(16,)` and the
+# **global** batch `x (64, 16)`, `y (64,)`. The checker places `w` by `w_spec`, `x` by `batch_spec` and
+# `y` by its first entry on a 1-D mesh `('data',)`, runs `jax.jit(new_step)`, and checks the new weight
+# against pmap's and the collectives.
+
+# %%
+from exercises import ex20_pmap_vs_spmd as ex
+
+answer_1 = NOT_ANSWERED  # e.g. (my_step, P(...), P(...)), with def my_step(w, x, y): ...
+ex.migrate_to_jit.check(answer_1);
+
+# %% [markdown]
+# **Exercise 2: predict the factor.** On the mesh `jax.make_mesh((2, 4), ('data', 'model'),
+# axis_types=(AxisType.Auto,) * 2)`, you port a pmap step into `jax.shard_map` with the default
+# `check_vma=True`, `in_specs=(P(), P('data'), P('data'))` (parameters replicated, batch split over
+# `data` only, so the 4 devices of a `model` group see the same examples), and keep
+# `jax.lax.pmean(grads, 'data')`. By what factor is the gradient wrong? The checker measures it.
+
+# %%
+answer_2 = NOT_ANSWERED  # a number: ported gradient / true gradient
+ex.pmean_factor.check(answer_2);
+
+# %% [markdown]
+# **Next:** [21 · Multi-host SPMD: two processes, one mesh](21_multihost.ipynb), or first the optional
+# appendix below.
+
+# %% [markdown]
+# ## Appendix (optional): FSDP with `pmap`, by hand
+#
+# Skip this on a first reading. Notebook 10 teaches FSDP and reads its compiled step. This appendix only
+# shows what the same strategy costs you in `pmap`'s terms, because `pmap` has no way to declare that a
+# parameter is split.
+#
+# FSDP splits the parameters themselves, so each device stores about 1/8 of them. The axis that splits
+# them is the one that splits the batch. Notebook 10 names it `fsdp`, and here it keeps the name `data`,
+# because it is the mesh of sections 2 to 6. With `jit` the layout is four specs (`b2`, 10 numbers, stays
+# whole):
 
 # %%
 fsdp_specs = {"w1": P("data", None), "b1": P("data"), "w2": P("data", None), "b2": P()}
@@ -637,8 +697,9 @@ assert_same(np.array([np.asarray(loss)[0] for loss in pmap_fsdp_losses]), ref_lo
 assert {"all-gather", "reduce-scatter"} <= pmap_fsdp_comm.kinds  # what you wrote, and its transpose
 
 # %% [markdown]
-# A page of code where `jit` needed four specs, with a rescaling that is easy to get wrong. Below: `jit`'s FSDP step compiled here, the hand-written
-# one, and `jit`'s compiled ahead of time for a TPU v5e-8 (`v5e:2x4`; libtpu, no TPU). Byte totals are
+# That is a page of code where `jit` needed four specs, with a rescaling that is easy to get wrong. The
+# tables below compare three programs: `jit`'s FSDP step compiled here, the hand-written one, and `jit`'s
+# compiled ahead of time for a TPU v5e-8 (`v5e:2x4`, with libtpu and no TPU). Their byte totals are
 # ring-formula estimates, not measurements.
 
 # %%
@@ -680,7 +741,7 @@ else:
 # (notebook 19: TPU pods).
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
-# @title The CPU compiler's exact figures, §7: its FSDP programs, by jit and by hand
+# @title The CPU compiler's exact figures, appendix: its FSDP programs, by jit and by hand
 if CPU:
     (all_reduce,) = [op for op in fsdp_comm.ops if op.kind == "all-reduce"]
     assert {kind: k for kind, k in fsdp_comm.counts.items() if k} == {"all-gather": 4, "all-to-all": 1, "all-reduce": 1}
@@ -689,57 +750,3 @@ if CPU:
     assert fsdp_comm.estimated_bytes > pmap_fsdp_comm.estimated_bytes
     print(f"CPU compiler, ring estimates: jit {fsdp_comm.estimated_bytes:,.0f} B, by hand "
           f"{pmap_fsdp_comm.estimated_bytes:,.0f} B")
-
-# %% [markdown]
-# ## Takeaways
-# - One data-parallel step can be `pmap` + `pmean`, `jit` + `NamedSharding`, or `shard_map` + `pmean` of
-#   the loss. All three give the same parameters and the same all-reduce, and `jit` is the shortest.
-# - `pmap` is `jit` around `shard_map(check_vma=False)` on a 1-D mesh, and returns ordinary `jax.Array`s
-#   with `(1, ...)` blocks. Nesting it fails, though its docstring documents it.
-# - Migrating: `in_axes` become specs, blocks keep their rank, and placement is `jax.device_put` with
-#   `P()` or `P('data')`. **Never keep `pmean` of gradients inside `shard_map`**: the gradient of a
-#   replicated input is already summed there, so it comes out N times too large. Differentiate the
-#   `pmean`-ed loss instead.
-# - A second mesh axis and sharded parameters are specs with `jit`, hand-written collectives (or
-#   impossible) with `pmap`. `jit`'s collectives depend on the compiler: read them.
-
-# %% [markdown]
-# ## Exercises
-#
-# Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
-# `ex.<name>.reveal()` for the reference answer.
-#
-# **Exercise 1: migrate a pmap step to `jax.jit`.** This linear-regression step ran as
-# `jax.pmap(old_step, axis_name='data')` on a weight stacked 8 times, `(8, 16)`, and a batch reshaped
-# to `(8, 8, 16)` and `(8, 8)`:
-#
-# ```python
-# def old_step(w, x, y):
-#     g = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
-#     return w - 0.1 * jax.lax.pmean(g, "data")
-# ```
-#
-# Give a triple `(new_step, w_spec, batch_spec)`: `new_step(w, x, y)` takes the weight `(16,)` and the
-# **global** batch `x (64, 16)`, `y (64,)`. The checker places `w` by `w_spec`, `x` by `batch_spec` and
-# `y` by its first entry on a 1-D mesh `('data',)`, runs `jax.jit(new_step)`, and checks the new weight
-# against pmap's and the collectives.
-
-# %%
-from exercises import ex20_pmap_vs_spmd as ex
-
-answer_1 = NOT_ANSWERED  # e.g. (my_step, P(...), P(...)), with def my_step(w, x, y): ...
-ex.migrate_to_jit.check(answer_1);
-
-# %% [markdown]
-# **Exercise 2: predict the factor.** On the mesh `jax.make_mesh((2, 4), ('data', 'model'),
-# axis_types=(AxisType.Auto,) * 2)`, you port a pmap step into `jax.shard_map` with the default
-# `check_vma=True`, `in_specs=(P(), P('data'), P('data'))` (parameters replicated, batch split over
-# `data` only, so the 4 devices of a `model` group see the same examples), and keep
-# `jax.lax.pmean(grads, 'data')`. By what factor is the gradient wrong? The checker measures it.
-
-# %%
-answer_2 = NOT_ANSWERED  # a number: ported gradient / true gradient
-ex.pmean_factor.check(answer_2);
-
-# %% [markdown]
-# **Next:** [21 · Multi-host SPMD: two processes, one mesh](21_multihost.ipynb)

@@ -704,17 +704,41 @@ for name, param in restored.named_parameters():
 #
 # ## 10. More twins: global mesh, manual sharding, FSDPv2, `torch.compile`
 #
-# **A default mesh.** `xs.set_global_mesh(mesh)` stores a mesh for the few calls that accept none:
-# `enable_manual_sharding` and `disable_manual_sharding` below, and FSDPv2 built without `mesh=`.
-# `mark_sharding`, the call you write most, still takes its mesh every time. So the twin is narrower than
-# `jax.set_mesh`, which also serves a bare `P(...)` in `jax.device_put`, `jax.sharding.reshard` and
-# `with_sharding_constraint`, and `jax.shard_map` without `mesh=`.
+# Five more JAX ideas have a twin in torch_xla. Each gets a short subsection below, with its code and its
+# asserts. The table is the summary, so you can come back to it when you need one of them:
 #
-# **Manual sharding.** `xs.enable_manual_sharding(t, spec)` hands each device its own block, as
-# `jax.shard_map` does, until `xs.disable_manual_sharding` puts the blocks back together:
+# | § | twin | JAX's | when to use it | what it compiles to (asserted below) |
+# |---|---|---|---|---|
+# | 10.1 | `xs.set_global_mesh(mesh)` | `jax.set_mesh`, narrower | to call manual sharding or FSDPv2 without naming the mesh | nothing: it only stores the mesh |
+# | 10.2 | `xs.enable_manual_sharding(t, spec)` | `jax.shard_map` | for per-device code the partitioner must leave alone, such as a hand-written collective | a manual region, with each device's block; a sum in it is an all-reduce over global device ids |
+# | 10.3 | `SpmdFullyShardedDataParallel` (FSDPv2) | FSDP as parameter specs (notebook 10) | to shard a whole module's parameters without writing a spec for each | an all-gather of each weight before use, and a sum of the gradients |
+# | 10.4 | `torch.compile(model, backend="openxla")` | `jax.jit` | to trace once and rerun the compiled program | the program without Dynamo, annotations kept: its collectives are the same |
+# | 10.5 | `use_spmd(auto=True)`, `xs.HybridMesh`, one process per host | none, `jax.make_mesh`, notebook 21 | on TPUs or several hosts | not run here (the table in 10.5 says why) |
+#
+# ### 10.1 A default mesh
+#
+# `xs.set_global_mesh(mesh)` stores a mesh for the few calls that accept none: `enable_manual_sharding`
+# and `disable_manual_sharding` (10.2), and FSDPv2 built without `mesh=` (10.3). `mark_sharding`, the call
+# you write most, still takes its mesh every time. So the twin is narrower than `jax.set_mesh`, which also
+# serves a bare `P(...)` in `jax.device_put`, `jax.sharding.reshard` and `with_sharding_constraint`, and
+# `jax.shard_map` without `mesh=`.
 
 # %%
 xs.set_global_mesh(xmesh_dp)
+mesh_param = inspect.signature(xs.mark_sharding).parameters["mesh"]
+print("global mesh stored:", xs.get_global_mesh() is xmesh_dp, "| mark_sharding's mesh has a default:",
+      mesh_param.default is not inspect.Parameter.empty)
+assert xs.get_global_mesh() is xmesh_dp
+assert mesh_param.default is inspect.Parameter.empty  # mark_sharding has no default mesh
+
+# %% [markdown]
+# ### 10.2 Manual sharding
+#
+# `xs.enable_manual_sharding(t, spec)` hands each device its own block, as `jax.shard_map` does, until
+# `xs.disable_manual_sharding` puts the blocks back together. Both use the global mesh of 10.1, and the
+# JAX twin uses the mesh of `jax.set_mesh`, so neither call names one:
+
+# %%
 values = np.arange(16, dtype=np.float32).reshape(8, 2)
 t = xs.mark_sharding(torch.from_numpy(values).to(device), xmesh_dp, ("data", None)).global_tensor
 block = xs.enable_manual_sharding(t, ("data", None)).global_tensor  # the mesh: the global one
@@ -728,9 +752,7 @@ with jax.set_mesh(jmesh_dp):
     body = lambda b: (seen.append(b.shape), b * 2)[1]  # records the per-device shape it traces
     jdoubled = jax.shard_map(body, in_specs=P("data"), out_specs=P("data"))(values)  # no mesh=: the global one
 print(f"per device: torch_xla {block_shape}, jax {seen[0]} | whole: {tuple(doubled.shape)}, {jdoubled.shape}")
-assert xs.get_global_mesh() is xmesh_dp and block_shape == seen[0] == (1, 2)
-mesh_param = inspect.signature(xs.mark_sharding).parameters["mesh"]
-assert mesh_param.default is inspect.Parameter.empty  # mark_sharding has no default mesh
+assert block_shape == seen[0] == (1, 2)
 np.testing.assert_array_equal(doubled.cpu().numpy(), np.asarray(jdoubled))
 
 # %% [markdown]
@@ -763,7 +785,9 @@ np.testing.assert_array_equal(summed.cpu().numpy(), np.asarray(jsummed))  # ever
 assert "replica_groups={{0,1,2,3,4,5,6,7}}" in reduce_line and "use_global_device_ids=true" in reduce_line
 
 # %% [markdown]
-# **FSDPv2.** `SpmdFullyShardedDataParallel(module, mesh=...)` shards every parameter on its largest
+# ### 10.3 FSDPv2
+#
+# `SpmdFullyShardedDataParallel(module, mesh=...)` shards every parameter on its largest
 # dimension over the mesh axis `fsdp`, and the output on the batch. It is FSDP written as annotations, like
 # notebook 10, so the partitioner adds the same collectives: an all-gather of each weight before it is used,
 # and a sum of the gradients. Trained as in section 8, it gives the same losses:
@@ -787,9 +811,11 @@ assert fsdp_kinds & {"reduce-scatter", "all-reduce"}  # the gradients, summed ov
 np.testing.assert_allclose(fsdp_losses, dp_losses_xla, rtol=1e-5)
 
 # %% [markdown]
-# **Dynamo.** `torch.compile(model, backend="openxla")` traces once and reruns XLA's program without
-# tracing, as `jax.jit` does, and keeps the annotations. The tensor-parallel forward of section 7, called
-# twice: the second call compiles nothing.
+# ### 10.4 `torch.compile`
+#
+# `torch.compile(model, backend="openxla")` (Dynamo) traces once and reruns XLA's program without
+# tracing, as `jax.jit` does, and it keeps the annotations. So use it where tracing every step costs time.
+# The test is the tensor-parallel forward of section 7, called twice: the second call compiles nothing.
 
 # %%
 torch_xla_programs()
@@ -804,7 +830,9 @@ assert_close(again.detach().cpu().numpy(), reference, atol=RTOL)
 assert torch_xla_programs() == []  # no new program: the second call reran the first one
 
 # %% [markdown]
-# Three twins cannot run in this notebook, because they need TPUs or several hosts:
+# ### 10.5 Three twins that need TPUs or several hosts
+#
+# These cannot run in this notebook:
 #
 # | twin | what it does | why not here |
 # |---|---|---|

@@ -744,3 +744,45 @@ def test_draw_rings_refuses_a_frame_without_every_device_and_an_empty_ring(draw_
         draw_rings({"short": [[{0: (0,)}]]}, ids)
     with pytest.raises(ValueError, match="at least one ring"):
         draw_rings({}, ids)
+
+
+def _reduce_scatter_frames(ids):
+    """A ring reduce-scatter as 06 §6 records it: position i starts with block i - 1 and, at step f, receives the
+    running sum of block i - f - 1, to which it adds its own partial."""
+    n = len(ids)
+    return [[{(i - 1 - f) % n: tuple(ids[(i - k) % n] for k in range(f, -1, -1))} for i in range(n)]
+            for f in range(n)]
+
+
+def test_draw_rings_shows_each_devices_own_partials_and_the_one_it_added():
+    from matplotlib.colors import to_rgba
+
+    from utils.drawing import device_color, draw_rings
+
+    ids = [0, 2, 7, 5]  # ring order, not id order: the colours must follow the ids
+    frames = _reduce_scatter_frames(ids)
+    fig = draw_rings({"rs": frames, "plain": frames}, ids, own_partials=["rs"])
+    rs, plain = fig.axes
+    own = [p for p in rs.patches if p.get_gid() == "ring-own"]
+    assert len(own) == 4 * 4 * 4  # every device, every block, every frame: it holds them all from the start
+    assert all(p.get_alpha() < 0.5 for p in own)  # faint, under the running sums
+    first = next(p for p in own if p.get_label() == "dev 7: own partial of block 1")
+    assert to_rgba(first.get_facecolor(), 1) == to_rgba(device_color(7), 1)
+    added = [p for p in rs.patches if p.get_gid() == "ring-own-added"]
+    assert len(added) == 4 * 4  # one per device per frame: the start's block, then each received sum
+    # the outlined partial sits at the height of the block that is new on that device in that frame
+    # (each device holds one block per frame here; its first stripe starts 0.5 right of the own column)
+    block_at = {(round(p.get_x(), 6), round(p.get_y(), 6)) for p in rs.patches if p.get_gid() == "ring-block"}
+    assert {(round(p.get_x() + 0.5, 6), round(p.get_y(), 6)) for p in added} <= block_at
+    assert not [p for p in plain.patches if p.get_gid() in ("ring-own", "ring-own-added")]  # only where asked
+
+
+def test_draw_rings_refuses_own_partials_of_a_ring_it_does_not_draw():
+    from utils.drawing import draw_rings
+
+    ids = [0, 2, 4, 6]
+    frames = _reduce_scatter_frames(ids)
+    with pytest.raises(ValueError, match="list of ring titles"):
+        draw_rings({"rs": frames}, ids, own_partials=["other"])
+    with pytest.raises(ValueError, match="list of ring titles"):
+        draw_rings({"rs": frames}, ids, own_partials="rs")  # a bare string is not a list of titles

@@ -803,7 +803,8 @@ def _sent_block(before: Mapping[int, Any], after: Mapping[int, Any], dev: int, s
     return changed[0]
 
 
-def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]]]], ids: Sequence[int]) -> Figure:
+def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]]]], ids: Sequence[int], *,
+               own_partials: Sequence[str] = ()) -> Figure:
     """Draw ring collectives frame by frame, one panel per ring, so each step's send can be followed.
 
     ``rings[title][f][i]`` maps each block that device ``ids[i]`` holds after step ``f`` (0: the start) to the
@@ -811,24 +812,49 @@ def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]
     stripes in their colours. Device ``ids[i]`` sends to ``ids[i + 1]`` (the last to the first, drawn under
     the frame). An outlined block and an arrow mark what each device sends next: the block that is new on
     the next device in the next frame. Arrows carry the label ``'dev S -> dev D: block B'`` (gid
-    ``'ring-arrow'``); blocks have gid ``'ring-block'`` and their texts ``'ring-label'``. Raises ValueError
-    where a frame does not follow from the one before by one block per device.
+    ``'ring-arrow'``); blocks have gid ``'ring-block'`` and their texts ``'ring-label'``.
+
+    A reduce-scatter's device holds its own partial of *every* block from the start, and adds one of them to
+    each sum it receives. Name such rings in ``own_partials``: each device then gets a faint, narrow column
+    of its own partials beside its blocks (gid ``'ring-own'``, labelled ``'dev D: own partial of block B'``),
+    and the partial that went into the block new in a frame is outlined there (gid ``'ring-own-added'``),
+    so the receiver's addition can be seen. Raises ValueError where a frame does not follow from the one
+    before by one block per device, or where ``own_partials`` names a ring that ``rings`` lacks.
     """
     n, w, gap = len(ids), 1.5, 0.8  # blocks are w wide and 1 high
     if n < 2 or not rings:
         raise ValueError("draw_rings: give at least one ring and at least 2 devices along it")
+    if isinstance(own_partials, str) or not set(own_partials) <= set(rings):
+        raise ValueError(f"draw_rings: own_partials is a list of ring titles, from {sorted(rings)}; got "
+                         f"{own_partials!r}")
+    own_w = 0.4  # the own-partials column: narrow, in the gap left of each device's blocks
     band = n + 1.6  # height of one frame
     height = 0.3 * band * max(map(len, rings.values())) + 0.4
     fig, axes = plt.subplots(1, len(rings), figsize=(3.6 * len(rings), height))
     for ax, (title, frames) in zip(np.atleast_1d(axes), rings.items(), strict=True):
         if any(len(held) != n for held in frames):
             raise ValueError(f"draw_rings: every frame of {title!r} needs one entry per device ({n})")
+        own = title in own_partials
         for f, held in enumerate(frames):
             y0 = f * band
-            ax.text(-0.2, y0 + n / 2, "start" if f == 0 else f"after\nstep {f}", ha="right", va="center", fontsize=7.5)
+            ax.text(-0.7 if own else -0.2, y0 + n / 2, "start" if f == 0 else f"after\nstep {f}", ha="right",
+                    va="center", fontsize=7.5)
             for i, dev in enumerate(ids):
                 x0 = i * (w + gap)
                 ax.text(x0 + w / 2, y0 - 0.2, f"dev {dev}", ha="center", va="bottom", fontsize=7)
+                if own:  # its partials of every block, faint; the one added into this frame's new block outlined
+                    added = set(held[i]) if f == 0 else {_sent_block(frames[f - 1][i], held[i], dev, f - 1)}
+                    for block in range(n):
+                        ax.add_patch(Rectangle((x0 - 0.1 - own_w, y0 + block), own_w, 1, facecolor=device_color(dev),
+                                               alpha=0.3, edgecolor="white", linewidth=0.6, gid="ring-own",
+                                               label=f"dev {dev}: own partial of block {block}"))
+                        if block in added:
+                            ax.add_patch(Rectangle((x0 - 0.1 - own_w, y0 + block), own_w, 1, fill=False,
+                                                   edgecolor="0.25", linewidth=0.9, linestyle="--",
+                                                   gid="ring-own-added"))
+                    if f == 0:
+                        ax.text(x0 - 0.1 - own_w / 2, y0 - 0.2, "own", ha="center", va="bottom", fontsize=6.5,
+                                color="0.35")
                 for block in range(n):
                     who = tuple(held[i].get(block, ()))
                     ax.add_patch(Rectangle((x0, y0 + block), w, 1, fill=False, edgecolor="0.75", linewidth=0.6))
@@ -853,7 +879,8 @@ def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]
                                              shrinkB=1, connectionstyle=style, gid="ring-arrow",
                                              color=[0.7 * v for v in device_color(dev)[:3]],
                                              label=f"dev {dev} -> dev {ids[nxt]}: block {block}"))
-        ax.set(xlim=(-1.3, n * (w + gap) - gap + 0.1), ylim=(len(frames) * band - 0.7, -0.6), aspect="equal")
+        ax.set(xlim=(-1.8 if own else -1.3, n * (w + gap) - gap + 0.1), ylim=(len(frames) * band - 0.7, -0.6),
+               aspect="equal")
         ax.set_title(title, fontsize=8.5)
         ax.axis("off")
     fig.tight_layout()
