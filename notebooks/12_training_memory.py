@@ -291,7 +291,7 @@ def named(target):
 
 
 def hbm_of(target, variant, layers=2):
-    """Memory per device (HBM on a TPU) of a wide program compiled below."""
+    """Memory per device (HBM on a TPU) of a wide program compiled below (for the TPU: its stored figure)."""
     return wide[target, variant, layers]["footprint"]
 
 
@@ -374,8 +374,8 @@ assert ref_losses[-1] < 0.8 * ref_losses[0]
 #
 # Every step in this notebook donates the model and optimizer (`donate_argnums=(0, 1)`, notebook 07): the
 # new state is written into the old state's buffers. Compile the wide 2-layer FSDP step with and without
-# it. `memory_per_device` reads, per device, the arguments, outputs, temporaries, and the output bytes
-# that alias (reuse) an argument.
+# it (the TPU's figures come from the stored file, section 1). `memory_per_device` reads, per device, the
+# arguments, outputs, temporaries, and the output bytes that alias (reuse) an argument.
 
 # %%
 wide = {("TPU v5e", v, n): entry for v, n, entry in TPU_STORED["programs"]}  # (target, variant, layers) -> figures
@@ -464,7 +464,8 @@ assert saved["no remat"][:3] == saved["nothing_saveable"] and all("[64,512]" in 
 #
 # Now compile the wide FSDP step for 2 and 4 layers: unrolled, scanned, and scanned with
 # `nothing_saveable` remat (the `Stack` default). The table gives each program's memory per device, what
-# each layer adds, its matrix products and its compile time.
+# each layer adds, its matrix products and its compile time (for the TPU, the stored figures and the
+# seconds measured when they were stored).
 
 # %%
 layer_bytes = 2 * WIDE["width"] * WIDE["hidden"] * 4  # one block's two kernels, whole, float32
