@@ -30,7 +30,7 @@ def test_12_o0_keeps_everything_in_hbm_and_the_default_effort_needs_less(stage):
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from course_support import notebook_12  # the notebook's own definitions, read as test_tpu_side reads them
+    from course_support import notebook_12  # the notebook's own definitions, read from its source
     from utils import quiet
 
     nb = notebook_12()

@@ -18,7 +18,8 @@ the TPU program differs, the test asserts the TPU's form. What it checks, and wh
   ``tests/test_13_sequence_batch.py``);
 - 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
   notebook's code (its model from ``notebooks/models.py``, the rest read from its source);
-- 12: the wide model, its layouts and steps, read from the notebook's source (``notebook_12``);
+- 12: none here; its wide TPU programs, whose figures the notebook reads stored, are compiled with the
+  notebook's own code in ``tests/test_12_training_memory.py`` (with the checks that were here);
 - 15: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: three at a real width (the five at its own
   size, and the stored programs it reads, are compiled in ``tests/test_15_mesh_shape.py``).
 
@@ -26,13 +27,12 @@ libtpu is loaded by the ``chips``/``tpu_pod`` fixtures, when a test first needs 
 The largest compiles (over a minute each on 2 cores) are marked ``slow`` (``make test-slow``): they run on
 both lines in CI, since each line has its own libtpu. Not checked here: 00, 03, 04, 10, 14 and 19 to 22.
 Notebooks 04, 10, 14 and 19 to 21 compile their TPU programs themselves and assert on them (so do 12 and 13
-for some of theirs; 13, 14 and 15 read some stored, each checked by its own test file); 22 is PyTorch/XLA.
+for some of theirs; 12, 13, 14 and 15 read some stored, each checked by its own test file); 22 is PyTorch/XLA.
 Skipped, with the reason, where libtpu is not installed.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import subprocess
@@ -50,7 +50,7 @@ from flax.linen import logical_to_mesh_axes
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from course_support import from_notebook, notebook_11, notebook_12
+from course_support import from_notebook, notebook_11
 from utils import collectives, compile_effort, compile_with_log, memory_per_device, quiet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -563,113 +563,6 @@ def test_11_rules_are_read_while_tracing(chips):
             again = constrained(jax.jit(nb.double).lower(x))
         fixed = constrained(jax.jit(nb.with_rules(rules, nb.double)).lower(x))
     assert [no_mesh, first, again, fixed] == [False, False, False, True]
-
-
-# --- 12 training memory: donation, scan and remat, ZeRO --------------------------------------------------
-# Notebook 12 compiles its wide model (1024 x 8192, 1,024 tokens per device) for a TPU itself; these tests
-# check the same HBM facts on the notebook's own code (read from the notebook, not copied), and what the
-# notebook shows only on its own backend.
-
-
-@pytest.fixture(scope="module")
-def zero_mesh(chips):
-    return tpu_mesh(chips, (8,), ("data",))
-
-
-def compile_wide(mesh, stage="ZeRO-3", layers=2, donate=True, grad=None, **options):
-    """The notebook's wide step for ``mesh``, at the least compiler effort, as the notebook compiles it. Compiled
-    once per distinct program: the default ZeRO-3 step serves four tests (donation, the scan's gathers, the nnx
-    gradient, the ZeRO stages)."""
-    return _compile_wide(mesh, stage, layers, donate, grad, tuple(sorted(options.items())))
-
-
-@functools.cache
-def _compile_wide(mesh, stage, layers, donate, grad, options):
-    nb, options = notebook_12(), dict(options)
-    data = struct((nb.TOKENS, nb.WIDE["width"]), mesh, P("data"))
-    lowered = nb.make_step(stage, mesh, donate, grad or nb.param_grad).lower(
-        *nb.abstract(stage, mesh, layers=layers, **nb.WIDE, **options), data, data)
-    with compile_effort("O0"), quiet():
-        return lowered.compile()
-
-
-def hbm(compiled):
-    memory = memory_per_device(compiled)
-    assert memory.platform == "tpu"
-    # HBM allocated on jax 0.12; on jax 0.10 an estimate (arguments + outputs + temporaries - aliased, found 0.2-41%
-    # high). At O0 the TPU compiler puts nothing in on-chip VMEM.
-    return memory.footprint
-
-
-def test_12_the_sharded_constructor_never_holds_the_whole_state(zero_mesh):
-    nb = notebook_12()
-    build = nb.create_sharded("ZeRO-3", zero_mesh, lambda: nb.create(**nb.WIDE))
-    with quiet():
-        init = memory_per_device(build.lower().compile())
-    whole = 3 * 4 * 2 * 2 * nb.WIDE["width"] * nb.WIDE["hidden"]  # parameters and Adam's moments, 2 layers
-    assert init.argument == 0 and init.output + init.temp < whole / 4  # in HBM, at 384 MiB of state
-
-
-def test_12_donation_updates_the_whole_state_in_place(zero_mesh):
-    donated, plain = (memory_per_device(compile_wide(zero_mesh, donate=d)) for d in (True, False))
-    state = 3 * 4 * 2 * 2 * notebook_12().WIDE["width"] * notebook_12().WIDE["hidden"] // 8  # 48 MiB per chip
-    assert abs(donated.alias - state) < 2**12 and plain.alias == 0
-
-
-@pytest.fixture(scope="module")
-def fsdp_depths(zero_mesh):
-    """The wide ZeRO-3 step at 2 and 4 layers: unrolled, scanned, scanned with remat (notebook 12, section 3)."""
-    variants = {"unrolled": dict(scan=False, policy=None), "scan": dict(policy=None), "scan + remat": {}}
-    return {(name, layers): compile_wide(zero_mesh, layers=layers, **options)
-            for name, options in variants.items() for layers in (2, 4)}
-
-
-def test_12_remat_saves_hbm_per_layer_and_unrolling_costs_less_than_a_layer(fsdp_depths):
-    nb = notebook_12()
-    growth = {name: (hbm(fsdp_depths[name, 4]) - hbm(fsdp_depths[name, 2])) / 2
-              for name in ("unrolled", "scan", "scan + remat")}
-    layer_bytes = 2 * nb.WIDE["width"] * nb.WIDE["hidden"] * 4
-    activation = nb.TOKENS // 8 * nb.WIDE["hidden"] * 4
-    assert growth["scan + remat"] + activation / 2 <= growth["scan"] <= growth["unrolled"]
-    assert growth["unrolled"] - growth["scan"] < layer_bytes  # the CPU compiler's whole layer per layer is not TPU's
-    assert hbm(fsdp_depths["scan + remat", 4]) > 128 * 2**20  # the comparison is made above a v5e's VMEM
-
-
-def test_12_the_scan_gathers_each_layer_in_the_loop(fsdp_depths):
-    scanned, unrolled = collectives(fsdp_depths["scan + remat", 2]), collectives(fsdp_depths["unrolled", 2])
-    gathers = [op for op in scanned.ops if op.kind == "all-gather"]
-    sums = [op for op in scanned.ops if op.kind in ("all-reduce", "reduce-scatter") and op.result_bytes > 4]
-    assert sum(len(op.shapes) for op in gathers) == 4 and all(op.in_loop for op in gathers)
-    assert sums and all(op.in_loop for op in sums)
-    unrolled_gathers = [op for op in unrolled.ops if op.kind == "all-gather"]
-    assert not any(op.in_loop for op in unrolled.ops) and sum(len(op.shapes) for op in unrolled_gathers) >= 4
-
-
-def test_12_nnx_value_and_grad_copies_the_weight_slices_into_the_forward_loop(zero_mesh):
-    nb = notebook_12()
-
-    def nnx_grad(model, x, y):
-        return nnx.value_and_grad(nb.loss_fn)(model, x, y)
-
-    def forward_loop(compiled):
-        (line,) = [line for line in compiled.as_text().splitlines()
-                   if " while(" in line and "jvp()/while" in line and "f32[2,128,8192]" in line]
-        return line
-
-    assert forward_loop(compile_wide(zero_mesh, grad=nnx_grad)).count("f32[2,128,8192]") == 2
-    assert forward_loop(compile_wide(zero_mesh)).count("f32[2,128,8192]") == 1
-
-
-def test_12_zero_stages_need_less_hbm_at_each_stage(zero_mesh):
-    steps = {stage: compile_wide(zero_mesh, stage) for stage in ("ZeRO-1", "ZeRO-2", "ZeRO-3")}
-    memory = {stage: hbm(c) for stage, c in steps.items()}
-    assert memory["ZeRO-1"] > memory["ZeRO-2"] > memory["ZeRO-3"] > 128 * 2**20
-    comms = {stage: collectives(c) for stage, c in steps.items()}
-    for stage in ("ZeRO-1", "ZeRO-2"):  # the updated parameters, gathered whole once per step, after the loop
-        gathers = [op for op in comms[stage].ops if op.kind == "all-gather"]
-        assert sorted(s for op in gathers for s in op.shapes) == [(2, 1024, 8192), (2, 8192, 1024)]
-        assert not any(op.in_loop for op in gathers)
-    assert all(op.in_loop for op in comms["ZeRO-3"].ops if op.kind == "all-gather")
 
 
 # --- 13 sequence parallelism, gradient accumulation, an Explicit mesh, what comes next -------------------
