@@ -36,7 +36,9 @@ The search, in four steps:
    compiler is not asked).
 3. **Compile.** The plausible candidates, in the order of a paper estimate of their step
    (:func:`guess_seconds`), up to ``max_compiles``: the
-   compiler's HBM (arguments + outputs - aliased + temporaries) decides ``fits``; a compile the compiler
+   compiler's HBM decides ``fits``: on TPU the bytes it allocates (``memory_per_device(compiled).footprint``,
+   ``total_allocation_bytes`` on jax 0.12; ``memory_analysis()``'s arguments + outputs - aliased + temporaries
+   over-states it there), elsewhere that sum; a compile the compiler
    refuses (``RESOURCE_EXHAUSTED``) is ``refused`` with the GiB it asked for. For a mesh and remat whose
    larger micro-batch already fits, smaller ones are ``skipped`` (more micro-steps of the same program
    are never faster here). Candidates past the budget are ``not compiled``.
@@ -90,6 +92,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .inspecting import memory_per_device
 from .stages import PipelineEstimate
 from .timing import CHIPS, Chip, StepEstimate
 from .train_step import AXES, REMAT_POLICIES, DecoderConfig, Parallelism, _param_specs
@@ -791,8 +794,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=asked, accumulator_bytes=accumulator,
                             note=f"the compiler needs {asked / GiB:.2f} GiB")
             continue
-        m = compiled.memory_analysis()
-        used = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+        used = memory_per_device(compiled).footprint  # the HBM allocated, not memory_analysis's larger sum
         flight = in_flight[c]
         if used + accumulator + flight > hbm:
             plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
