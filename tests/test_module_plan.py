@@ -104,14 +104,16 @@ def test_the_guess_charges_micro_steps_and_tensor_traffic():
 
 @pytest.mark.usefixtures("tpu_compiler")
 def test_candidates_are_compiled_ranked_and_explained(monkeypatch):
-    arguments, compile_at = {}, module_plan._compile
+    from utils import planner
+
+    arguments, compile_at = {}, planner._compile  # plan_module compiles through the planner's own compile
 
     def compile_and_note(lowered, effort):  # each program's argument bytes: the weights and moments it holds
         compiled = compile_at(lowered, effort)
         arguments[len(arguments)] = compiled.memory_analysis().argument_size_in_bytes
         return compiled
 
-    monkeypatch.setattr(module_plan, "_compile", compile_and_note)
+    monkeypatch.setattr(planner, "_compile", compile_and_note)
     ranking = plan_module(make, **ARGS, meshes=[(8, 1, 1), (1, 8, 1), (2, 1, 4)], effort="O0")
     fits = ranking.fitting
     assert len(fits) == 3 and all(p.compiled and p.candidate.per_device_batch == 2 for p in fits)

@@ -61,14 +61,13 @@ from .planner import (
     Plan,
     Ranking,
     _chip,
-    _compile,
+    _compiled_hbm,
     _describe,
     _factorisations,
     _gpu_make_mesh,
     _gpu_ready,
     _is_gpu,
     _mesh,
-    _refusal,
     _slice_chips,
 )
 from .timing import Chip
@@ -328,19 +327,13 @@ def plan_module(make: Callable[[], Any], *, seq_len: int, vocab_size: int, chip:
             continue
         compiles += 1
         lowered = _lower(graphdef, params, rest, specs, mesh, c.per_device_batch * chips, seq_len, vocab_size)
-        try:
-            compiled = _compile(lowered, effort)
-        except Exception as err:  # the compiler's refusal is a result; anything else is a real error
-            asked = _refusal(err)
-            if asked is None:
-                raise
-            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=asked, accumulator_bytes=accumulator,
-                            note=f"the compiler needs {asked / GiB:.2f} GiB")
+        compiled, used = _compiled_hbm(lowered, effort)  # the HBM the compiler allocates
+        if compiled is None:
+            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
+                            note=f"the compiler needs {used / GiB:.2f} GiB")
             continue
         from .timing import estimate_step
 
-        m = compiled.memory_analysis()
-        used = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
         if used + accumulator > hbm:
             plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
                             note=f"the compiler's program needs {(used + accumulator) / GiB:.2f} GiB")

@@ -674,6 +674,19 @@ def _refusal(err: Exception) -> int | None:
     m = _OOM.search(str(err))
     return int(float(m.group(1)) * _UNIT[m.group(2)]) if m and "RESOURCE_EXHAUSTED" in str(err) else None
 
+def _compiled_hbm(lowered: Any, effort: str) -> tuple[Any, int]:
+    """Compile ``lowered`` at ``effort``: the program and the HBM it needs on one chip. On TPU that is the HBM
+    the compiler allocates (``memory_per_device(compiled).footprint``), not ``memory_analysis()``'s larger
+    sum. A compile the compiler refuses for HBM gives ``(None, bytes asked)``; any other error is raised."""
+    try:
+        compiled = _compile(lowered, effort)
+    except Exception as err:  # the compiler's refusal is a result; anything else is a real error
+        asked = _refusal(err)
+        if asked is None:
+            raise
+        return None, asked
+    return compiled, memory_per_device(compiled).footprint
+
 
 def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: int = 1, global_batch_tokens: int,
          remats: Sequence[str] = REMAT_POLICIES, meshes: Sequence[tuple[int, ...]] | None = None,
@@ -785,16 +798,11 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
         compiles += 1
         lowered = lower_train_step(_stage_model(model, c.stage), mesh, per_device_batch=c.per_device_batch,
                                    remat=c.remat, attention=attention)
-        try:
-            compiled = _compile(lowered, effort)
-        except Exception as err:  # the compiler's refusal is a result; anything else is a real error
-            asked = _refusal(err)
-            if asked is None:
-                raise
-            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=asked, accumulator_bytes=accumulator,
-                            note=f"the compiler needs {asked / GiB:.2f} GiB")
+        compiled, used = _compiled_hbm(lowered, effort)
+        if compiled is None:
+            plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
+                            note=f"the compiler needs {used / GiB:.2f} GiB")
             continue
-        used = memory_per_device(compiled).footprint  # the HBM allocated, not memory_analysis's larger sum
         flight = in_flight[c]
         if used + accumulator + flight > hbm:
             plans[c] = Plan(c, "refused", formula, guess, compiled=True, hbm_bytes=used, accumulator_bytes=accumulator,
