@@ -737,7 +737,7 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
     printed = _cell_text(cells[1])
     installed = re.search(r"launch: installing (.*) \(", printed)[1].split()
     assert installed == ["jax==0.12.0.1", "jaxlib==0.12.0.1", "flax==0.12.12", "orbax-checkpoint==0.12.8",
-                         "libtpu==0.0.50.1"], printed
+                         "numpy>=2.2", "libtpu==0.0.50.1"], printed  # Colab's numpy 2.1.3 is below jax 0.12's floor
     assert "launch: removing jax-cuda12-pjrt jax-cuda12-plugin" in printed
     error = next(o for o in cells[1].outputs if o["output_type"] == "error")
     assert error["ename"] == "RestartRequired" and "\n" not in error["evalue"], error
