@@ -110,7 +110,8 @@ def test_notebook_passes_on_a_tpu_hosts_device_order_without_libtpu(path, monkey
     nb = nbformat.read(path, as_version=4)
     probe = "import jax\nprint('probe', [d.id for d in jax.make_mesh((8,), ('d',)).devices.flat])"
     nb.cells.append(nbformat.v4.new_code_cell(probe))  # proves the kernel ran with the v5e order
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(nb, timeout=300, startup_timeout=180,  # a kernel starts slowly on a loaded 2-core machine
+                   kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     printed = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                if o.get("output_type") == "stream"]
     assert printed[-1].strip() == f"probe {V5E}"

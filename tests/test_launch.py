@@ -560,7 +560,8 @@ def test_setup_cell_fetches_the_course_whole_into_a_lone_folder(tmp_path, monkey
         nbformat.v4.new_code_cell(setup_source()),
         nbformat.v4.new_code_cell("import utils, jax\nprint(utils.__file__, jax.device_count())"),
     ])
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    NotebookClient(nb, timeout=300, startup_timeout=180,  # a kernel starts slowly on a loaded 2-core machine
+                   kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
     assert f"{work}/spmd-course/utils/__init__.py 8" in _cell_text(nb.cells[2])
     assert "launch:" not in _cell_text(nb.cells[1]) and not (tmp_path / "pip.log").exists(), "no pip call"
     assert f"https://github.com/{REPO} spmd-course.tmp" in (work / "spmd-course" / ".cloned-with").read_text()
@@ -727,7 +728,7 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
 
     def run(*cells):
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-        NotebookClient(nb, timeout=600, kernel_name="colab", allow_errors=True,
+        NotebookClient(nb, timeout=600, startup_timeout=180, kernel_name="colab", allow_errors=True,
                        resources={"metadata": {"path": str(work)}}).execute()
         return nb.cells
 
