@@ -1,8 +1,8 @@
-"""utils.schedule and utils.draw_schedule: a compiled train step as its sequence of matmuls and collectives.
+"""utils.schedule: a compiled train step as its sequence of matmuls and collectives.
 
 CPU programs of the usual layouts (data parallel, tensor parallel, FSDP, a 2-D mesh), the same on a mesh of
-reversed devices, every replica-group spelling in HLO text, a TPU v5e:2x4 program compiled ahead of time
-(skipped where libtpu is absent), and the picture, measured with test_drawing's helpers.
+reversed devices, every replica-group spelling in HLO text, and a TPU v5e:2x4 program compiled ahead of time
+(skipped where libtpu is absent). The picture of a step is draw_timeline's (tests/test_step_pictures.py).
 """
 
 import jax
@@ -11,11 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from matplotlib.colors import to_rgba
 
-from course_support import label_boxes, patches  # the same ways of measuring a picture
-from utils import draw_schedule, schedule
-from utils.drawing import _MIN_FONT, _PALETTE, _axes_color
+from utils import schedule
 
 
 def _step(w1, w2, x):
@@ -132,10 +129,6 @@ def test_bad_input_says_what_to_pass():
         schedule(compiled, 8)
     with pytest.raises(ValueError, match=r"runs on 8 devices .* pass the mesh the program was compiled with"):
         schedule(compiled, {"data": 4})
-    with pytest.raises(TypeError, match=r"utils\.schedule"):
-        draw_schedule(compiled)
-    with pytest.raises(TypeError, match="non-empty"):
-        draw_schedule([])
 
 
 def test_tpu_step_overlaps_an_asynchronous_gather_with_a_matmul(tpu_devices):
@@ -155,56 +148,3 @@ def test_tpu_step_overlaps_an_asynchronous_gather_with_a_matmul(tpu_devices):
     assert overlapped and all(s.kind == "all-gather" for s in overlapped)
     assert {s.axes for s in steps if s.kind != "matmul"} == {("data", "model")}  # every collective spans both
     assert overlapped[0].result_type.endswith("[1024,1024]")  # a whole weight, gathered while a matmul runs
-
-
-def _colours(fig, gid="step"):
-    return [to_rgba(p.get_facecolor(), 1.0) for p in patches(fig, gid)]
-
-
-def test_picture_boxes_in_order_coloured_by_axes():
-    steps = schedule(*_compiled((4, 2), ("data", "model"), P("data", "model"), P("model", "data"), P("data")))
-    fig = draw_schedule(steps, title="FSDP x TP")
-    want = [to_rgba("0.75") if s.kind == "matmul" else to_rgba(_axes_color(s.axes)) for s in steps]
-    assert _colours(fig) == want
-    xs = [p.get_x() for p in patches(fig, "step")]
-    assert xs == sorted(xs)  # one row, time going right
-    assert {s.axes for s in steps if s.kind != "matmul"} == {("data",), ("model",)}
-    assert len({_axes_color(a) for a in [("data",), ("model",), ("data", "model"), ("fsdp",)]}) == 4
-    devices = {to_rgba(c[:3], 1.0) for c in _PALETTE}
-    assert not devices & {to_rgba(_axes_color(a)) for a in [("data",), ("model",), ("data", "model"), ("x",)]}
-    labels = [t.get_label() for t in fig.axes[0].texts if t.get_gid() == "tile-label"]
-    assert labels[0] == "AG\nf32[64,128]" and labels.count("AR\nf32[32,16]") == 1
-    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert legend == ["matmul", "over data", "over model"]
-
-
-def _all_text(fig):
-    legend = fig.axes[0].get_legend()
-    return [*(t for ax in fig.axes for t in ax.texts), *legend.get_texts(), fig._suptitle, fig.axes[0].xaxis.label]
-
-
-def test_picture_of_a_long_asynchronous_schedule_wraps_and_stays_legible():
-    from utils.inspecting import ScheduleStep
-
-    steps = []
-    for k in range(14):  # 40 steps: a gather overlapping two matmuls, a loop's permute, an all-reduce
-        steps += [ScheduleStep("all-gather", f"ag{k}", "bf16[4096,14336]", ("data",), True, 2),
-                  ScheduleStep("matmul", f"m{k}", "bf16[2048,14336]", in_loop=k % 2 == 1)]
-        steps += [ScheduleStep("matmul", f"n{k}", "bf16[2048,4096]")] if k < 12 else []
-    steps.append(ScheduleStep("all-reduce", "ar", "f32[64]", ("data", "model")))
-    assert len(steps) == 41
-    fig = draw_schedule(steps)
-    assert len(patches(fig, "step")) == len(steps) and patches(fig, "step-more")  # bars cross a row's end
-    assert len({round(p.get_y(), 3) for p in patches(fig, "step") if p.get_height() > 0.7}) == 3  # 3 rows
-    assert all(t.get_fontsize() >= _MIN_FONT for t in _all_text(fig))
-    boxes = label_boxes(fig)
-    for i, (a_text, a) in enumerate(boxes):
-        assert not any(a.overlaps(b) for _, b in boxes[i + 1:]), a_text
-    assert fig.get_size_inches()[0] <= 10.0
-
-
-def test_small_picture_fits_its_labels():
-    steps = schedule(*_compiled(*LAYOUTS["tp"]))
-    fig = draw_schedule(steps)
-    assert all(t.get_fontsize() >= _MIN_FONT for t in _all_text(fig))
-    assert [t.get_text() for t in fig.axes[0].texts] == ["AR\nf32[32,64]"]  # kind and type, both shown

@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # the one list of exported names: type checkers and editors r
     from .drawing import draw_pipeline as draw_pipeline
     from .drawing import draw_ring_steps as draw_ring_steps
     from .drawing import draw_routing as draw_routing
-    from .drawing import draw_schedule as draw_schedule
     from .drawing import draw_sharding as draw_sharding
     from .drawing import draw_shardings as draw_shardings
     from .effort import compile_effort as compile_effort

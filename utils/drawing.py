@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,7 +48,7 @@ def _show_figures_inline(shell: Any = None, backend: str | None = None) -> bool:
 _show_figures_inline()
 
 __all__ = ["device_color", "device_label", "draw_memory", "draw_mesh", "draw_permute", "draw_pipeline",
-           "draw_ring_steps", "draw_rings", "draw_routing", "draw_schedule", "draw_sharding", "draw_shardings"]
+           "draw_ring_steps", "draw_rings", "draw_routing", "draw_sharding", "draw_shardings"]
 
 _PALETTE = [matplotlib.colormaps[name](i) for name, ids in (("tab10", (0, 1, 2, 3, 4, 5, 6, 8)), ("tab20b", range(20)),
                                                             ("tab20c", range(16))) for i in ids]
@@ -680,68 +679,6 @@ def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
         if dup is not None:
             raise ValueError(f"index {dup} is a {what} twice in perm: ppermute needs each {what} at most once")
     return pairs
-
-
-# Saturated colours, far from every device colour (muted tab10/tab20): a collective never reads as a device.
-_AXES_COLORS = {("data",): "#0000cd", ("model",): "#ff00ff", ("data", "model"): "#9400d3", ("fsdp",): "#7fff00"}
-_SLOTS = 12  # steps per row, at most: a longer schedule wraps onto rows of about equal length
-
-
-def _axes_color(axes: Sequence[str]) -> str:
-    """The colour of a collective over ``axes``: one per set of axis names, the same in every figure."""
-    more = ("#00ffff", "#ffff00", "#ff1493", "#000000")  # other sets of axes: by a hash of their names
-    return _AXES_COLORS.get(tuple(axes)) or more[zlib.crc32(",".join(axes).encode()) % len(more)]
-
-
-def draw_schedule(steps: Sequence[Any], *, title: str | None = None) -> Figure:
-    """Draw a compiled step as :func:`utils.inspecting.schedule` lists it: one box per step, time going right.
-
-    Matmuls are grey; a collective is coloured by the mesh axes it spans and labelled with its kind (AR, AG,
-    RS, A2A, CP) and result type (kind only where the box is too small). An asynchronous collective is a bar
-    above the row over the matmuls it overlaps; loop-body steps are dashed. Boxes are steps in order, not
-    durations; more than 12 wrap onto rows.
-    """
-    steps = list(steps) if isinstance(steps, list | tuple) else []
-    if not steps or not all(hasattr(s, "kind") and hasattr(s, "overlaps") for s in steps):
-        raise TypeError("draw_schedule draws the steps utils.schedule(compiled, mesh) returns (a non-empty list)")
-    pos = list(itertools.accumulate((not s.asynchronous for s in steps), initial=0))
-    ends: list[float] = []  # the end of the last bar in each lane above the row
-    boxes = []  # (step, x0, x1, lane): lane 0 is the row, 1, 2, ... the bars above it
-    for k, s in enumerate(steps):
-        under = [pos[j] + 1.0 for j in range(k + 1, len(steps)) if steps[j].kind == "matmul"][: s.overlaps]
-        lane = next((i for i, end in enumerate(ends) if end <= pos[k]), len(ends)) + 1 if s.asynchronous else 0
-        x1 = max(under, default=pos[k] + 0.5) if lane else pos[k] + 1.0
-        ends[lane - 1:lane] = [x1] if lane else []
-        boxes.append((s, pos[k], x1, lane))
-    rows = math.ceil(max(x1 for _, _, x1, _ in boxes) / _SLOTS - 1e-9)
-    per_row, row_h = math.ceil(max(x1 for _, _, x1, _ in boxes) / rows - 1e-9), 1.2 + 0.7 * len(ends)
-    fig, ax = plt.subplots(figsize=(max(min(1.0, 9.6 / per_row) * per_row, 4.5) + 0.3, 0.5 * row_h * rows + 1.4))
-    for s, x0, x1, lane in boxes:
-        first = int(x0 // per_row)
-        for r in range(first, max(math.ceil(x1 / per_row - 1e-9), first + 1)):  # a bar that wraps: a piece a row
-            a, b = max(x0, r * per_row) - r * per_row, min(x1, (r + 1) * per_row) - r * per_row
-            y, h = r * row_h + 0.7 * (len(ends) - lane if lane else len(ends)), 0.6 if lane else 0.8
-            ax.add_patch(Rectangle((a + 0.04, y), b - a - 0.08, h, facecolor="0.75" if s.kind == "matmul" else
-                                   _axes_color(s.axes), edgecolor="black", linewidth=0.8,
-                                   linestyle="--" if s.in_loop else "-", gid="step" if r == first else "step-more"))
-            if s.kind != "matmul":
-                lines = ["".join(w[0] for w in s.kind.split("-")).upper().replace("ATA", "A2A"), s.result_type]
-                text = ax.text((a + b) / 2, y + h / 2, "\n".join(lines), ha="center", va="center", gid="tile-label",
-                               bbox=dict(_LABEL_BOX), zorder=3, label="\n".join(lines))
-                ax.__dict__.setdefault("_course_labels", []).append((text, lines, b - a - 0.08, h))  # sized by _finish
-    ax.set(xlim=(-0.05, per_row + 0.05), ylim=(rows * row_h - 0.35, -0.05), xticks=[], yticks=[])
-    ax.set_xlabel("time \u2192 (steps in order, not to scale)", fontsize=8)
-    _bare(ax)
-    keys = [("matmul", "0.75", "-")] + [("over " + (" \u00d7 ".join(a) or "no axis"), _axes_color(a), "-") for a in
-                                        dict.fromkeys(tuple(s.axes) for s in steps if s.kind != "matmul")]
-    keys += [("bar above: asynchronous, over the matmuls below", "white", "-")] * any(s.asynchronous for s in steps)
-    keys += [("in a loop body", "white", "--")] * any(s.in_loop for s in steps)
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="black", linestyle=ls, label=t) for t, c, ls in keys],
-              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(keys), 3), fontsize=8, frameon=False)
-    mm = sum(s.kind == "matmul" for s in steps)
-    fig.suptitle(title or f"{mm} matmuls, {len(steps) - mm} collectives "
-                 f"({sum(s.asynchronous for s in steps)} asynchronous)", fontsize=10)
-    return _finish(fig)
 
 
 _MEMORY_LOOKS = ("", "///", "...", "xxx", "\\\\\\", "ooo", "---", "+++")  # one hatch per category, in order
