@@ -599,11 +599,11 @@ else:
 #
 # The memory column needs a closer look, because eight rows seem not to fit on chips where MaxText ran
 # them. The figure summed there is `memory_analysis()`'s arguments + outputs - aliased + temporaries. On
-# CPU and GPU that sum is an upper bound on what the program needs. On TPU, `temp_size_in_bytes` counts
-# more than the temporaries the compiler places in HBM, by an amount no rule predicts. The HBM it places is
-# `total_allocation_bytes` (jax 0.12), which is the `default` space of the compiler's own memory report
-# (`compiler_options={"xla_dump_to": DIR}`, file `*memory-usage-report.txt`). The table prints it where the
-# stored program records it, as for these two rows:
+# TPU, `temp_size_in_bytes` counts more than the temporaries the compiler places in HBM, and the gap is
+# not a fixed share: the HBM allocated is 8 to 31% below the sum on these fourteen rows (the hidden cell
+# below checks that range). The HBM it places is `total_allocation_bytes` (jax 0.12), which is the
+# `default` space of the compiler's own memory report (`compiler_options={"xla_dump_to": DIR}`, file
+# `*memory-usage-report.txt`). Every stored program records it, as for these two rows:
 #
 # | row | `memory_analysis()`'s sum | HBM the compiler allocates | the chip |
 # |---|---|---|---|
@@ -631,6 +631,9 @@ if ok:
     GIB = 2**30
     bf16, f32 = 2, 4
     stored = {e.row.name: e for e in table if e.allocated_bytes is not None}  # rows whose allocation is recorded
+    below = [1 - e.allocated_bytes / e.sum_bytes for e in stored.values()]
+    print(f"the allocation is {min(below):.0%} to {max(below):.0%} below memory_analysis's sum on {len(below)} rows")
+    assert len(below) == 14 and min(below) > 0.08 and max(below) < 0.31  # below on every row, by no fixed share
     for e in stored.values():
         if e.row.name in over:
             print(f"{e.row.name}: memory_analysis's sum {e.sum_bytes / GIB:.2f} GiB, the compiler's allocation "

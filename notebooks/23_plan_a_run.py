@@ -302,12 +302,12 @@ assert 0.8 < ratio / params < 1.25 and v5p_8b["bound"] == v5p_70b["bound"] == "c
 # sequence a micro-step, compiles to 15.08 GiB, inside the chip's 15.75 GiB, but its two micro-steps need
 # a float32 gradient accumulator of 1.0 GiB a chip beside the program (16.09 GiB in all). The other three,
 # with remat `offload` or tensor parallelism, need 15.3 to 16.5 GiB before the accumulator. The compiler
-# needs 3.6 to 5 GiB more than the formula because the formula counts no temporaries inside a layer, and
-# the course's builder runs attention for grouped key/value heads without a flash kernel: one layer's
-# scores over 4,096 x 4,096 positions for 64 heads would be 6 GiB a sequence held whole in bf16 and
-# float32. So the answer is a change of the question: a flash kernel (MaxText's never holds the scores),
-# shorter sequences, a global batch that needs no accumulation, or chips with more HBM. The cell checks
-# the refusals.
+# needs 3.6 to 5 GiB more than the formula, because the formula counts no temporaries inside a layer. The
+# likeliest large one is attention's: the course's builder runs it without a flash kernel, so one layer's
+# backward pass works on scores over 4,096 x 4,096 positions for 64 heads (6 GiB a sequence, if it were
+# held whole in bf16 and float32). So the answer is a change of the question: a flash kernel (MaxText's
+# never holds the scores), shorter sequences, a global batch that needs no accumulation, or chips with
+# more HBM. The cell checks the refusals.
 
 # %%
 v5e_70b = entries["70b-v5e"]
