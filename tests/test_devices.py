@@ -88,11 +88,6 @@ def test_count_must_be_positive():
         setup_devices(0)
 
 
-def test_prefer_is_checked():
-    with pytest.raises(ValueError, match="'auto' or 'cpu'"):
-        setup_devices(8, prefer="gpu")
-
-
 @needs_no_accelerator
 def test_fresh_process_gets_the_count_asked_for():
     r = _run("""
@@ -172,7 +167,7 @@ def test_choice_with_a_plugin_and_its_hardware(monkeypatch, probe, expected):
     monkeypatch.setattr(devices, "_accelerator_plugins", lambda: ["libtpu"])
     monkeypatch.setattr(devices, "_hardware_evidence", lambda plugins: ["/dev/accel0"])
     monkeypatch.setattr(devices, "_probe_accelerators", lambda: probe)
-    assert devices._choose(8, "auto") == expected
+    assert devices._choose(8) == expected
 
 
 def _no_probe():
@@ -185,8 +180,7 @@ def test_choice_without_hardware_never_starts_a_probe(monkeypatch, plugins):
     monkeypatch.setattr(devices, "_accelerator_plugins", lambda: plugins)
     monkeypatch.setattr(devices, "_hardware_evidence", lambda found: [])
     monkeypatch.setattr(devices, "_probe_accelerators", _no_probe)
-    assert devices._choose(8, "auto") == "no accelerator found"
-    assert devices._choose(8, "cpu") == "asked for CPU"
+    assert devices._choose(8) == "no accelerator found"
 
 
 def test_jax_platforms_cpu_skips_the_probe(monkeypatch):
@@ -194,7 +188,7 @@ def test_jax_platforms_cpu_skips_the_probe(monkeypatch):
     monkeypatch.setattr(devices, "_accelerator_plugins", lambda: ["libtpu"])
     monkeypatch.setattr(devices, "_hardware_evidence", lambda found: ["/dev/accel0"])
     monkeypatch.setattr(devices, "_probe_accelerators", _no_probe)
-    assert devices._choose(8, "auto") == "JAX_PLATFORMS=cpu"
+    assert devices._choose(8) == "JAX_PLATFORMS=cpu"
 
 
 # Evidence, from a fake file tree: what each plugin needs to see before the probe runs.

@@ -1,6 +1,4 @@
-"""The course's shared helpers: infrastructure only, never a wrapper around the
-sharding APIs being taught (notebooks call ``jax.make_mesh``, ``NamedSharding``
-and ``jax.device_put`` themselves).
+"""The course's shared helpers: infrastructure only, never a wrapper around the sharding APIs being taught.
 
 - ``devices``: :func:`setup_devices`, the one call of every setup cell;
 - ``launch``: readying Colab (and Binder's memory note) before the setup cell starts JAX;
@@ -11,11 +9,8 @@ and ``jax.device_put`` themselves).
 - ``effort``: :func:`compile_effort`, the compiler's effort for the compiles inside a ``with`` block;
 - ``exercises``: self-checking exercises; ``explorer``: text boxes to try layouts in.
 
-Names load lazily (PEP 562): ``from utils import setup_devices`` imports
-``utils.devices`` and nothing else, so the setup cell can install packages
-(``utils.launch``) before numpy, matplotlib or JAX are imported in the kernel.
-The exported names are written once, as the ``TYPE_CHECKING`` imports below:
-type checkers read those, and ``__all__`` and the loader's table are parsed from them.
+Names load lazily (PEP 562): ``from utils import setup_devices`` imports ``utils.devices`` alone, so the setup
+cell can install packages before numpy or JAX load. The names are written once, as the ``TYPE_CHECKING`` imports.
 """
 
 from __future__ import annotations
@@ -65,8 +60,7 @@ if TYPE_CHECKING:  # the one list of exported names: type checkers and editors r
 
 
 def _exported() -> dict[str, str]:
-    """Each exported name and the submodule that defines it, read from the ``TYPE_CHECKING`` imports above (which
-    never run), so the names are written once: the same idea as ``lazy_loader.attach_stub``, without its .pyi."""
+    """Each exported name and its submodule, parsed from the ``TYPE_CHECKING`` imports (as ``lazy_loader``'s stubs)."""
     tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
     block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
     return {alias.asname or alias.name: str(node.module) for node in block.body if isinstance(node, ast.ImportFrom)

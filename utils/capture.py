@@ -1,10 +1,7 @@
 """Capture what C++ libraries and stray prints write while a block of code runs.
 
-XLA, libtpu and absl write warnings straight to file descriptors 1 and 2, past ``sys.stdout``,
-``sys.stderr`` and ``warnings``, so ``contextlib.redirect_stdout`` cannot catch them; some Python code
-prints too (jax 0.12.0.1 prints a bare source location before it raises ``IndivisibleError`` for an
-uneven ``device_put``). :func:`quiet` catches both and hands the text back. It is the one place in the
-course that redirects file descriptors; ``utils.inspecting.compile_with_log`` is built on it.
+XLA, libtpu and absl write straight to file descriptors 1 and 2, past ``sys.stdout`` and ``warnings``, so
+``contextlib.redirect_stdout`` cannot catch them. :func:`quiet` is the course's one redirection of them.
 """
 
 from __future__ import annotations
@@ -42,21 +39,11 @@ def _flush_c_stdio() -> None:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[Captured]:
-    """Run a block with everything it prints caught instead of shown.
+    """Run a block with everything it prints caught instead of shown: ``with quiet() as out:``, then ``out.text``.
 
-    Use it around a call whose C++ output would clutter a notebook, and read
-    ``out.text`` afterwards::
-
-        with quiet() as out:
-            topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
-        print(len(out.text.splitlines()), "lines of libtpu start-up warnings hidden")
-
-    Catches file descriptors 1 and 2 (C/C++ output: XLA, libtpu, absl
-    logging) and ``sys.stdout``/``sys.stderr`` (Python prints, warnings shown
-    by the ``warnings`` module) for the duration of the block. Exceptions
-    propagate unchanged; the text printed before them is still in ``out``.
-    Blocks nest (the inner one gets the text). Not thread-safe: output that
-    other threads write meanwhile is caught too.
+    Catches file descriptors 1 and 2 (XLA, libtpu, absl) and ``sys.stdout``/``sys.stderr``. Exceptions
+    propagate, the text before them still in ``out``. Blocks nest (the inner one gets the text). Not
+    thread-safe: other threads' output is caught too.
     """
     captured = Captured()
     for stream in (sys.stdout, sys.stderr):

@@ -1,15 +1,9 @@
 """Give a notebook N devices for its meshes, before JAX starts.
 
-JAX fixes its device list the first time any JAX operation runs. The course
-needs 8 devices everywhere: real accelerators where at least 8 exist, otherwise
-8 simulated CPU devices (``jax_num_cpu_devices``). That choice must be made
-before the first operation, so every notebook calls :func:`setup_devices`
-in its first code cell.
-
-Counting accelerators means starting a plugin in a child process, which costs
-seconds (and libtpu prints warnings where there is no TPU). So the child runs
-only where a plugin is installed *and* the machine shows hardware for it:
-device files, PCI ids or TPU VM variables, the same signs JAX checks.
+JAX fixes its device list at its first operation, so every notebook's first code cell calls
+:func:`setup_devices`: real accelerators where enough exist, else simulated CPU devices. Counting
+accelerators starts a plugin in a child process (seconds, and libtpu warnings), so that runs only where a
+plugin is installed *and* the machine shows hardware for it: the device files, PCI ids or TPU VM variables JAX checks.
 """
 
 from __future__ import annotations
@@ -125,11 +119,7 @@ def _accelerator_plugins() -> list[str]:
 
 
 def _probe_accelerators(timeout: float = 180.0) -> tuple[str, int, str]:
-    """Count accelerators in a child process, so this process can still choose.
-
-    Returns (platform, count, note). Starting JAX here would freeze the CPU
-    device count, so the question is asked in a throwaway interpreter.
-    """
+    """(platform, count, note) from a throwaway interpreter: starting JAX here would fix the CPU device count."""
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("JAX_PLATFORMS", None)
     code = "import jax; print(jax.default_backend(), jax.device_count())"
@@ -152,32 +142,24 @@ def _restart_message(have: int | None, want: int) -> str:
     )
 
 
-def setup_devices(n: int = 8, *, prefer: str = "auto", quiet: bool = False) -> DeviceSetup:
+def setup_devices(n: int = 8, *, quiet: bool = False) -> DeviceSetup:
     """Make ``jax.devices()`` return ``n`` devices and print one line saying which.
 
-    - ``n`` real accelerators (TPU/GPU) where at least ``n`` exist;
-    - otherwise ``n`` simulated CPU devices, with the CPU made the only platform,
-      so ``jax.make_mesh`` works unchanged even where one small accelerator exists
-      (Colab's TPU v5e-1 shows one device).
-
-    ``prefer="cpu"`` skips accelerators. Calling it again with the same ``n`` is
-    harmless (re-running the cell); another ``n`` once JAX has started raises
+    ``n`` real accelerators (TPU/GPU) where at least ``n`` exist, otherwise ``n`` simulated CPU devices with
+    the CPU the only platform, so ``jax.make_mesh`` works even beside one small accelerator (Colab's TPU
+    v5e-1). Again with the same ``n`` is harmless; another ``n`` once JAX has started raises
     :class:`DeviceCountError`, which says to restart the kernel.
 
-    On simulated CPU devices it also sets ``jax_disable_most_optimizations``: XLA's CPU backend then skips
-    most LLVM optimisation of the machine code, which cuts the compile time of the course's small
-    programs by a third to a half. What the lessons read is made before that step and stays the same:
-    the optimised HLO (shardings, collectives), the buffer sizes, and every ahead-of-time TPU compile
-    (same program text, HBM and cost analysis; libtpu has no LLVM step to skip). Only rounding in the
-    last bits of a CPU result can differ. Real accelerators are left at full optimisation.
+    On simulated CPU devices it also sets ``jax_disable_most_optimizations``: XLA's CPU backend then skips most
+    LLVM optimisation of the machine code, a third to a half of the course's compile time. What the lessons
+    read is made before that step: the optimised HLO, the buffer sizes and every ahead-of-time TPU compile.
+    Only the last bits of a CPU result can differ.
     """
     global _current
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"setup_devices(n) takes a whole number of devices, such as 8; got {n!r}")
     if n < 1:
         raise ValueError(f"setup_devices(n) needs at least 1 device; got n={n}")
-    if prefer not in ("auto", "cpu"):
-        raise ValueError(f"prefer must be 'auto' or 'cpu'; got {prefer!r}")
 
     if _current is not None:
         if _current.count != n:
@@ -188,7 +170,7 @@ def setup_devices(n: int = 8, *, prefer: str = "auto", quiet: bool = False) -> D
 
     import jax
 
-    choice = _choose(n, prefer)
+    choice = _choose(n)
     if choice is None:  # n real accelerators: nothing to configure
         devices = jax.devices()
         setup = DeviceSetup(n, devices[0].platform, False, f"{len(devices)} found")
@@ -233,10 +215,8 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
     np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=atol)
 
 
-def _choose(n: int, prefer: str) -> str | None:
+def _choose(n: int) -> str | None:
     """None to use real accelerators, else the reason for simulated CPU devices."""
-    if prefer == "cpu":
-        return "asked for CPU"
     if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
         return "JAX_PLATFORMS=cpu"
     plugins = _accelerator_plugins()

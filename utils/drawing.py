@@ -1,12 +1,10 @@
 """Pictures of shardings and meshes, drawn with matplotlib; every function returns a ``Figure`` a test can read.
 
-(``jax.debug.visualize_array_sharding`` stops at 2-D, needs ``rich`` and returns nothing.) Each block of an
-array is a rectangle (``gid`` ``"tile"``) at its true proportions, labelled as :func:`_tile_lines` says;
-every device holding a copy is a card in that device's colour (``"copy"``), k copies a deck of k offset
-cards, never stripes (they would read as a further split); XLA's padding of an uneven block is hatched.
-A device has one colour in every figure (:func:`device_color`); :func:`draw_permute` draws a ``ppermute``
-as arrows on the mesh. ``_tile_lines``, ``_draw_tiles`` and ``_finish`` are private but shared: notebook
-04's matmul pictures (``notebooks/matmul_pictures.py``) draw their blocks with them too.
+(``jax.debug.visualize_array_sharding`` stops at 2-D, needs ``rich`` and returns nothing.) A block is a
+rectangle (gid ``"tile"``) at its true proportions; each device holding a copy is a card in its colour
+(``"copy"``), k copies a deck of k offset cards, never stripes (they would read as a further split). A device
+has one colour in every figure (:func:`device_color`). ``_tile_lines``, ``_draw_tiles`` and ``_finish`` are
+private but shared with notebook 04's matmul pictures (``notebooks/matmul_pictures.py``).
 """
 
 from __future__ import annotations
@@ -62,11 +60,7 @@ def device_color(device_id: int) -> tuple[float, float, float, float]:
 
 
 def device_label(ids: Sequence[int]) -> str:
-    """'dev 0', 'dev 0,1', 'dev 0-7', 'dev 0,8,...,56' (runs and long strides are shortened).
-
-    Runs of 3+ consecutive ids become 'a-b'; 5+ ids with a constant stride
-    become 'a,b,...,z', so labels stay short on 64-device meshes.
-    """
+    """'dev 0', 'dev 0,1', 'dev 0-7' (3+ consecutive ids), 'dev 0,8,...,56' (5+ ids at one stride)."""
     ids = sorted(int(i) for i in ids)
     steps = {b - a for a, b in itertools.pairwise(ids)}
     if len(ids) >= 5 and len(steps) == 1 and steps != {1}:
@@ -116,6 +110,7 @@ def _panels(shape: tuple[int, ...], all_tiles: list[Tile], r: int | None, c: int
 
 
 _LABEL_BOX = dict(boxstyle="round,pad=0.15", facecolor="white", alpha=0.8, linewidth=0)
+_SMALL_BOX = dict(_LABEL_BOX, boxstyle="round,pad=0.1")
 _MIN_FONT, _GOOD_FONT, _MAX_FONT = 6.5, 8.0, 9.0  # label sizes in points: never below the first
 _DECK_STEP_PT = 4.0  # offset between two cards of a deck, in points
 _DECK_SHARE = 0.35  # a deck's offsets take at most this share of the block's smaller side
@@ -126,16 +121,8 @@ _MOST_STRETCH = 8.0  # a 2-D array is drawn at its true aspect unless more than 
 
 
 def _tile_lines(t: Tile, itemsize: int, show_bytes: bool, extra: Sequence[str] = ()) -> list[str]:
-    """The lines of a block's label (joined by ``'\\n'``; side by side, ``' · '``, in a short block), in order:
-
-    1. the devices holding the block: ``'dev 3'``, ``'dev 0,2,4,6'``, ``'dev 0-7'``;
-    2. the block's shape: ``'(32, 256)'``;
-    3. its bytes, unless drawn with ``show_bytes=False``: ``'32.0 KiB'``;
-    4. only for a block of an uneven layout: ``'padded to (3)'``;
-    5. only for a replicated block (held by k > 1 devices): ``'k copies'``, e.g. ``'4 copies'``;
-    6. and 7. ``extra``: the part of the array it is (``show_slices=``), what it holds (``contents=``), or its
-       role in notebook 04's matmul pictures.
-    """
+    """A block's label lines: its devices (``'dev 0-7'``), shape (``'(32, 256)'``), bytes (unless not
+    ``show_bytes``), ``'padded to (3)'`` (uneven layouts), ``'4 copies'`` (replicated), then ``extra``."""
     lines = [device_label(t.devices), str(t.shape).replace(",)", ")")]
     if show_bytes:
         lines.append(format_bytes(math.prod(t.shape) * itemsize))
@@ -338,10 +325,9 @@ def _finish(fig: Figure, **layout: Any) -> Figure:
 def _draw_deck(
     ax: Axes, x0: float, y0: float, w: float, h: float, colours: Sequence[Any], ppu: tuple[float, float]
 ) -> None:
-    """One card per device holding the block: one card fills it; k cards stack like a deck, offset down-right.
+    """One card per device holding the block, stacked like a deck offset down-right, replica 0 on top.
 
-    Replica 0 (``colours[0]``, JAX's numbering) is on top; the others peek out behind it in their
-    colours. Too small a block for every card 1.5 points apart shows fewer (its label says 'k copies').
+    Too small a block for every card 1.5 points apart shows fewer (its label says 'k copies').
     """
     k = len(colours)
     if w <= 0 or h <= 0:
@@ -401,23 +387,14 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
                   show_slices: bool = False) -> Figure:
     """Draw where every block of an array lives.
 
-    ``x`` is a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct``, or a shape
-    such as ``(128, 512)`` together with ``sharding`` (a ``NamedSharding``, or
-    a ``PartitionSpec`` with ``mesh=``). 1-D arrays are drawn as a row, 2-D as
-    a grid at the array's true aspect; for N-D arrays ``dims`` picks the two
-    dimensions drawn (default: the last two) and the blocks of the other
-    dimensions become a grid of panels. Each axis names the mesh axes that cut
-    it (``dim 0 (128) ÷ data (4)``); the title gives the type and the spec.
-
-    ``contents`` (for a real ``jax.Array`` only) labels each block with what it
-    holds: it is called on each device's shard (a numpy array) and its string
-    becomes the label's last line, e.g. ``contents=lambda b: f"{b[0, 0]:.0f}"``;
-    copies that differ get one line per device (``'dev 2: 5'``). A layout
-    shows where blocks live, so a ``ppermute`` changes only these lines.
-    ``color_by`` colours each card by a group of its ``jax.Device`` instead of
-    the device itself, e.g. ``color_by=lambda d: d.process_index`` (hosts).
-    ``show_slices=True`` adds the part of the array each block is, ``'[48:56, :]'`` (``:`` for a whole
-    dimension), so that which rows a device or host holds can be read off the picture.
+    ``x`` is a sharded ``jax.Array``, a ``jax.ShapeDtypeStruct``, or a shape such as ``(128, 512)`` with
+    ``sharding`` (a ``NamedSharding``, or a ``PartitionSpec`` with ``mesh=``). 1-D arrays are a row, 2-D a grid
+    at the true aspect; for N-D arrays ``dims`` picks the two dimensions drawn (default: the last two) and the
+    blocks of the others become panels. Each axis names the mesh axes that cut it (``dim 0 (128) ÷ data (4)``).
+    ``contents`` (a ``jax.Array`` only) labels each block with ``contents(shard)``, e.g.
+    ``lambda b: f"{b[0, 0]:.0f}"``; copies that differ get a line per device (``'dev 2: 5'``). ``color_by``
+    colours each card by a group of its ``jax.Device``, e.g. ``lambda d: d.process_index`` (hosts).
+    ``show_slices=True`` adds the part of the array each block is, ``'[48:56, :]'``.
     """
     if not isinstance(show_slices, bool):
         raise TypeError(f"show_slices is True or False; got {show_slices!r}")
@@ -425,10 +402,8 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
     r, c = _panel_dims(len(shape), dims)
     panels = _panels(shape, tiles(shape, sharding), r, c)
     if len(panels) > max_panels:
-        raise ValueError(
-            f"this layout needs {len(panels)} panels (more than max_panels={max_panels}): "
-            f"pick the sharded dimensions with dims=(i, j), or raise max_panels"
-        )
+        raise ValueError(f"this layout needs {len(panels)} panels (more than max_panels={max_panels}): "
+                         f"pick the sharded dimensions with dims=(i, j), or raise max_panels")
     itemsize = np.dtype(dtype).itemsize
     def slices(t: Tile) -> list[str]:
         return ["[" + ", ".join(":" if (a, b) == (0, n) else f"{a}:{b}" for a, b, n in zip(t.start, t.stop, shape,
@@ -483,11 +458,7 @@ def _mesh_grid(ax: Axes, grid: np.ndarray, row_name: str | None, col_name: str, 
 
 
 def draw_mesh(mesh: Any, *, title: str | None = None) -> Figure:
-    """Draw a device mesh: one cell per device, laid out on the named axes.
-
-    1-D meshes are a row; 2-D meshes put the first axis down and the second
-    across; axes beyond the last two become a row of panels.
-    """
+    """Draw a device mesh, one cell per device: the last axis across, the one before down, earlier ones as panels."""
     _need_mesh(mesh, "draw_mesh")
     names, ids = list(mesh.axis_names), mesh.device_ids
     grids = ids.reshape(-1, *ids.shape[-2:]) if ids.ndim > 1 else ids[None, None, :]
@@ -548,13 +519,10 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
                    contents: Callable[[np.ndarray], str] | None = None) -> Figure:
     """Draw several arrays side by side, one panel each, named and typed.
 
-    ``arrays`` is a dict of name -> array (or name -> (shape, sharding)), or
-    any pytree of arrays such as ``nnx.state(model)``: the panel titles are the
-    pytree paths, e.g. ``linear1/kernel``. N-D arrays show their last two
-    dimensions (use :func:`draw_sharding` for the full picture). Panels are
-    all one size and each array has its true aspect, so arrays of one shape
-    are drawn alike whatever their layout. ``contents`` is as in
-    :func:`draw_sharding`; every array must then be a real ``jax.Array``.
+    ``arrays`` is a dict of name -> array (or name -> (shape, sharding)), or a pytree of arrays such as
+    ``nnx.state(model)`` (titles are the paths, e.g. ``linear1/kernel``). N-D arrays show their last two
+    dimensions. Arrays of one shape are drawn alike whatever their layout. ``contents`` is as in
+    :func:`draw_sharding`.
     """
     if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
         raise ValueError(f"ncols must be a whole number >= 1; got {ncols!r}")
@@ -596,13 +564,9 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
 def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, title: str | None = None) -> Figure:
     """Draw ``jax.lax.ppermute(x, axis_name, perm)`` as arrows between devices on the mesh.
 
-    ``perm`` is what ``ppermute`` takes: ``(source, destination)`` pairs of
-    indices along ``axis_name``. The same pairs run in every group of devices
-    along the other mesh axes, so each group gets its own arrows, each in the
-    colour of the device that sends. A device no pair sends to receives zeros
-    from ``ppermute``: its cell is hatched and says so. Pairs a device sends to
-    itself are drawn as "keeps its block". Arrows carry the label
-    ``'dev S -> dev D'`` (``[a.get_label() for a in fig.axes[0].patches if a.get_gid() == 'permute-arrow']``).
+    ``perm``: ``(source, destination)`` index pairs along ``axis_name``, as ``ppermute`` takes. Every group along
+    the other axes gets its arrows, in the sender's colour, labelled ``'dev S -> dev D'`` (gid
+    ``'permute-arrow'``). A device no pair sends to receives zeros: its cell is hatched and says so.
     """
     _need_mesh(mesh, "draw_permute")
     names, ids = list(mesh.axis_names), mesh.device_ids
@@ -610,10 +574,8 @@ def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, 
         raise ValueError(f"mesh has no axis {axis_name!r}; its axes are {tuple(names)}")
     pairs = _check_perm(perm, axis_name, mesh.shape[axis_name])
     if names.index(axis_name) < ids.ndim - 2:
-        raise ValueError(
-            f"draw_permute draws the last two mesh axes; {axis_name!r} is not one of them: "
-            f"build the mesh with {axis_name!r} among its last two axes to draw it"
-        )
+        raise ValueError(f"draw_permute draws the last two mesh axes; {axis_name!r} is not one of them: "
+                         f"build the mesh with {axis_name!r} among its last two axes to draw it")
     if ids.ndim > 2:  # the first panel: every other panel is the same picture
         title = title or f"first {', '.join(f'{n}=0' for n in names[:-2])} slice shown; others alike"
     grid = ids.reshape(-1, *ids.shape[-2:])[0] if ids.ndim > 1 else ids[None, :]
@@ -669,10 +631,8 @@ def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
         raise ValueError(f"perm is a list of (source, destination) index pairs, such as {example}; got {perm!r}")
     bad = [p for p in pairs if not (0 <= p[0] < size and 0 <= p[1] < size)]
     if bad:
-        raise ValueError(
-            f"pair {bad[0]} leaves axis {axis_name!r}, whose indices are 0..{size - 1}: "
-            f"ppermute pairs are positions along the axis, not device ids"
-        )
+        raise ValueError(f"pair {bad[0]} leaves axis {axis_name!r}, whose indices are 0..{size - 1}: "
+                         f"ppermute pairs are positions along the axis, not device ids")
     for k, what in ((0, "source"), (1, "destination")):
         seen = [p[k] for p in pairs]
         dup = next((v for v in seen if seen.count(v) > 1), None)
@@ -685,12 +645,10 @@ _MEMORY_LOOKS = ("", "///", "...", "xxx", "\\\\\\", "ooo", "---", "+++")  # one 
 
 
 def draw_memory(bars: Mapping[str, Mapping[str, float]], *, title: str | None = None) -> Figure:
-    """Stacked bars of bytes per device: one bar per variant (``bars``' keys), one segment per category.
+    """Stacked bars of bytes per device on one scale: ``bars`` maps a variant to ``{category: bytes}``.
 
-    ``bars`` maps a variant to ``{category: bytes}``; every variant lists the same categories in the same
-    order. All bars share one byte scale. Colour means device everywhere in the course, and a bar here is one
-    device, so categories are told apart by hatching on white and by their names, never by colour; each
-    segment wide enough is labelled with its size, and each bar ends with its total.
+    Every variant lists the same categories in order. Colour means device in the course and a bar is one
+    device, so categories differ by hatching and name, never colour. Bars end with their totals.
     """
     if not isinstance(bars, Mapping) or not bars or not all(isinstance(v, Mapping) and v for v in bars.values()):
         raise TypeError("draw_memory takes {variant: {category: bytes}}, e.g. {'ZeRO-1': {'parameters': 2**27}}")
@@ -744,19 +702,14 @@ def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]
                own_partials: Sequence[str] = ()) -> Figure:
     """Draw ring collectives frame by frame, one panel per ring, so each step's send can be followed.
 
-    ``rings[title][f][i]`` maps each block that device ``ids[i]`` holds after step ``f`` (0: the start) to the
-    ids of the devices whose data it holds (one for a gathered block, several for a running sum), drawn as
-    stripes in their colours. Device ``ids[i]`` sends to ``ids[i + 1]`` (the last to the first, drawn under
-    the frame). An outlined block and an arrow mark what each device sends next: the block that is new on
-    the next device in the next frame. Arrows carry the label ``'dev S -> dev D: block B'`` (gid
-    ``'ring-arrow'``); blocks have gid ``'ring-block'`` and their texts ``'ring-label'``.
-
-    A reduce-scatter's device holds its own partial of *every* block from the start, and adds one of them to
-    each sum it receives. Name such rings in ``own_partials``: each device then gets a faint, narrow column
-    of its own partials beside its blocks (gid ``'ring-own'``, labelled ``'dev D: own partial of block B'``),
-    and the partial that went into the block new in a frame is outlined there (gid ``'ring-own-added'``),
-    so the receiver's addition can be seen. Raises ValueError where a frame does not follow from the one
-    before by one block per device, or where ``own_partials`` names a ring that ``rings`` lacks.
+    ``rings[title][f][i]`` maps each block device ``ids[i]`` holds after step ``f`` (0: the start) to the ids
+    whose data it holds (several for a running sum), drawn as stripes in their colours. ``ids[i]`` sends to
+    ``ids[i + 1]`` (the last to the first); an outlined block and an arrow (gid ``'ring-arrow'``, labelled
+    ``'dev S -> dev D: block B'``) mark what each sends next: the block new on its neighbour in the next frame.
+    A reduce-scatter's device adds its own partial of a block to each sum it receives: rings named in
+    ``own_partials`` get a faint column of each device's partials (gid ``'ring-own'``), the one just added
+    outlined (``'ring-own-added'``). A frame that does not follow from the one before by one block per device
+    raises ValueError.
     """
     n, w, gap = len(ids), 1.5, 0.8  # blocks are w wide and 1 high
     if n < 2 or not rings:
@@ -801,7 +754,7 @@ def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]
                     if who:
                         ax.text(x0 + w / 2, y0 + block + 0.5, "+".join(map(str, who)), ha="center", va="center",
                                 fontsize=6.5, gid="ring-label",
-                                bbox=dict(boxstyle="round,pad=0.1", facecolor="white", alpha=0.8, linewidth=0))
+                                bbox=dict(_SMALL_BOX))
                 if f + 1 == len(frames):
                     continue
                 nxt = (i + 1) % n
@@ -820,9 +773,7 @@ def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]
                aspect="equal")
         ax.set_title(title, fontsize=8.5)
         ax.axis("off")
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value
-    return fig
+    return _finish(fig)
 
 
 def draw_pipeline(work: Any, devices: Sequence[int], *, backward: Any = None, title: str | None = None) -> Figure:
@@ -868,18 +819,17 @@ def draw_pipeline(work: Any, devices: Sequence[int], *, backward: Any = None, ti
     head = f"idle (white): {idle} of {grid.size} stage-iterations, {idle / grid.size:.0%}"
     fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
     return _finish(fig)
+
+
 def draw_ring_steps(panels: Mapping[str, Mapping[str, Sequence[Sequence[Any]]]], ids: Sequence[int], *,
                     title: str | None = None) -> Figure:
     """Draw which block each device works on at each step of a ring, with the share of it that is computed.
 
-    ``panels[name]`` holds three ``steps x devices`` tables: ``"holds"[s][i]``, the position along the ring of
-    the device whose block device ``ids[i]`` holds during step ``s`` (the cell takes that device's colour, so
-    a block keeps its colour as it travels); ``"work"[s][i]``, the fraction of that block's work done, 0 to 1
-    (the cell is filled over that fraction of its width; 0 is hatched, "skipped"); ``"labels"[s][i]``, the
-    cell's text (say which tokens the block holds). Time runs down: a row is one step, and since every device
-    waits for the ring before the next step, each row's busiest device sets its length (the right-hand
-    column). The bottom row sums each device's work. Cells have gid ``'ring-cell'``, labelled
-    ``'dev D, step S: block of dev B, work W'``.
+    ``panels[name]`` holds three ``steps x devices`` tables: ``"holds"[s][i]``, the ring position of the device
+    whose block ``ids[i]`` holds in step ``s`` (its colour, so a block keeps it as it travels); ``"work"[s][i]``,
+    the fraction of that block's work done (0 is hatched, skipped); ``"labels"[s][i]``, the cell's text. Time
+    runs down; every device waits for the ring, so each row's busiest device sets the step's length (right-hand
+    column). The bottom row sums each device's work. Cells: gid ``'ring-cell'``, labelled with what they hold.
     """
     if not isinstance(panels, Mapping) or not panels:
         raise TypeError("draw_ring_steps takes {panel title: {'holds': ..., 'work': ..., 'labels': ...}}")
@@ -918,7 +868,7 @@ def draw_ring_steps(panels: Mapping[str, Mapping[str, Sequence[Sequence[Any]]]],
                 cell.set_label(f"dev {ids[i]}, step {s}: block of dev {ids[holds[s, i]]}, work {w:g}")
                 ax.add_patch(cell)
                 ax.text(i + 0.5, s + 0.5, str(labels[s][i]), ha="center", va="center", fontsize=6.5,
-                        bbox=dict(boxstyle="round,pad=0.1", facecolor="white", alpha=0.8, linewidth=0))
+                        bbox=dict(_SMALL_BOX))
             ax.text(n + 0.15, s + 0.5, f"{work[s].max():g}", ha="left", va="center", fontsize=7.5)
         for i in range(n):
             ax.text(i + 0.5, -0.15, f"dev {ids[i]}", ha="center", va="bottom", fontsize=7)
@@ -931,22 +881,19 @@ def draw_ring_steps(panels: Mapping[str, Mapping[str, Sequence[Sequence[Any]]]],
                yticklabels=[str(s) for s in range(holds.shape[0])])
         ax.set_ylabel("ring step (time \u2193)", fontsize=8)
         ax.tick_params(axis="y", length=0, labelsize=7.5)
-        for side in ("top", "right", "bottom", "left"):
-            ax.spines[side].set_visible(False)
+        _bare(ax)
         ax.set_title(name, fontsize=9)
     fig.suptitle(title or "colour: the device the block started on; filled: the share of it computed", fontsize=10)
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value
-    return fig
-def draw_routing(destinations: Any, sources: Sequence[int], *, title: str | None = None) -> Figure:
-    """Draw where a mixture-of-experts layer sends its tokens: one row per device that holds tokens, one cell
-    per (token, choice) it routes, in the colour of the device that holds the chosen expert.
+    return _finish(fig)
 
-    ``destinations[i, j]`` is the device id that choice ``j`` of row ``i`` goes to (the all-to-all's destination),
-    or ``-1`` where the expert was full and the choice was dropped: a white, hatched cell (gid ``"dropped"``; the
-    others ``"routed"``, each labelled ``'dev S -> dev D'``). ``sources[i]`` is the device id holding row ``i``; its
-    label is in that device's colour. Each row ends with what the device keeps, sends to other devices and drops,
-    so the picture reads as the all-to-all's traffic as well as the router's choices.
+
+def draw_routing(destinations: Any, sources: Sequence[int], *, title: str | None = None) -> Figure:
+    """Draw where a mixture-of-experts layer sends its tokens: a row per source device, a cell per routed choice.
+
+    ``destinations[i, j]``: the device that choice ``j`` of row ``i`` goes to (cell in its colour, gid
+    ``"routed"``, labelled ``'dev S -> dev D'``), or ``-1`` where the expert was full (white, hatched, gid
+    ``"dropped"``). ``sources[i]``: the device holding row ``i``. Each row ends with what its device keeps,
+    sends and drops, so the picture reads as the all-to-all's traffic too.
     """
     dest = np.asarray(destinations)
     if dest.ndim != 2 or dest.size == 0 or not np.issubdtype(dest.dtype, np.integer):

@@ -1,11 +1,9 @@
 """The compiler's effort for the programs compiled inside one ``with`` block.
 
-JAX sets how hard XLA works on a program with the global option ``jax_optimization_level``: ``"O0"`` is the
-least effort (fast compiles; on a TPU nothing is placed in VMEM, so HBM figures are higher), ``"O1"``-``"O3"``
-more, and ``"UNKNOWN"`` leaves the choice to the compiler (its default, what users run). Neither jax 0.10.2
-nor 0.12 exports a context manager for it, and the per-compile form
-``lowered.compile(compiler_options={"optimization_level": ...})`` takes a name on jax 0.12 but only the
-enum's integer on 0.10.2. So the course sets the option and puts the previous value back, here, once.
+JAX's global option ``jax_optimization_level``: ``"O0"`` least effort (on a TPU nothing is placed in VMEM,
+so HBM is higher) to ``"O3"``; ``"UNKNOWN"`` is the compiler's default, what users run. Neither jax line has
+a context manager for it, and the per-compile option takes a name on 0.12 but an integer on 0.10.2,
+so this sets the option and restores it, once for the course.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Self-checking exercises: the learner's answer is checked in the notebook, and
-the reference solution can be revealed on demand.
+"""Self-checking exercises: the learner's answer is checked in the notebook; the solution is revealed on demand.
 
-An :class:`Exercise` pairs a checker (a function that raises ``AssertionError``
-with a helpful message when an answer is wrong) with a reference solution and
-at least one wrong answer. The course's tests feed both through the checker,
-so a checker that stops accepting the solution, or starts accepting anything,
-fails CI.
-
-Any other exception out of a checker is a *checker error*: the checker itself
-failed (a bug, or an answer of a kind it did not validate first). ``check``
-says so plainly, names the exception, and does not count it as the learner's
-mistake; :meth:`Exercise.verdict` tells the four outcomes apart for tests.
-
-A right answer is right however it is spelled: checkers pass answers through
-:func:`plain` first, so numpy numbers, whole floats, arrays, lists and Device
-objects compare like the Python values they stand for.
+An :class:`Exercise` pairs a checker (raising ``AssertionError`` with a helpful message for a wrong answer)
+with a reference solution and at least one wrong answer; the tests feed both through the checker, so a
+checker that rejects the solution or accepts anything fails CI. Any other exception is a *checker error*,
+not the learner's mistake, and ``check`` says so.
 """
 
 from __future__ import annotations
@@ -65,18 +54,10 @@ NOT_ANSWERED: Any = _NotAnswered()
 def plain(answer: object) -> object:
     """``answer`` in the one spelling checkers compare: Python numbers, tuples, frozensets and device ids.
 
-    Learners reach right answers by many routes: ``np.prod`` gives ``np.int64``, ``/`` gives a whole
-    float (``16384.0``), shards give ``Device`` objects, and a list is written where a tuple or a set is
-    asked. A checker that calls this first accepts them all, the same way in every exercise:
-
-    - a bool (Python or numpy) stays a bool, so ``True`` is never taken for 1;
-    - a real number equal to a whole number becomes an ``int``, any other real number a ``float``;
-    - a numpy or JAX array becomes its number (0-d) or nested tuples;
-    - a list or tuple becomes a tuple, a set a frozenset, a dict a dict, each with its items made plain;
-    - a ``jax.Device`` becomes its id.
-
-    Anything else (a string, a PartitionSpec, a function) comes back unchanged; NaN and infinities stay
-    floats. Whether a tuple may stand for a set stays the checker's decision.
+    Right answers come by many routes (``np.int64``, a whole float ``16384.0``, ``Device`` objects, a list for
+    a tuple), so: a bool stays a bool; a whole real number becomes an ``int``, another a ``float``; an array
+    its number or nested tuples; a list or tuple a tuple, a set a frozenset, a dict a dict, items made plain;
+    a ``jax.Device`` its id. Anything else comes back unchanged.
     """
     if isinstance(answer, bool | np.bool_):
         return bool(answer)
@@ -104,11 +85,7 @@ def plain(answer: object) -> object:
 def answer_errors(what: str = "your answer") -> Iterator[None]:
     """Inside a checker, around code that runs the learner's answer: an exception there is a wrong answer.
 
-    A learner's function that raises (a NameError, a spec naming an axis the
-    mesh lacks, a jit that rejects what it returns) has answered wrongly; the
-    checker has not failed. This turns such an exception into an
-    ``AssertionError`` that starts with ``what`` and quotes the error's first
-    line, so :meth:`Exercise.check` shows it as a verdict. Keep the block
+    It becomes an ``AssertionError`` starting with ``what`` and quoting the error's first line. Keep the block
     narrow: an exception from the checker's own code must stay a checker error.
     """
     try:
@@ -126,11 +103,9 @@ def answer_errors(what: str = "your answer") -> Iterator[None]:
 class Exercise:
     """One exercise: ``check(answer)`` prints a verdict and returns True or False.
 
-    ``checker(answer)`` must raise ``AssertionError`` (with a message that
-    helps) when the answer is wrong. ``solution`` is the reference answer (a
-    value or a function); ``wrong`` holds answers the checker must reject.
-    ``hint`` is printed only under a wrong answer, never before a first try:
-    a learner who sees the method before trying has been told, not taught.
+    ``checker(answer)`` raises ``AssertionError`` (with a message that helps) for a wrong answer; ``solution``
+    is the reference (a value or a function); ``wrong`` holds answers the checker must reject. ``hint`` is
+    printed only under a wrong answer: a learner shown the method before trying has been told, not taught.
     """
 
     title: str
@@ -149,12 +124,7 @@ class Exercise:
             )
 
     def outcome(self, answer: Any) -> Outcome:
-        """Check ``answer`` without printing: the :class:`Verdict` and the exception behind it.
-
-        ``AssertionError`` from the checker means a wrong answer; any other
-        ``Exception`` means the checker itself failed. ``KeyboardInterrupt`` and
-        ``SystemExit`` pass through.
-        """
+        """Check ``answer`` without printing: the :class:`Verdict` and the exception behind it."""
         if answer is NOT_ANSWERED:
             return Outcome(Verdict.NOT_ANSWERED, None)
         try:

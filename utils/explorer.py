@@ -1,10 +1,8 @@
 """An interactive explorer of one array's layout: type a mesh, a shape and a spec, see where the blocks go.
 
-:func:`explore` puts text boxes (ipywidgets ``interactive``, on ipywidgets 7.7 and 8) over the
-course's own helpers: the picture is :func:`utils.drawing.draw_sharding`, the type string
-:func:`utils.layout.type_string`, the bytes :func:`utils.inspecting.shard_table`. What the boxes
-say is read by :func:`layout` into a ``jax.ShapeDtypeStruct`` (nothing is allocated, so any size
-works) on an Auto mesh; anything it cannot use raises a ValueError whose one line names the fix.
+:func:`explore` puts ipywidgets text boxes over the course's own helpers (``draw_sharding``, ``type_string``,
+``shard_table``). :func:`layout` reads the boxes into a ``jax.ShapeDtypeStruct`` (nothing allocated, so any
+size works); what it cannot use raises a ValueError whose one line names the fix.
 """
 
 from __future__ import annotations

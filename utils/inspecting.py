@@ -1,8 +1,7 @@
 """What the compiler did: collectives in the HLO, per-device memory, shard tables.
 
-These read the *compiled* program (``jax.jit(f).lower(*args).compile()``, or one compiled ahead of time
-for a TPU topology): the partitioned per-device program, the only place the collectives that the
-partitioner inserted can be counted. How each backend writes a collective:
+These read the *compiled* program (``jax.jit(f).lower(*args).compile()``, also ahead of time for a TPU
+topology): the per-device program, the only place the partitioner's collectives can be counted. Backends differ:
 
 - a reduce-scatter the *partitioner* inserts (the gradient of a weight at ``P('data', None)``) is, on
   CPU, an ``all-reduce`` then a ``dynamic-slice``, reported as the all-reduce it is; the TPU compiler
@@ -21,7 +20,7 @@ import contextlib
 import math
 import re
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +29,9 @@ import numpy as np
 from .capture import quiet
 from .layout import as_layout, tiles
 
-__all__ = [
-    "COLLECTIVES",
-    "CollectiveOp",
-    "Collectives",
-    "Memory",
-    "ScheduleStep",
-    "ShardRow",
-    "ShardTable",
-    "collectives",
-    "compile_with_log",
-    "format_bytes",
-    "memory_per_device",
-    "memory_spaces",
-    "schedule",
-    "shard_table",
-]
+__all__ = ["COLLECTIVES", "CollectiveOp", "Collectives", "Memory", "ScheduleStep", "ShardRow", "ShardTable",
+           "collectives", "compile_with_log", "format_bytes", "memory_per_device", "memory_spaces", "schedule",
+           "shard_table"]
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -81,20 +67,14 @@ class _Printed:
 class CollectiveOp:
     """One collective of the compiled per-device program.
 
-    ``kind`` is one of :data:`COLLECTIVES`; ``name`` the HLO instruction (a TPU fused reduce-scatter: the
-    fusion); ``result_type`` the per-device result without layouts (``'bf16[1024,1024]'``, ``'4 x f32[8]'``
-    for a tuple of equal arrays) and ``result_bytes`` its size from the stated type (no TPU tile padding;
-    for an async pair the result only); ``group_size`` the devices per group (for a collective-permute,
-    its largest ring); ``shapes`` each array produced (several for a combined op, one flat one where the
-    GPU flattened it); ``form`` is ``'op'``, ``'async'`` (a start/done pair, an async wrapper or a TPU
-    chain) or ``'fused'`` (inside a fusion); ``in_loop``: stated once in a loop body, run every iteration;
-    ``trips``: how many times it runs per call of the program (the product of its loops' trip counts, read
-    from the program: ``known_trip_count``, else the loop's counter; None where a count cannot be read, e.g.
-    a ``while_loop`` whose condition depends on data); ``loop``: the innermost ``while`` it sits in.
-
-    ``estimated_bytes`` is an *estimate*, what each device would send under the textbook ring algorithm:
-    all-gather and all-to-all (N-1)/N x result, reduce-scatter (N-1) x result, all-reduce 2(N-1)/N x
-    result, collective-permute 1 x result.
+    ``name``: its HLO instruction (a TPU fused reduce-scatter: the fusion); ``result_type``: the per-device
+    result without layouts (``'4 x f32[8]'`` for a tuple of equal arrays), ``result_bytes`` its size as
+    stated (no TPU tile padding); ``group_size``: devices per group (a collective-permute: its largest ring);
+    ``shapes``: each array produced (one flat one where the GPU flattened a combined op); ``form``: ``'op'``,
+    ``'async'`` (a start/done pair, an async wrapper, a TPU chain) or ``'fused'``; ``in_loop``: stated once
+    in a ``while`` body (``loop``, the innermost); ``trips``: runs per call, the product of its loops' trip
+    counts (None where a count cannot be read, e.g. a condition that depends on data).
+    ``estimated_bytes`` is an estimate, what each device sends under the textbook ring algorithm.
     """
 
     kind: str
@@ -194,6 +174,12 @@ def _hlo_text(compiled: Any) -> str:
         raise TypeError(f"expected a compiled program from jax.jit(f).lower(*args).compile(), or its HLO text; "
                         f"got {type(compiled).__name__}")
     return compiled.as_text()
+
+
+def _partitions(text: str) -> int | None:
+    """The number of devices the program runs on (``num_partitions``), None where the text does not say."""
+    m = re.search(r"num_partitions=(\d+)", text)
+    return int(m.group(1)) if m else None
 
 
 def _strip_type(type_text: str) -> str:
@@ -555,19 +541,15 @@ def _axes(op: _Instr | None, sizes: dict[str, int], n: int) -> tuple[str, ...]:
 def collectives(compiled: Any) -> Collectives:
     """Find the collectives the compiler inserted, with per-device sizes.
 
-    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (CPU, GPU, or a TPU topology compiled ahead of
-    time), or its ``as_text()``. Walking from the entry computation, in program order: each collective instruction
-    is listed once, including those in loop bodies (``in_loop``, with its ``trips``: ``count()`` and the byte totals
-    count it once per trip), branches, fusions and async wrappers; an async pair or a TPU async chain (one
-    ``channel_id``) once, with its result's bytes; a fusion of an all-reduce whose every result is dynamic-sliced
-    (the TPU's reduce-scatter) as one reduce-scatter with the slice's type. A combined op (several arrays in one) is
-    one op listing each array in ``shapes``, with their summed bytes. An unfused all-reduce + dynamic-slice (the
-    CPU's reduce-scatter) is the all-reduce it is. Computations the entry never calls are skipped. Not counted:
-    ``ragged-all-to-all``, ``collective-broadcast``, ``send``/``recv``.
+    ``compiled`` is ``jax.jit(f).lower(*args).compile()`` for any backend (a TPU topology ahead of time too), or
+    its ``as_text()``. In program order from the entry computation, each collective instruction is listed once,
+    loop bodies (``trips``: the counts and byte totals count every trip), branches, fusions and async wrappers
+    included; an async pair or TPU chain (one ``channel_id``) once; a fusion of an all-reduce whose every result
+    is dynamic-sliced (the TPU's reduce-scatter) as one reduce-scatter; a combined op as one op listing each
+    array in ``shapes``. Not counted: ``ragged-all-to-all``, ``collective-broadcast``, ``send``/``recv``.
     """
     text = _hlo_text(compiled)
-    m = re.search(r"num_partitions=(\d+)", text)
-    total = int(m.group(1)) if m else None
+    total = _partitions(text)
     comps, roots = _parse_module(text)
     ops: list[CollectiveOp] = []
     seen_channels: set[tuple[str, str]] = set()
@@ -659,23 +641,17 @@ class Memory(_Printed):
 
     ``argument``/``output``: its shards of the inputs and outputs; ``temp``: temporaries as the compiler
     reports them; ``alias``: output bytes reusing a donated input (counted in both); ``peak``: the
-    compiler's most-live figure; ``allocated``: bytes allocated in device memory
-    (``total_allocation_bytes``, jax 0.12+); ``peak_unpadded``: ``peak`` without TPU tile padding
-    (jax 0.12+); ``platform``: ``'cpu'``, ``'tpu'``, ``'gpu'`` or ``''``; ``raw``: the stats object.
+    compiler's most-live figure; ``allocated``: bytes allocated in device memory (``total_allocation_bytes``,
+    jax 0.12+); ``platform``: ``'cpu'``, ``'tpu'``, ``'gpu'`` or ``''``.
 
-    ``footprint`` is the memory the program needs on each device. On CPU and GPU it is ``total``
-    (arguments + outputs + temporaries - aliased), an upper bound. On TPU it is the HBM:
-    ``allocated``, which equals the compiler's memory-usage report (space ``default``) to the byte on
-    every program checked (v5e:2x4, libtpu 0.0.50.1: a 64 MiB matmul chain, Adam steps of a 2048x8192
-    and a 4096x16384 MLP, donated or not). jax 0.10 lacks it, so there ``footprint`` is ``total``, an
-    estimate: ``temp`` is not the HBM allocated for temporaries (1161.5 against 904.95 MiB for the large
-    step on libtpu 0.0.42.1). Measured against the compiler's report, the estimate ran 0.2% to 41% high
-    (notebook 12's ZeRO steps 0.2-32%, notebook 19's 8B step 41%): an over-estimate on every program
-    checked, but by an amount no rule predicts. TPU arrays count in their tiled layout (f32 ``[100,100]``
-    is stored ``[104,128]``). ``peak`` counts on-chip VMEM as well and is not HBM (160 MiB for 64 MiB of
-    HBM); :func:`memory_spaces` reads HBM and VMEM apart, on both jax lines. A TPU figure depends on the
-    compiler's effort: at ``jax_optimization_level`` O0 nothing is placed in VMEM, so HBM is higher than
-    at the default effort (2.78x for notebook 12's ZeRO-3 step).
+    ``footprint`` is the memory the program needs on each device: on CPU and GPU ``total``, an upper bound;
+    on TPU ``allocated``, the HBM, equal to the byte to the compiler's memory-usage report (space
+    ``default``) on every program checked (v5e:2x4, libtpu 0.0.50.1). jax 0.10 lacks it, so there it is
+    ``total``, an estimate, because ``temp`` is not the HBM the temporaries take: it ran 0.2% to 41% high
+    against the report (notebook 12's ZeRO steps 0.2-32%, notebook 19's 8B step 41%). TPU arrays count in
+    their tiled layout (f32 ``[100,100]`` is stored ``[104,128]``). ``peak`` counts on-chip VMEM too, so it
+    is not HBM; :func:`memory_spaces` reads the two apart. TPU figures depend on the compiler's effort: at
+    O0 nothing is placed in VMEM, so HBM is higher (2.78x for notebook 12's ZeRO-3 step).
     """
 
     argument: int
@@ -684,10 +660,8 @@ class Memory(_Printed):
     alias: int
     peak: int | None = None
     generated_code: int = 0
-    peak_unpadded: int | None = None
     platform: str = ""
     allocated: int | None = None
-    raw: Any = field(default=None, repr=False, compare=False)
 
     @property
     def total(self) -> int:
@@ -728,11 +702,9 @@ def _platform(compiled: Any) -> str:
 
 
 def memory_per_device(compiled: Any) -> Memory:
-    """Per-device argument, output, temporary and peak bytes of a compiled program.
+    """Per-device argument, output, temporary and peak bytes of a compiled program (one TPU chip's, on TPU).
 
-    The compiled program *is* the per-device program, so every number is for
-    one device (one TPU chip). See :class:`Memory` for what each field means on
-    CPU and on TPU (tile padding, which memory ``temp`` and ``peak`` count).
+    The compiled program *is* the per-device program; :class:`Memory` says what each field means where.
     """
     if isinstance(compiled, str) or not hasattr(compiled, "memory_analysis"):
         _hlo_text(compiled)  # raises the helpful TypeError
@@ -740,7 +712,6 @@ def memory_per_device(compiled: Any) -> Memory:
     stats = compiled.memory_analysis()
     if stats is None:
         raise RuntimeError("this backend reports no memory analysis for the compiled program")
-    unpadded = getattr(stats, "peak_unpadded_heap_bytes", None)
     allocated = getattr(stats, "total_allocation_bytes", None)
     return Memory(
         argument=int(stats.argument_size_in_bytes),
@@ -749,10 +720,8 @@ def memory_per_device(compiled: Any) -> Memory:
         alias=int(stats.alias_size_in_bytes),
         peak=int(getattr(stats, "peak_memory_in_bytes", 0) or 0) or None,
         generated_code=int(getattr(stats, "generated_code_size_in_bytes", 0) or 0),
-        peak_unpadded=int(unpadded) if unpadded else None,
         platform=_platform(compiled),
         allocated=int(allocated) if allocated else None,
-        raw=stats,
     )
 
 
@@ -824,24 +793,18 @@ class ShardTable(_Printed):
 
     def __str__(self) -> str:
         lines = [f"{'device':>6}  {'index':<24}{'replica':>7}  {'shape':<14}{'bytes':>10}"]
-        for r in self.rows:
-            lines.append(
-                f"{r.device:>6}  {r.index:<24}{r.replica:>7}  {r.shape!s:<14}{format_bytes(r.nbytes):>10}"
-            )
-        lines.append(
-            f"total over devices {format_bytes(self.total_bytes)} for a "
-            f"{format_bytes(self.array_bytes)} array ({self.total_bytes / max(self.array_bytes, 1):.2g}x)"
-        )
+        lines += [f"{r.device:>6}  {r.index:<24}{r.replica:>7}  {r.shape!s:<14}{format_bytes(r.nbytes):>10}"
+                  for r in self.rows]
+        lines.append(f"total over devices {format_bytes(self.total_bytes)} for a {format_bytes(self.array_bytes)} "
+                     f"array ({self.total_bytes / max(self.array_bytes, 1):.2g}x)")
         return "\n".join(lines)
 
 
 def shard_table(x: Any, sharding: Any = None, *, mesh: Any = None) -> ShardTable:
     """One row per device: which slice of ``x`` it holds, replica id, shape, bytes.
 
-    For a real ``jax.Array`` the rows come from ``x.addressable_shards``
-    (what the runtime holds). For a shape plus ``sharding`` they are computed
-    (what the layout implies), so a layout can be priced before it exists;
-    replicas are numbered as JAX numbers them, in mesh order.
+    For a ``jax.Array`` the rows are ``x.addressable_shards`` (what the runtime holds); for a shape plus
+    ``sharding`` they are computed, so a layout can be priced before it exists (replicas in mesh order, as JAX).
     """
     import jax
 
@@ -850,16 +813,8 @@ def shard_table(x: Any, sharding: Any = None, *, mesh: Any = None) -> ShardTable
     rows = []
     if isinstance(x, jax.Array):
         for s in sorted(x.addressable_shards, key=lambda s: s.device.id):
-            bounds = [
-                (sl.start or 0, sl.stop if sl.stop is not None else n) for sl, n in zip(s.index, shape, strict=True)
-            ]
-            rows.append(ShardRow(
-                device=s.device.id,
-                index="[" + ", ".join(f"{a}:{b}" for a, b in bounds) + "]",
-                replica=s.replica_id,
-                shape=tuple(s.data.shape),
-                nbytes=int(s.data.nbytes),
-            ))
+            index = ", ".join("{}:{}".format(*sl.indices(n)[:2]) for sl, n in zip(s.index, shape, strict=True))
+            rows.append(ShardRow(s.device.id, f"[{index}]", s.replica_id, tuple(s.data.shape), int(s.data.nbytes)))
     else:
         for t in tiles(shape, sharding):
             for replica, dev in enumerate(t.devices):
@@ -901,7 +856,7 @@ def schedule(compiled: Any, mesh: Any) -> list[ScheduleStep]:
     except (TypeError, ValueError):
         raise TypeError(f"schedule needs the mesh the program was compiled for (a jax.sharding.Mesh, or a dict "
                         f"such as {{'data': 4, 'model': 2}}); got {type(mesh).__name__}") from None
-    n = int(m.group(1)) if (m := re.search(r"num_partitions=(\d+)", text)) else 1
+    n = _partitions(text) or 1
     if math.prod(sizes.values()) != n:
         raise ValueError(f"the program runs on {n} devices (num_partitions), the mesh {sizes} on "
                          f"{math.prod(sizes.values())}: pass the mesh the program was compiled with")

@@ -1,20 +1,11 @@
 """Ready a live notebook runtime (Colab, Binder) for the course without breaking it.
 
-The setup cell calls :func:`prepare_runtime` before anything imports numpy, matplotlib or JAX, so
-this module imports only the standard library and ``packaging`` (which Colab, Binder and pip carry).
-
-**Colab** hands over a running kernel with its own older packages, some already imported, so
-:func:`install_requirements` decides by versions: it pip-installs the pyproject requirements (and
-:data:`RUNTIME_GROUPS`) that are missing or outside their specifier, never touches the kernel's and
-server's own packages (:data:`KERNEL_PACKAGES`, pinned through a constraints file), removes JAX plugins
-built for another jax (:func:`mismatched_plugins`), and raises :class:`RestartRequired` (one line, again
-on every re-run until the restart) when a package this kernel had imported changed. A failed pip run
-raises :class:`InstallError`; running the cell again retries.
-
-**Binder** installs ``binder/requirements.txt`` (``tools/binder.py``) when it builds the image; at run
-time :func:`prepare_runtime` prints :func:`binder_memory_note`. **Everywhere** it prints
-:func:`version_note` when jax, jaxlib or flax differ from the tested versions, and calls
-:func:`freeze_at_exit`, so the kernel's exit (a restart, the end of a test or of ``make bench``) is quick.
+The setup cell calls :func:`prepare_runtime` before anything imports numpy, matplotlib or JAX, so this
+module imports only the standard library and ``packaging``. Colab hands over a running kernel with older
+packages, some imported: :func:`install_requirements` installs what is missing or off its specifier, never
+the kernel's own packages, removes JAX plugins built for another jax, and asks for a restart when an
+imported package changed. Binder's image is built from ``binder/requirements.txt``; at run time it gets
+:func:`binder_memory_note`.
 """
 
 from __future__ import annotations
@@ -107,8 +98,7 @@ class Environment:
     def versions(self, names: Iterable[str] | None = None) -> dict[str, str]:
         """Installed distributions, canonical name -> version; the first on ``sys.path`` wins, as for import.
 
-        ``names`` limits the answer to those distributions, looked up one by one: reading the metadata of
-        every installed distribution costs about 0.1 s of CPU, and the setup cell of every notebook needs three.
+        ``names`` looks up only those, one by one: reading every distribution's metadata costs about 0.1 s of CPU.
         """
         found: dict[str, str] = {}
         if names is not None:
@@ -218,10 +208,9 @@ def mismatched_plugins(installed: Mapping[str, str], jax_requires: Iterable[str]
     """Installed JAX plugins that the installed jax does not declare as its own.
 
     A plugin (``jax-cuda12-plugin`` and its ``-pjrt`` half, ``jax-rocm*-*``, ``libtpu``) is built for one
-    jaxlib, which pins it in its extras. JAX loads every installed plugin at start, even with
-    ``jax_platforms="cpu"``, and one built for another jaxlib can abort the process. Such plugins are
-    removed, not upgraded: Colab has one accelerator at most, so the course runs on 8 simulated CPU devices
-    there anyway, and a matching plugin would cost hundreds of MB to be set aside. A fresh runtime has them back.
+    jaxlib, which pins it in its extras. JAX loads every plugin at start, even with ``jax_platforms="cpu"``,
+    and one built for another jaxlib can abort the process. They are removed, not upgraded: on Colab's one
+    accelerator the course runs on 8 simulated CPU devices anyway.
     """
     allowed: dict[str, list[SpecifierSet]] = {}
     for line in jax_requires:
@@ -335,9 +324,8 @@ def install_requirements(
 def binder_memory_note(proc: Path | str = "/proc") -> str:
     """One line on the notebook kernels alive in this session and the memory they hold, against Binder's limit.
 
-    JupyterLab keeps a notebook's kernel alive after you move on, each course kernel holds a few hundred MB
-    once JAX runs, and Binder stops the whole session past its limit (``MEM_LIMIT``, in bytes, which Binder
-    sets). So the setup cell says what runs and what to close: it is the one place a learner reads at run time.
+    JupyterLab keeps each notebook's kernel alive (a few hundred MB once JAX runs), and Binder stops the whole
+    session past ``MEM_LIMIT``, so the setup cell says what runs and what to close.
     """
     held, count = 0, 0
     for entry in Path(proc).glob("[0-9]*"):
@@ -357,9 +345,8 @@ def binder_memory_note(proc: Path | str = "/proc") -> str:
 def version_note(installed: Mapping[str, str] | None = None, pyproject: Path | str | None = None) -> str | None:
     """One line when jax, jaxlib or flax differ from pyproject's pins for this Python, else None.
 
+    The course's figures were checked with those pins: another version may print others or fail an assert.
     ``installed`` (name -> version, default: this interpreter's) stands in for the environment in tests.
-    The course's numbers and error messages were checked with those pins; another version may print
-    other figures or fail an assert. The line names each difference and the way to the tested set.
     """
     if installed is None:
         have = Environment().versions(_TESTED)
@@ -377,18 +364,11 @@ def version_note(installed: Mapping[str, str] | None = None, pyproject: Path | s
 def freeze_at_exit() -> bool:
     """Make this interpreter skip the garbage collector's passes over live objects when it exits.
 
-    A kernel that has imported jax, flax, optax and matplotlib holds some 300,000 objects that the collector
-    tracks. As the interpreter shuts down it clears the modules and runs full collections, which walk those
-    objects and free, one at a time, the cycles that modules, classes and functions form: about half a
-    second of CPU (0.4-0.9 s in the course's notebooks) after the last cell has run, which a restart, a
-    test run and ``make bench`` wait for. ``gc.freeze`` moves every tracked object out of the collector's
-    reach, so registered as the *first* ``atexit`` handler (handlers run last-registered first, so after
-    JAX's own clean-up) it lets the process end in a few hundredths of a second. The other ``atexit``
-    handlers (``weakref.finalize`` among them) still run, objects that nothing cycles through are still
-    freed one by one, and the operating system takes back what is left, as it would anyway: Python never
-    promised ``__del__`` for objects alive at exit. The cells run exactly as before; only the exit changes.
-
-    Returns whether it registered the handler now (False if an earlier call in this process already did).
+    A kernel that has imported jax, flax, optax and matplotlib tracks some 300,000 objects, and the full
+    collections at shutdown take 0.4-0.9 s of CPU that a restart, a test and ``make bench`` wait for.
+    ``gc.freeze``, registered as the *first* ``atexit`` handler (so it runs last, after JAX's clean-up), puts
+    them out of the collector's reach; the other handlers still run, and Python never promised ``__del__``
+    for objects alive at exit. Returns whether it registered the handler now (False if already registered).
     """
     global _freeze_registered
     if _freeze_registered:

@@ -1,9 +1,6 @@
-"""Where each block of an array lives: the geometry behind the drawings and tables.
+"""Where each block of an array lives, from a shape and a sharding: the geometry behind the drawings and tables.
 
-Everything here is computed from a shape and a sharding, so it also answers
-"what would this layout look like?" for arrays that do not exist, including
-uneven layouts JAX itself refuses to build (XLA pads those inside ``jit``).
-Bad input is turned into errors that say what to change, before JAX sees it.
+It also answers for arrays that do not exist, uneven layouts included (XLA pads those inside ``jit``).
 """
 
 from __future__ import annotations
@@ -66,11 +63,7 @@ class Tile(_Box):
 
 
 def spec_entries(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
-    """The mesh axes of each array dimension, ``()`` for a replicated dimension.
-
-    Omitted trailing dimensions are replicated: ``P('data')`` on a 2-D array
-    is ``[('data',), ()]``.
-    """
+    """The mesh axes of each array dimension, ``()`` where replicated: ``P('data')`` on 2-D is ``[('data',), ()]``."""
     out: list[tuple[str, ...]] = []
     entries = tuple(spec.partitions)  # not tuple(spec): JAX refuses that for a spec with unreduced axes
     for entry in entries + (None,) * (ndim - len(entries)):
@@ -81,10 +74,8 @@ def spec_entries(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
         elif isinstance(entry, tuple | list) and all(isinstance(a, str) for a in entry):
             out.append(tuple(entry))
         else:
-            raise ValueError(
-                f"PartitionSpec entry {entry!r} is not a mesh axis name: use a name such as 'data', "
-                "a tuple of names such as ('data', 'model'), or None"
-            )
+            raise ValueError(f"PartitionSpec entry {entry!r} is not a mesh axis name: use a name such as 'data', "
+                             "a tuple of names such as ('data', 'model'), or None")
     return out
 
 
@@ -93,33 +84,25 @@ def check_spec(spec: PartitionSpec, mesh_axes: dict[str, int], ndim: int) -> Non
     if not isinstance(spec, PartitionSpec):
         raise TypeError(f"expected a PartitionSpec such as P('data', None); got {type(spec).__name__}")
     if len(spec.partitions) > ndim:
-        raise ValueError(
-            f"{spec} has {len(spec.partitions)} entries but the array has {ndim} dimension(s): "
-            f"give at most one entry per dimension, e.g. P({', '.join(['None'] * ndim)})"
-        )
+        raise ValueError(f"{spec} has {len(spec.partitions)} entries but the array has {ndim} dimension(s): "
+                         f"give at most one entry per dimension, e.g. P({', '.join(['None'] * ndim)})")
     seen: dict[str, int] = {}
     for dim, axes in enumerate(spec_entries(spec, ndim)):
         for axis in axes:
             if axis not in mesh_axes:
-                raise ValueError(
-                    f"{spec} names mesh axis {axis!r}, which this mesh does not have; "
-                    f"its axes are {tuple(mesh_axes)}"
-                )
+                raise ValueError(f"{spec} names mesh axis {axis!r}, which this mesh does not have; "
+                                 f"its axes are {tuple(mesh_axes)}")
             if axis in seen:
-                raise ValueError(
-                    f"{spec} uses mesh axis {axis!r} for dimensions {seen[axis]} and {dim}; "
-                    f"a mesh axis can shard at most one dimension (replicate one with None, "
-                    f"or shard a dimension over several axes with a tuple like ('data', 'model'))"
-                )
+                raise ValueError(f"{spec} uses mesh axis {axis!r} for dimensions {seen[axis]} and {dim}; "
+                                 f"a mesh axis can shard at most one dimension (replicate one with None, "
+                                 f"or shard a dimension over several axes with a tuple like ('data', 'model'))")
             seen[axis] = dim
 
 
 def as_layout(x: Any, sharding: Any = None, mesh: Any = None) -> tuple[tuple[int, ...], Any, Sharding]:
-    """Normalise what a learner passes into (shape, dtype, sharding).
+    """(shape, dtype, sharding) of a sharded ``jax.Array``, a ``ShapeDtypeStruct``, or a shape with ``sharding``.
 
-    Accepts a sharded ``jax.Array``; a ``jax.ShapeDtypeStruct`` with a sharding;
-    or a shape tuple plus ``sharding`` (a ``Sharding``, or a ``PartitionSpec``
-    with ``mesh=`` or under ``jax.set_mesh``).
+    ``sharding`` may be a ``PartitionSpec`` with ``mesh=`` or under ``jax.set_mesh``.
     """
     import jax
 
@@ -136,56 +119,38 @@ def as_layout(x: Any, sharding: Any = None, mesh: Any = None) -> tuple[tuple[int
         if sharding is None:
             raise ValueError(f"a bare shape {shape} needs a layout: pass sharding=NamedSharding(mesh, P(...))")
     else:
-        raise TypeError(
-            f"expected a jax.Array, a jax.ShapeDtypeStruct, or a shape tuple such as (128, 512); "
-            f"got {type(x).__name__}. Convert with jnp.asarray(...) and place it with jax.device_put"
-        )
+        raise TypeError(f"expected a jax.Array, a jax.ShapeDtypeStruct, or a shape tuple such as (128, 512); "
+                        f"got {type(x).__name__}. Convert with jnp.asarray(...) and place it with jax.device_put")
 
     if isinstance(sharding, PartitionSpec):
         if mesh is None:
             mesh = jax.sharding.get_mesh() if hasattr(jax.sharding, "get_mesh") else None
             if mesh is None or not getattr(mesh, "axis_names", ()):
-                raise ValueError(
-                    f"{sharding} needs a mesh: pass mesh=..., use NamedSharding(mesh, {sharding}), "
-                    "or run inside `with jax.set_mesh(mesh):`"
-                )
+                raise ValueError(f"{sharding} needs a mesh: pass mesh=..., use NamedSharding(mesh, {sharding}), "
+                                 "or run inside `with jax.set_mesh(mesh):`")
         check_spec(sharding, dict(mesh.shape), len(shape))
         sharding = NamedSharding(mesh, sharding)
     elif isinstance(sharding, NamedSharding):
         check_spec(sharding.spec, dict(sharding.mesh.shape), len(shape))
     elif not isinstance(sharding, Sharding):
-        raise TypeError(
-            f"expected a jax.sharding.Sharding such as NamedSharding(mesh, P('data')); "
-            f"got {type(sharding).__name__}"
-        )
+        raise TypeError(f"expected a jax.sharding.Sharding such as NamedSharding(mesh, P('data')); "
+                        f"got {type(sharding).__name__}")
     return shape, dtype, sharding
 
 
 def tiles(shape: tuple[int, ...], sharding: Sharding) -> list[Tile]:
-    """The distinct blocks of an array of ``shape`` and the devices holding each.
+    """The distinct blocks of an array of ``shape``, sorted by position, and the devices holding each (replica order).
 
-    For a ``NamedSharding`` the blocks are computed from the mesh and spec the
-    way XLA pads: n split k ways gives blocks of ceil(n/k), so an uneven
-    dimension ends in a short (or empty) block. Other shardings use JAX's own
-    ``devices_indices_map``. Tiles are sorted by position; each one's devices
-    are in replica order (the order of the mesh, or of the device assignment).
+    For a ``NamedSharding`` they are computed as XLA pads: n split k ways gives blocks of ceil(n/k), so an
+    uneven dimension ends in a short (or empty) block. Other shardings use JAX's ``devices_indices_map``.
     """
     if isinstance(sharding, NamedSharding):
         return _named_tiles(shape, sharding)
-    groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
     for device, index in sharding.devices_indices_map(tuple(shape)).items():
-        bounds = tuple(
-            (s.start or 0, s.stop if s.stop is not None else n)
-            for s, n in zip(index, shape, strict=True)
-        )
-        groups.setdefault(bounds, []).append(device.id)
-    return _in_order(
-        Tile(
-            tuple(a for a, _ in b), tuple(c for _, c in b), tuple(ids),
-            tuple(c - a for a, c in b),
-        )
-        for b, ids in groups.items()
-    )
+        groups.setdefault(tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True)), []).append(device.id)
+    return _in_order(Tile(tuple(a for a, _ in b), tuple(c for _, c in b), tuple(ids), tuple(c - a for a, c in b))
+                     for b, ids in groups.items())
 
 
 def _named_tiles(shape: tuple[int, ...], sharding: NamedSharding) -> list[Tile]:
@@ -232,11 +197,9 @@ def pending_marker(axes: Any) -> str:
 
 
 def type_string(x: Any, sharding: Any = None, mesh: Any = None, *, dtype: Any = None) -> str:
-    """The course's type notation: ``f32[128@data,512@model]``.
+    """The course's type notation, as ``jax.typeof`` prints it on Explicit meshes, for any mesh.
 
-    A dimension sharded over several axes reads ``16@(data,model)``, as
-    ``jax.typeof`` prints it on Explicit meshes; this works on any mesh.
-    A spec with unreduced axes (a pending sum) adds JAX's marker: ``f32[64,10]{U:model}``.
+    ``f32[128@data,512@model]``; several axes read ``16@(data,model)``; unreduced axes add ``{U:model}``.
     ``dtype`` names the element type of a bare shape (default float32).
     """
     shape, x_dtype, sharding = as_layout(x, sharding, mesh)

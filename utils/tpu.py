@@ -1,21 +1,13 @@
 """Can this machine compile programs for a TPU it does not have?
 
-JAX compiles ahead of time for a TPU topology with no TPU present
-(``jax.experimental.topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")``, then
-``jax.jit(f).lower(*structs).compile()``): a real TPU executable whose HLO and ``memory_analysis()``
-can be read, not run. That needs libtpu (Linux only); :func:`tpu_compiler_available` says in one line
-whether it works here, so a cell can skip with the reason. Before libtpu loads it sets, unless set:
+JAX compiles ahead of time for a TPU topology with no TPU present (``topologies.get_topology_desc``, then
+``jax.jit(f).lower(*structs).compile()``): a TPU executable whose HLO and memory can be read, not run. That
+needs libtpu (Linux only). Before libtpu loads, :func:`tpu_compiler_available` sets, unless set:
 
-- ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``: otherwise the first process to load libtpu holds
-  ``/tmp/libtpu_lockfile`` and every other one (a second kernel, pytest's notebooks) fails with
-  "Internal error when accessing libtpu multi-process lockfile";
-- ``TPU_MIN_LOG_LEVEL=3``: otherwise libtpu writes log files into ``/tmp/tpu_logs`` for every process
-  (``TPU_LOG_DIR=disabled`` only moves them to ``/tmp``); at level 3 a process that compiles, or is
-  stopped with SIGTERM, leaves none (libtpu 0.0.50.1 and 0.0.42.1). Where ``TPU_STDERR_LOG_LEVEL``
-  asks for messages on stderr, the minimum is lowered to it (and the files come back).
-
-libtpu's start-up warnings on stderr come before its logging starts: wrap the topology call in
-:func:`utils.capture.quiet`.
+- ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``: otherwise the first process to load libtpu holds its lockfile and every
+  other one (a second kernel, pytest's notebooks) fails;
+- ``TPU_MIN_LOG_LEVEL=3``: otherwise libtpu writes log files into ``/tmp/tpu_logs`` for every process; at
+  level 3 it leaves none (libtpu 0.0.50.1 and 0.0.42.1). A lower ``TPU_STDERR_LOG_LEVEL`` lowers it.
 """
 
 from __future__ import annotations
@@ -55,19 +47,9 @@ def _set_log_level() -> None:
 def tpu_compiler_available() -> tuple[bool, str]:
     """``(True, what)`` where TPU programs can be compiled here, else ``(False, why)``, each in one line.
 
-    Checks that libtpu is installed and that a TPU topology can be described
-    (``v5e:2x4``, with the start-up warnings caught by ``quiet``). The answer
-    is computed once per process. Describing a topology does not start a JAX
-    backend, so calling this before or after ``setup_devices`` is harmless.
-    Sets ``ALLOW_MULTIPLE_LIBTPU_LOAD`` and ``TPU_MIN_LOG_LEVEL`` first (see the module docstring).
-
-    Example::
-
-        ok, why = tpu_compiler_available()
-        print(why)
-        if ok:
-            with quiet():
-                topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
+    Checks that libtpu is installed and describes a ``v5e:2x4`` topology (its start-up warnings caught by
+    ``quiet``, as a caller's topology call should be too), once per process. That starts no JAX backend, so
+    it is harmless before or after ``setup_devices``.
     """
     if importlib.util.find_spec("libtpu") is None:
         if sys.platform != "linux":
