@@ -76,15 +76,6 @@ def device_label(ids: Sequence[int]) -> str:
     return "dev " + ",".join(parts)
 
 
-def _spec_text(sharding: Any) -> str:
-    return str(getattr(sharding, "spec", ""))
-
-
-def _mesh_text(sharding: Any) -> str:
-    mesh = getattr(sharding, "mesh", None)
-    return type(sharding).__name__ if mesh is None else f"mesh({', '.join(f'{k}={v}' for k, v in mesh.shape.items())})"
-
-
 def _panel_dims(ndim: int, dims: Sequence[int] | None) -> tuple[int | None, int | None]:
     """(row dim, column dim) to draw; None where the picture has no such axis."""
     if dims is None:
@@ -182,10 +173,6 @@ def _aspect(shape: tuple[int, ...], r: int | None, c: int | None) -> float | Non
     return None if r is None or c is None else max(shape[r], 1) / max(shape[c], 1)
 
 
-def _ratio_text(ratio: float) -> str:
-    return f"1:{1 / ratio:.3g}" if ratio < 1 else f"{ratio:.3g}:1"
-
-
 def _size(shape: tuple[int, ...], labelled: list[tuple[Tile, list[str]]], r: int | None, c: int | None,
           most: tuple[float, float], least: float = 3.6) -> tuple[float, float, float]:
     """(width, height, drawn height:width) in inches for one picture of ``shape``, sized so its labels are legible.
@@ -281,7 +268,7 @@ def _draw_tiles(ax: Axes, shape: tuple[int, ...], sharding: Any, labelled: list[
     if r is not None:
         ax.set_ylabel(_dim_text(shape, sharding, r), fontsize=8)
     if true is not None and abs(math.log(ratio / true)) > 0.01:
-        xlabel += f"\nnot to scale (true height:width {_ratio_text(true)})"
+        xlabel += f"\nnot to scale (true height:width {f'1:{1 / true:.3g}' if true < 1 else f'{true:.3g}:1'})"
     ax.set_xlabel(xlabel, fontsize=8)
     return texts
 
@@ -427,7 +414,9 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
     for ax in list(axes.flat)[len(panels):]:
         ax.remove()
     head = title if title is not None else type_string(shape, sharding, dtype=dtype)
-    fig.suptitle(f"{head}\n{_spec_text(sharding)} on {_mesh_text(sharding)}", fontsize=10)
+    mesh = getattr(sharding, "mesh", None)
+    where = type(sharding).__name__ if mesh is None else f"mesh({', '.join(f'{k}={v}' for k, v in mesh.shape.items())})"
+    fig.suptitle(f"{head}\n{getattr(sharding, 'spec', '')} on {where}", fontsize=10)
     return _finish(fig)
 
 
@@ -779,11 +768,9 @@ def draw_rings(rings: Mapping[str, Sequence[Sequence[Mapping[int, Sequence[int]]
 def draw_pipeline(work: Any, devices: Sequence[int], *, backward: Any = None, title: str | None = None) -> Figure:
     """A pipeline's timeline: one row per stage, one column per loop iteration, time going right.
 
-    ``work[s, t]`` is the micro-batch stage ``s`` works on at iteration ``t`` (any number ``>= 0``; a circular
-    schedule passes its work item), or ``-1`` where the stage idles: the bubble, an empty white cell.
-    ``devices[s]`` is the device that runs stage ``s``: a busy cell has that device's colour (``gid``
-    ``"busy"``), labelled with its micro-batch. ``backward`` (the same shape, booleans) marks backward-pass
-    cells, hatched and labelled ``B``; the others are labelled ``F``. The title counts the idle cells.
+    ``work[s, t]``: the micro-batch (or work item) stage ``s`` runs at iteration ``t``, in the colour of its
+    device ``devices[s]`` (gid ``"busy"``), or ``-1`` where it idles (the bubble: white). ``backward`` (booleans,
+    the same shape) marks backward cells, hatched and labelled ``B``, not ``F``. The title counts the idle cells.
     """
     grid = np.asarray(work)
     if grid.ndim != 2 or grid.size == 0 or not np.issubdtype(grid.dtype, np.integer):

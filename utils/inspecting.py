@@ -49,11 +49,11 @@ _CALLS = re.compile(
 
 def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return ""  # pragma: no cover
+    return f"{n:.1f} GiB"
 
 
 class _Printed:
@@ -126,7 +126,6 @@ class Collectives(_Printed):
 
     @property
     def kinds(self) -> set[str]:
-        """The kinds present."""
         return {op.kind for op in self.ops}
 
     @property
@@ -226,14 +225,6 @@ def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
         for m in _ARRAY.finditer(_strip_type(type_text))
         if m.group("dtype") in _BITS
     ]
-
-
-def _type_shapes(type_text: str) -> tuple[tuple[int, ...], ...]:
-    return tuple(shape for _, shape in _arrays(type_text))
-
-
-def _type_bytes(type_text: str) -> int:
-    return sum(math.prod(shape) * _BITS[dtype] // 8 for dtype, shape in _arrays(type_text))
 
 
 def _groups(line: str, n: int) -> list[list[int]]:
@@ -443,11 +434,9 @@ _KIND = {**{k: k for k in COLLECTIVES}, **{f"{k}-start": k for k in COLLECTIVES}
 def _fused_reduce_scatter(body: list[_Instr]) -> tuple[_Instr, str] | None:
     """(all-reduce, result type) when a fused computation is an all-reduce whose every result is sliced.
 
-    The TPU compiler writes the partitioner's reduce-scatter as a fusion calling ``%all-reduce-scatter``:
-    an all-reduce followed by a ``dynamic-slice`` of its result, or, where it combined several gradients
-    into one all-reduce of a tuple, a ``get-tuple-element`` and a ``dynamic-slice`` of each element. The
-    result type is the slice's (``'f32[64,2048]'``) or the tuple of the slices' types; an element used
-    whole makes it an all-reduce fused with other work, not a reduce-scatter (None).
+    The TPU compiler writes the partitioner's reduce-scatter as a fusion calling ``%all-reduce-scatter``: an
+    all-reduce and a ``dynamic-slice`` of its result (of each element, for a combined all-reduce of a tuple).
+    The result type is the slices'. An element used whole makes it an all-reduce fused with other work (None).
     """
     reduces = [i for i in body if i.opcode in ("all-reduce", "all-reduce-start")]
     if len(reduces) != 1:
@@ -501,10 +490,8 @@ def _is_done(i: _Instr, comps: dict[str, list[_Instr]]) -> bool:
 
 
 def _event(i: _Instr, body: list[_Instr], at: int, comps: dict[str, list[_Instr]]) -> _Event:
-    """Classify ``body[at]``: a collective (synchronous, or the start of an asynchronous one, found with the
-    done that ends it), a matmul, or neither. Collectives are read as :func:`collectives` reads them: a
-    ``-start``/``-done`` pair, an ``async-start`` wrapper, a TPU ``AsyncCollectiveStart`` fusion chain, the
-    TPU's fused reduce-scatter."""
+    """Classify ``body[at]`` as :func:`collectives` reads it: a collective (an asynchronous one's start, with the
+    done that ends it), a matmul, or neither."""
     inner = _calls(i, comps)
     found = [x for x in inner if x.opcode in _KIND]
     start = (i.opcode in _KIND and i.opcode.endswith("-start")) or (bool(found) and (
@@ -557,9 +544,11 @@ def collectives(compiled: Any) -> Collectives:
 
     def add(kind: str, instr: _Instr, type_text: str, form: str, loop: tuple[str, int | None] | None,
             group_line: str) -> None:
+        arrays = _arrays(type_text)
         ops.append(CollectiveOp(
-            kind=kind, name=instr.name, result_type=_short_type(type_text), result_bytes=_type_bytes(type_text),
-            group_size=_group_size(group_line, total), shapes=_type_shapes(type_text), form=form,
+            kind=kind, name=instr.name, result_type=_short_type(type_text),
+            result_bytes=sum(math.prod(shape) * _BITS[dtype] // 8 for dtype, shape in arrays),
+            group_size=_group_size(group_line, total), shapes=tuple(shape for _, shape in arrays), form=form,
             in_loop=loop is not None, trips=loop[1] if loop else 1, loop=loop[0] if loop else "",
         ))
 
