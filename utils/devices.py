@@ -8,6 +8,7 @@ plugin is installed *and* the machine shows hardware for it: the device files, P
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pkgutil
@@ -109,12 +110,10 @@ def _accelerator_plugins() -> list[str]:
     found = []
     if importlib.util.find_spec("libtpu") is not None:
         found.append("libtpu")
-    try:
+    with contextlib.suppress(ImportError):
         import jax_plugins  # namespace package used by the CUDA and ROCm plugins
 
         found += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
-    except ImportError:
-        pass
     return found
 
 

@@ -475,11 +475,7 @@ def _is_shape_and_sharding(v: Any) -> bool:
 
 
 def _named_leaves(arrays: Any) -> list[tuple[str, Any, Any]]:
-    """(name, array or shape, sharding) for every array in a mapping or pytree.
-
-    A mapping keeps its own order (a dict is drawn in the order it was written);
-    inside each value, pytree order applies.
-    """
+    """(name, array or shape, sharding) for every array: a mapping in its own order, then pytree order within."""
     import jax
 
     def flatten(prefix: list[str], tree: Any) -> list[tuple[str, Any, Any]]:

@@ -47,9 +47,8 @@ class _Box:
 class Tile(_Box):
     """One distinct block of an array and every device that holds a copy of it.
 
-    ``devices`` are in replica order, as JAX numbers copies (``replica_id``):
-    mesh order, not id order. ``padded`` is the per-dimension block size XLA
-    allocates (larger than ``shape`` only for uneven layouts).
+    ``devices`` are in replica order (JAX's ``replica_id``: mesh order, not id order). ``padded`` is the block
+    size XLA allocates per dimension (larger than ``shape`` only for uneven layouts).
     """
 
     start: tuple[int, ...]
