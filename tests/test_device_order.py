@@ -98,11 +98,38 @@ def test_the_notebooks_with_meshes_and_tpu_cells_are_found():
 PASS = sorted(set(WITH_MESHES) | set(WITH_TPU_CELLS))
 
 
+def _client(nb: nbformat.NotebookNode, path: Path):
+    """The notebook client of the pass below: it only ever reads from the kernel's shell socket while it waits.
+
+    nbclient's stand-in for an ``Output`` widget (notebook 02's explorer draws into one) sends a ``comm_msg``
+    on the shell socket from inside the coroutine that reads IOPub, while another coroutine awaits the
+    cell's reply on that socket (``socket.poll(timeout)``). The send can swallow ZMQ's edge-triggered
+    wake-up of that poll; the reply then sits unread until the cell's timeout fires, when pyzmq's last
+    ``poll(0)`` finds it and the cell "succeeds": 02's pass took 303-309 s in CI, with every assert green
+    (jupyter/nbclient#312). Without the stand-in, the widget's output reaches the cell's own outputs,
+    where the asserts below read it too. ``coalesce_streams`` joins a cell's stream messages, which the
+    kernel splits where its flush timer falls (18's probe line once came back as two).
+    """
+    from nbclient import NotebookClient
+
+    client = NotebookClient(nb, timeout=300, startup_timeout=180,  # a kernel starts slowly on a loaded 2-core machine
+                            coalesce_streams=True, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.widget_registry = {}  # no Output-widget stand-in: nothing but requests goes out on the shell socket
+    return client
+
+
+def test_the_notebook_client_sends_nothing_on_the_shell_socket_while_it_waits():
+    client = _client(nbformat.v4.new_notebook(), ROOT / "notebooks" / "02_partitionspec.ipynb")
+    opened = client.on_comm_open_jupyter_widget({"content": {"comm_id": "c", "data": {"state": {
+        "_model_module": "@jupyter-widgets/output", "_model_name": "OutputModel", "outputs": [], "msg_id": ""}}}})
+    assert opened is None, "an Output-widget stand-in would write comm messages on the shell socket"
+    assert client.coalesce_streams and client.timeout == 300
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PASS, ids=[p.name for p in PASS])
 def test_notebook_passes_on_a_tpu_hosts_device_order_without_libtpu(path, monkeypatch):
-    from nbclient import NotebookClient
-
     for name in SET_BY_UTILS_TPU:
         monkeypatch.delenv(name, raising=False)
     for name, value in _env(BOTH).items():
@@ -110,8 +137,7 @@ def test_notebook_passes_on_a_tpu_hosts_device_order_without_libtpu(path, monkey
     nb = nbformat.read(path, as_version=4)
     probe = "import jax\nprint('probe', [d.id for d in jax.make_mesh((8,), ('d',)).devices.flat])"
     nb.cells.append(nbformat.v4.new_code_cell(probe))  # proves the kernel ran with the v5e order
-    NotebookClient(nb, timeout=300, startup_timeout=180,  # a kernel starts slowly on a loaded 2-core machine
-                   kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    _client(nb, path).execute()
     printed = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                if o.get("output_type") == "stream"]
     assert printed[-1].strip() == f"probe {V5E}"
