@@ -33,7 +33,10 @@ The search, in four steps:
    weight's sharding) plus float32 gradients (4 more) plus the activations the remat policy saves
    (:func:`activation_bytes`). A candidate whose parameters and moments alone exceed the chip's HBM is
    ``refused`` without compiling; one whose formula total exceeds it is ``pruned`` (an estimate: the
-   compiler is not asked).
+   compiler is not asked). The formula runs 0.6-1.1 of the compiler's HBM on the plans compiled so far,
+   mostly below, so it prunes little that the compiler would fit; the one plan it over-counts by more is
+   the 8B model's full remat, whose float32 logits over a 128k vocabulary it counts whole (1.7:
+   :func:`activation_bytes` says where).
 3. **Compile.** The plausible candidates, in the order of a paper estimate of their step
    (:func:`guess_seconds`), up to ``max_compiles``: the
    compiler's HBM decides ``fits``: on TPU the bytes it allocates (``memory_per_device(compiled).footprint``,
@@ -110,9 +113,10 @@ AXES_CHOICES = _WITHOUT_STAGE + tuple((*a, "stage") for a in _WITHOUT_STAGE)
 axis, or both; each of those with a pipeline's ``stage`` axis last (an estimate: see the module's text)."""
 _OOM = re.compile(r"memory required for [^(]*\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# The share of a step's model FLOPs each remat policy adds by recomputing in the backward pass (full: the
-# forward again, 2 of 6; minimal and offload: the attention dots, a guess), for ordering compiles only.
-_RECOMPUTE = {"none": 0.0, "save_dots": 0.0, "minimal": 0.05, "offload": 0.05, "full": 1 / 3}
+# The share of a step's model FLOPs each remat policy adds by recomputing in the backward pass, for ordering
+# compiles only: full recomputes the forward (2 of 6 on paper; the compiled programs in data/plans count 1.20-1.28
+# of the model FLOPs against 1.035 without remat, so 0.22); minimal and offload the attention dots (1.01-1.08).
+_RECOMPUTE = {"none": 0.0, "save_dots": 0.0, "minimal": 0.05, "offload": 0.05, "full": 0.22}
 
 
 @dataclass(frozen=True)
@@ -379,18 +383,34 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
     Per token and layer, in the activation dtype, what the policy saves (the batch is split over
     data x fsdp and the features over tensor, so a chip holds ``per_device_batch`` sequences' worth, or
     ``1 / context`` of that with a context axis, its queries still scoring every key):
-    ``full`` and ``offload`` (on the device) the layer's input; ``minimal`` also every projection's output
-    (q, k, v, attention out, the feed-forward matrices); ``save_dots`` also the attention scores and their
-    product with v; ``none`` also the softmax (float32 and the activation dtype), norms and activation
-    function outputs. The scores are S per head per token with ``attention="dot"`` and none with
-    ``"flash"``. Plus the float32 logits, their log-softmax and the one-hot targets (3 x 4 bytes x vocabulary
-    per token). A lower estimate: no working space of the recomputed layer, no compiler copies.
+    ``full`` and ``offload`` (on the device) the layer's input; ``minimal`` also the projections' outputs
+    that are not ``d_model`` wide (q, k, v and the feed-forward's hidden matrices); ``save_dots`` also the
+    attention scores and their product with v; ``none`` also the softmax (float32 and the activation dtype),
+    norms and activation function outputs. The scores are S per head per token with ``attention="dot"`` and
+    none with ``"flash"``. Plus the float32 logits, their log-softmax and the one-hot targets (3 x 4 bytes x
+    vocabulary per token).
+
+    The two ``d_model``-wide outputs (attention's output projection and the feed-forward's last matrix) are
+    not counted beside the layer's input, because the compiler keeps one ``d_model``-wide array a layer, not
+    three: the feed-forward's output only feeds the residual add, whose gradient needs no values, and the
+    next layer saves that sum as its input. The stored program of MaxText's v5p 32B row (minimal remat,
+    ``data/published_rows``) holds exactly that: ``bf16[32, 32, 2048, 2560]`` once (the layer input, d_model
+    split 4 ways) beside q, k, v and the hidden ``bf16[32, 32, 2048, 8192]``; counting them had put that row
+    at 99.6 GiB where the compiler allocates 90.0 GiB, and pruned it and the v5p 64B row.
+
+    How far off (the planner's formula, :func:`state_bytes` + gradients + this, against the compiler's HBM):
+    0.76-1.08 of the allocation on MaxText's 14 published rows at the default effort, and 0.59-1.09 on the 58
+    plans compiled at O0 in ``data/plans``, except the 8B model's full remat at 4 sequences a chip (1.69: its
+    128,256-token vocabulary's float32 logits, 12 GiB by this count, which the compiler does not keep whole).
+    So it is mostly a lower estimate (no working space of the recomputed layer, no compiler copies): it
+    prunes only what exceeds HBM by its own count, and a plan it lets through may still be refused by the
+    compiler, which :func:`plan` then records.
     """
     m, t = model, per_device_batch * model.seq_len // context
     a = _bytes(m.dtype)
     scores = 0 if attention == "flash" else m.num_heads * m.seq_len
     layer_input = m.d_model
-    projections = (m.num_heads + 2 * m.kv_heads) * m.head_dim + m.d_model + (2 if m.gated else 1) * m.d_ff + m.d_model
+    projections = (m.num_heads + 2 * m.kv_heads) * m.head_dim + (2 if m.gated else 1) * m.d_ff  # no d_model-wide output
     dots = scores + m.num_heads * m.head_dim
     rest = scores * (1 + 4 // a) + 2 * m.d_model + m.d_ff
     per_token = {"full": layer_input, "offload": layer_input, "minimal": layer_input + projections,
@@ -403,45 +423,77 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
 def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops: float) -> float:
     """A paper estimate of a candidate's step, only to decide which candidates to compile first.
 
-    Per step: the model FLOPs plus the remat's recomputation at peak; hidden behind them, FSDP's weight
-    gathers (twice, bf16) and gradient reduce-scatter (float32) over ``fsdp`` on one torus axis's two links,
-    once a micro-step, and with remat ``offload`` the saved projections' trip to host memory and back;
-    exposed, tensor parallelism's four activation all-reduces a layer (six with remat ``full``), the
-    context axis's all-gathers of keys and values (forward, recomputed with remat ``full``) and the
-    reduce-scatters of their gradients, and the gradient all-reduce over ``data`` (ICI) and the slices
-    (DCN), and the expert axis's four all-to-alls a layer (six with remat ``full``) of the routed tokens.
-    FSDP's gathers run over fsdp x context x expert ways. ``model_flops``: per chip per step.
-    Far cruder than :func:`utils.timing.estimate_step`, which ranks the compiled plans; it never decreases
-    with more micro-steps, so a mesh and remat's largest micro-batch is compiled first. A stage axis of ``P``:
-    one stage's guess on one micro-batch (its ``1 / M`` of the FLOPs) plus two sends of its activations over
-    one link, times GPipe's ``M + P - 1`` iterations (so there more micro-batches can be faster).
+    A sum of terms, each counted per micro-step and multiplied by the ``k`` micro-steps of gradient
+    accumulation where the builder repeats it (every micro-step is a whole training step: :func:`plan`):
+
+    - **compute**: the model FLOPs plus the remat's recomputation (``_RECOMPUTE``: full 0.22, minimal and
+      offload 0.05, the share the compiled programs in ``data/plans`` add to the model FLOPs: 1.20-1.28 and
+      1.01-1.08 against 1.035 without remat) at the chip's peak;
+    - **hidden behind compute**: FSDP's two bf16 weight gathers a micro-step (forward, backward) over
+      fsdp x context x expert ways on one torus axis's two links, and with remat ``offload`` the saved
+      projections' trip to host memory and back (the larger of the three counts);
+    - **exposed**: FSDP's float32 gradient reduce-scatter at each micro-step's end (the compiled programs
+      leave it exposed: about half of the FSDP traffic the time model finds exposed, on every pure-FSDP plan
+      stored); tensor parallelism's activation all-reduces, six a layer a micro-step when the forward is
+      recomputed (``full``, ``minimal``, ``offload``: minimal saves the matmuls' outputs, not their reduced
+      sums) and four otherwise, over the tensor group's links (two on a ring that wraps, one on a line:
+      :meth:`utils.timing.Chip.axis_bandwidth`); the context axis's all-gathers of keys and values (forward,
+      recomputed with remat ``full``) and the reduce-scatters of their gradients; the expert axis's four
+      all-to-alls a layer (six with remat ``full``) of the routed tokens; the gradient all-reduce over
+      ``data`` (ICI) and the slices (DCN), once a step;
+    - **memory** at the chip's HBM bandwidth (:data:`utils.timing.CHIPS`), a micro-step's reads and writes:
+      the chip's bf16 weights read three times (forward, backward for the inputs' and the weights' gradients)
+      and once more with remat ``full``; the saved activations (:func:`activation_bytes`) written and read
+      back; 12 ``d_model``-wide and 3 ``d_ff``-wide elementwise passes a token a layer (norms, residual adds,
+      the gate); AdamW's four float32 arrays read and written.
+
+    ``model_flops``: per chip per step. Calibrated against the compiled estimates stored in ``data/plans``
+    (:func:`utils.timing.estimate_step` on 67 compiled plans, O0, roofline): the mean error is 8% (it was 23%
+    before the memory term, the exposed reduce-scatter and the per-micro-step all-reduces were counted, with
+    the guess 0.76 of the estimate at the median), and the rank correlation inside an entry is 0.88 for the
+    8B search on v5e-256 (0.76 before). It is still far cruder than :func:`utils.timing.estimate_step`,
+    which ranks the compiled plans; it never decreases with more micro-steps, so a mesh and remat's largest
+    micro-batch is compiled first. A stage axis of ``P``: one stage's guess on one micro-batch (its ``1 / M``
+    of the FLOPs) plus two sends of its activations over one link, times GPipe's ``M + P - 1`` iterations
+    (so there more micro-batches can be faster).
     """
     if c.stage > 1:
         one = Candidate(c.data, c.fsdp, c.tensor, c.slices, c.remat, c.per_device_batch, 1, c.context, c.expert)
         stage = guess_seconds(_stage_model(model, c.stage), one, chip, model_flops=model_flops / c.accumulation)
         return (c.accumulation + c.stage - 1) * (stage + 2 * _cut_bytes(model, c) / chip.link_bandwidth)
     k, params = c.accumulation, model.matmul_params()
+    a = _bytes(model.dtype)
     compute = model_flops * (1 + _RECOMPUTE[c.remat]) / chip.peak_flops
     ring = 2 * chip.link_bandwidth
     ways = c.fsdp * c.context * c.expert  # the (dense) weights' embed dimension is split over all three
-    fsdp = k * (ways - 1) / ways * params / c.tensor * (2 + 2 + 4) / ring
+    one_pass = k * (ways - 1) / ways * params / c.tensor / ring  # a byte a parameter over fsdp, every micro-step
+    gathers = (2 + 2) * one_pass  # the bf16 weights gathered for the forward and again for the backward: hidden
+    reduce_scatter = 4 * one_pass  # the float32 gradients reduce-scattered at each micro-step's end: exposed
     host = 0.0
     if c.remat == "offload":
         saved = (activation_bytes(model, "minimal", c.per_device_batch, context=c.context)
                  - activation_bytes(model, "full", c.per_device_batch, context=c.context))
         host = 2 * k * saved / chip.host_bandwidth
-    activations = c.per_device_batch * c.tensor * model.seq_len // c.context * model.d_model * _bytes(model.dtype)
-    passes = 6 if c.remat == "full" else 4
-    tensor = k * 2 * (c.tensor - 1) / c.tensor * activations * passes * model.num_layers / ring
+    activations = c.per_device_batch * c.tensor * model.seq_len // c.context * model.d_model * a
+    passes = 4 if c.remat in ("none", "save_dots") else 6  # the forward's all-reduces run again when recomputed
+    tensor = k * 2 * (c.tensor - 1) / c.tensor * activations * passes * model.num_layers / chip.axis_bandwidth(
+        c.tensor, c.tensor)
+    kv_passes = 4 if c.remat == "full" else 2
     local_kv = c.per_device_batch * model.seq_len // c.context * 2 * model.kv_heads * model.head_dim  # a chip's k, v
-    context = k * (c.context - 1) * local_kv * _bytes(model.dtype) * (passes - 2) * model.num_layers / ring
+    context = k * (c.context - 1) * local_kv * a * kv_passes * model.num_layers / ring
     grads = 4 * params / (c.fsdp * c.tensor)
     data = 2 * (c.data - 1) / c.data * grads / ring
     dcn = 2 * (c.slices - 1) / c.slices * grads / c.data / chip.dcn_bandwidth
     routed = c.per_device_batch * model.seq_len / c.context * model.experts_per_token * model.capacity_factor
     routed *= model.d_model  # the tokens' share of the experts' buffer a chip sends, in elements
-    experts = k * passes * (c.expert - 1) / 4 * routed * _bytes(model.dtype) * model.num_layers / ring
-    return max(compute, fsdp, host) + tensor + context + experts + data + dcn
+    experts = k * (kv_passes + 2) * (c.expert - 1) / 4 * routed * a * model.num_layers / ring
+    tokens = c.per_device_batch * model.seq_len // c.context
+    weights = (3 + (c.remat == "full")) * params / c.tensor * a  # forward, backward twice, recompute once
+    kept = 2 * activation_bytes(model, c.remat, c.per_device_batch, context=c.context)  # written, read back
+    elementwise = tokens * model.num_layers * (12 * model.d_model + 3 * model.d_ff) * a  # norms, adds, gates
+    optimizer = 2 * 16 * params / (c.fsdp * c.tensor)  # AdamW reads and writes 4 float32 arrays, every micro-step
+    memory = k * (weights + kept + elementwise + optimizer) / chip.hbm_bandwidth
+    return max(compute, gathers, host) + memory + reduce_scatter + tensor + context + experts + data + dcn
 
 
 def _cut_bytes(model: DecoderConfig, c: Candidate) -> int:
