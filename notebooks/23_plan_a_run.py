@@ -164,21 +164,21 @@ draw_plans(v5e_8b, title="Llama 3 8B on a v5e-256, 2M tokens a step: every plan 
 # %% [markdown]
 # **Why the top plan wins.** Every plan the search compiled runs all four of a chip's sequences in one
 # micro-step, with remat `offload` or `full`. That is the order the paper estimate chose, because it charges
-# what each micro-step repeats: the weights gathered again, the float32 gradients reduce-scattered again,
-# the weights and the optimizer's arrays read again from HBM. Four micro-steps of one sequence pay all of
-# that four times, and on paper that costs more than recomputing the forward pass. The winner, `4 x 64 x 1`
-# with remat `offload`, is bound by compute, about two thirds of its step. It recomputes nothing, because
-# the matmul outputs the backward pass needs go to the host's memory and come back, and the time model
-# finds that trip hidden behind compute (an estimate at the PCIe rate, not a measurement). The runner-up,
-# `2 x 128 x 1` with the same remat, ties it (within 0.5%), so the data axis barely matters here. The plans
-# with `tensor = 2` lose 10 to 23%, most of it on exposed communication. All ten plans the search compiled
-# fit, and the compiler needs less HBM than the formula for every one: 55 to 73% of it. The formula counts
-# the float32 logits over a 128,256-token vocabulary three times (logits, log-softmax, one-hot targets),
-# 11.7 GiB at four sequences a chip, and the compiler never holds that much. So here the formula is
-# cautious: it prunes the `8 x 32 x 1` plans at 17.5 GiB, which the compiler would likely fit. The
-# compiler has the last word, and its word is the HBM it allocates: on TPU, `memory_analysis()`'s sum of
-# arguments and temporaries is larger than that, so a plan judged by the sum can be refused although it
-# fits (notebook 14, section 4).
+# what each micro-step repeats: the weights gathered again, the float32 gradients reduce-scattered again, the
+# weights and the optimizer's arrays read again from HBM. Four micro-steps of one sequence pay all of that
+# four times, and on paper that costs more than recomputing the forward pass. The winner, `4 x 64 x 1` with
+# remat `offload`, is bound by compute, about two thirds of its step. It recomputes nothing, because the
+# matmul outputs the backward pass needs go to the host's memory and come back, and the time model finds that
+# trip hidden behind compute (an estimate at the PCIe rate, not a measurement). The runner-up, `2 x 128 x 1`
+# with the same remat, ties it (within 0.5%), so the data axis barely matters here. The plans with
+# `tensor = 2` lose 10 to 23%, most of it on exposed communication. All ten plans the search compiled fit, and the
+# compiler needs less HBM than the formula for every one: 55 to 73% of it. The formula counts the float32
+# logits over a 128,256-token vocabulary three times (logits, log-softmax, one-hot targets), 11.7 GiB at four
+# sequences a chip, and the compiler never holds that much. So here the formula is cautious: it prunes the
+# `8 x 32 x 1` plans at 17.5 GiB. At the 55-73% the compiler needed on the plans beside them they would fit, but
+# that is an inference: they were never compiled. The compiler has the last word, and its word is the HBM it
+# allocates: on TPU, `memory_analysis()`'s sum of arguments and temporaries is larger than that, so a plan
+# judged by the sum can be refused although it fits (notebook 14, section 4).
 #
 # The printout below is the planner's own explanation, then the checks on the stored figures.
 

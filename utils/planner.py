@@ -399,11 +399,13 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
     at 99.6 GiB where the compiler allocates 90.0 GiB, and pruned it and the v5p 64B row.
 
     How far off (the planner's formula, :func:`state_bytes` + gradients + this, against the compiler's HBM):
-    0.76-1.08 of the allocation on MaxText's 14 published rows at the default effort, and 0.59-1.09 on the 58
-    plans compiled at O0 in ``data/plans``, except the 8B model's full remat at 4 sequences a chip (1.69: its
-    128,256-token vocabulary's float32 logits, 12 GiB by this count, which the compiler does not keep whole).
-    So it is mostly a lower estimate (no working space of the recomputed layer, no compiler copies): it
-    prunes only what exceeds HBM by its own count, and a plan it lets through may still be refused by the
+    0.76-1.08 of the allocation on MaxText's 14 published rows at the default effort, and 0.59-1.09 on the 71 plans
+    compiled at O0 in ``data/plans`` before this count (2026-11-28). Above that where the float32 logits dominate:
+    the 8B model's 128,256-token vocabulary at 4 sequences a chip is 12 GiB by this count (logits, log-softmax,
+    one-hot targets), which the compiler does not keep whole, so its full and offload plans need 0.55-0.73 of the
+    formula, and the formula prunes its ``8 x 32 x 1`` plans (17.5 GiB), which at the 0.55-0.73 seen on their
+    neighbours would fit (an inference: they were not compiled). Elsewhere it is mostly a lower estimate (no working
+    space of the recomputed layer, no compiler copies), and a plan it lets through may still be refused by the
     compiler, which :func:`plan` then records.
     """
     m, t = model, per_device_batch * model.seq_len // context
@@ -448,14 +450,17 @@ def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops
       the gate); AdamW's four float32 arrays read and written.
 
     ``model_flops``: per chip per step. Calibrated against the compiled estimates stored in ``data/plans``
-    (:func:`utils.timing.estimate_step` on 67 compiled plans, O0, roofline): the mean error is 8% (it was 23%
-    before the memory term, the exposed reduce-scatter and the per-micro-step all-reduces were counted, with
-    the guess 0.76 of the estimate at the median), and the rank correlation inside an entry is 0.88 for the
-    8B search on v5e-256 (0.76 before). It is still far cruder than :func:`utils.timing.estimate_step`,
-    which ranks the compiled plans; it never decreases with more micro-steps, so a mesh and remat's largest
-    micro-batch is compiled first. A stage axis of ``P``: one stage's guess on one micro-batch (its ``1 / M``
-    of the FLOPs) plus two sends of its activations over one link, times GPipe's ``M + P - 1`` iterations
-    (so there more micro-batches can be faster).
+    (:func:`utils.timing.estimate_step` on 67 compiled plans, O0, roofline): the mean error is 8% (it was 23% before
+    the memory term, the exposed reduce-scatter and the per-micro-step all-reduces were counted, with the guess 0.76
+    of the estimate at the median), and the rank correlation inside an entry is 0.88 for the 8B search on v5e-256
+    (0.76 before). On the plans it then chose to compile (``make plans`` again) the mean error is 8.4%. It
+    under-counts remat ``full`` on long dot-product attention: recomputing the forward also recomputes the scores
+    and moves them through HBM again (the 70B at 4,096 tokens on v5p: 0.80 of the compiled estimate for ``full``,
+    0.98 for ``minimal``), so there its search can miss a faster plan. It is still far cruder than
+    :func:`utils.timing.estimate_step`, which ranks the compiled plans; it never decreases with more micro-steps, so
+    a mesh and remat's largest micro-batch is compiled first. A stage axis of ``P``: one stage's guess on one
+    micro-batch (its ``1 / M`` of the FLOPs) plus two sends of its activations over one link, times GPipe's ``M + P
+    - 1`` iterations (so there more micro-batches can be faster).
     """
     if c.stage > 1:
         one = Candidate(c.data, c.fsdp, c.tensor, c.slices, c.remat, c.per_device_batch, 1, c.context, c.expert)
