@@ -1,7 +1,8 @@
 # The course's two commands: `make lab` and `make test`. Everything else: `make help`.
 # Python line: the newest of python3.13 / python3.12, else python3 (3.11-3.13 are the tested lines);
 # `make PYTHON=python3.11 test` selects the 3.11 line (jax 0.10.2). Each line has its own environment,
-# synced exactly from uv.lock (packages the lock does not name are removed).
+# synced exactly from uv.lock (packages the lock does not name are removed), the course's own package, spmd_course
+# (src/spmd_course), installed editable: every notebook, test and script imports it from any folder, with no path set.
 PYTHON ?= python3.13 python3.12 python3
 # help and clean need no Python; every other target does, and is refused here without one.
 NO_PYTHON_GOALS := help clean clean-xla
@@ -20,7 +21,6 @@ UV := .uv/bin/uv
 SYNC = UV_PROJECT_ENVIRONMENT=$(1) $(UV) sync --locked --quiet --python $(2)
 # Every notebook asks utils for 8 devices; this makes plain `import jax` agree, too.
 export JAX_NUM_CPU_DEVICES ?= 8
-export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONHASHSEED := 0
 # Python keeps each compiled module in __pycache__, so a later process reads it rather than compiling jax's
 # 400-odd modules from source again: about 3 s of CPU in every notebook kernel, pytest worker and child process.
@@ -47,7 +47,7 @@ help:
 	@echo "make plans          the planner's rankings notebook 23 reads, compiled again at full size into data/plans (an hour or more; ONLY=name for one)"
 	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
 	@echo "make env            build or re-sync the environment;  make lint   ruff"
-	@echo "make sync           pair notebooks with their .py sources, strip outputs, write notebooks/models.py;  make strip"
+	@echo "make sync           pair notebooks with their .py sources, strip outputs, write src/spmd_course/models.py;  make strip"
 	@echo "make book           the executed book (Sphinx + MyST-NB) in build/book/html"
 	@echo "make bench          wall and CPU time and peak memory of each notebook against 15 s / 1 GB, median 8 s"
 	@echo "make lock           re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
@@ -121,15 +121,16 @@ lock: $(UV)
 
 # requirements.txt: what `make lab` and `make test` install (the project, groups test, lab and tpu), exported
 # from uv.lock with each line's markers, so plain `pip install -r requirements.txt` gets either Python line.
-# tests/test_tooling.py runs this same command and compares. tools/binder.py then pins Binder's packages from it.
+# tests/test_tooling.py runs this same command and compares. Its `-e .` line installs the course's package (editable,
+# so pip runs from the clone's root). tools/binder.py, which imports that package, then pins Binder's packages from it.
 REQUIREMENTS_EXPORT := export --frozen --offline --no-hashes --format requirements-txt --no-default-groups \
 	--group test --group lab --group tpu -o requirements.txt
 # The lock covers Linux and macOS, so pip on Windows skips every line without a word: the file's first line says so.
 REQUIREMENTS_NOTE := Linux and macOS only: on Windows pip skips every line below, so use WSL, Colab or Binder.
-requirements: $(UV)
+requirements: env
 	$(UV) --quiet $(REQUIREMENTS_EXPORT)
 	@{ echo "# $(REQUIREMENTS_NOTE)"; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt
-	.uv/bin/python tools/binder.py
+	$(BIN)/python tools/binder.py
 
 bench: env
 	@echo ">> running every notebook once: wall and CPU time and peak memory against 15 s / 1 GB, median 8 s"

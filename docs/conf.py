@@ -7,7 +7,7 @@ Built with Sphinx + MyST-NB + sphinx-book-theme (as the JAX and Flax docs are) b
 ``docs/notebooks`` is a link to the repository's ``notebooks/`` folder, so every page is built from the
 committed ``notebooks/NN_name.ipynb`` itself; only those and ``index.md`` are sources (not the ``.py``
 twins, not ``conftest.py``). The notebook list, the titles and the repository address come from
-``tools.course``: a new notebook appears in the book without any change here.
+``spmd_course.course``: a new notebook appears in the book without any change here.
 
 Execution: MyST-NB's cache mode (outputs kept in ``build/book/jupyter_cache``, a notebook re-runs only
 when its code changes), each kernel started in ``notebooks/`` with the course's environment variables.
@@ -19,21 +19,17 @@ page shows the code without outputs, and says so.
 from __future__ import annotations
 
 import html
+import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from docutils import nodes
 from sphinx import addnodes
 from sphinx.util import logging
 
-DOCS = Path(__file__).resolve().parent
-ROOT = DOCS.parent
-sys.path[:0] = [str(ROOT), str(DOCS)]
-
-from execute_cached import CACHE, TIMEOUT, is_cached, set_course_environment  # noqa: E402
-
-from tools.course import (  # noqa: E402
+from spmd_course.course import (
     BRANCH,
     REPO,
     XLA_NOTEBOOKS,
@@ -45,8 +41,25 @@ from tools.course import (  # noqa: E402
     title_and_promise,
 )
 
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+
+
+def _sibling(name: str) -> ModuleType:
+    """A module of docs/ (a folder of scripts, not a package), loaded without putting docs/ on sys.path."""
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_cached = _sibling("execute_cached")
+CACHE, TIMEOUT, is_cached, set_course_environment = (
+    _cached.CACHE, _cached.TIMEOUT, _cached.is_cached, _cached.set_course_environment)
+
+
 REPO_URL = f"https://github.com/{REPO}"
-NOTEBOOKS = notebooks()
+NOTEBOOKS = notebooks(ROOT)  # the notebooks beside this docs/ (a test builds a miniature copy)
 _BUILD = {"xla_executed": False}  # set at config-inited, once the command line's -D options are applied
 
 project = "SPMD automatic sharding in JAX"

@@ -6,7 +6,7 @@ The book (``make book``: Sphinx + MyST-NB) executes the notebooks in the main en
 their outputs in a jupyter-cache under ``build/book/``. Notebook 22 needs torch_xla, which only
 ``.venv-xla`` has, so ``make book`` first runs this script there: the book then finds that notebook's
 outputs in the cache, exactly as if it had executed it itself. Without arguments it runs the notebooks
-listed in ``tools.course.XLA_NOTEBOOKS``. A notebook already cached with the same code is not run again;
+listed in ``spmd_course.course.XLA_NOTEBOOKS``. A notebook already cached with the same code is not run again;
 a notebook that raises stops the script with the error.
 
 ``docs/conf.py`` imports the helpers below, so the book and this script share one cache, one timeout and
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,15 +29,11 @@ TIMEOUT = 120
 def set_course_environment() -> None:
     """Give every kernel started from this process what ``make`` gives the notebooks.
 
-    8 simulated CPU devices before JAX starts, a fixed hash seed, and the repository root on
-    PYTHONPATH so ``utils`` and ``exercises`` import from any working directory. Values the caller
-    already set (the Makefile exports them) are kept.
+    8 simulated CPU devices before JAX starts and a fixed hash seed. Values the caller already set (the
+    Makefile exports them) are kept. The course's package, ``spmd_course``, is installed in the environment.
     """
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
 
 
 def is_cached(path: Path, cache: Path = CACHE) -> bool:
@@ -84,11 +79,10 @@ def main() -> None:
                              "proof that the book executed them all without an error")
     parser.add_argument("--skip-xla", action="store_true", help="with --check: leave the torch_xla notebooks out")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from tools.course import XLA_NOTEBOOKS, notebooks
+    from spmd_course.course import XLA_NOTEBOOKS, notebooks
 
     if args.check:
-        wanted = [p for p in notebooks() if not (args.skip_xla and p.name in XLA_NOTEBOOKS)]
+        wanted = [p for p in notebooks(ROOT) if not (args.skip_xla and p.name in XLA_NOTEBOOKS)]
         missing = [p.name for p in wanted if not is_cached(p)]
         if missing:
             raise SystemExit(f"the book holds no executed outputs for {', '.join(missing)}: not executed, or raised")
@@ -96,7 +90,7 @@ def main() -> None:
         print(f"the book executed all {len(wanted)} notebooks{left_out}")
         return
 
-    paths = [p.resolve() for p in args.notebooks] or [p for p in notebooks() if p.name in XLA_NOTEBOOKS]
+    paths = [p.resolve() for p in args.notebooks] or [p for p in notebooks(ROOT) if p.name in XLA_NOTEBOOKS]
     set_course_environment()
     for path in paths:
         if is_cached(path):

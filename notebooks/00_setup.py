@@ -27,15 +27,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -55,7 +55,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import collectives, draw_mesh, draw_sharding, shard_table, type_string
+from spmd_course.utils import collectives, draw_mesh, draw_sharding, shard_table, type_string
 
 # Explicit axes only so that jax.typeof prints the layout in section 2; notebook 01 explains axis types.
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
@@ -195,7 +195,7 @@ if SETUP.simulated:
 import os
 import warnings
 
-from utils import DeviceCountError
+from spmd_course.utils import DeviceCountError
 
 count = jax.device_count()
 raised = []
@@ -267,8 +267,8 @@ else:
 # device a `(128, 64)` block of a `(128, 512)` array?
 
 # %%
-from exercises import ex00_setup as ex
-from utils import NOT_ANSWERED
+from spmd_course.exercises import ex00_setup as ex
+from spmd_course.utils import NOT_ANSWERED
 
 answer_1 = NOT_ANSWERED  # e.g. P(...)
 ex.columns_spec.check(answer_1);

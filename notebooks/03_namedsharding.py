@@ -32,15 +32,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -53,7 +53,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, draw_sharding, draw_shardings, format_bytes, shard_table, type_string
+from spmd_course.utils import NOT_ANSWERED, draw_sharding, draw_shardings, format_bytes, shard_table, type_string
 
 # %% [markdown]
 # ## 1. A sharding is a mesh plus a spec
@@ -495,7 +495,7 @@ assert tree["params"]["dense1"]["kernel"].sharding.is_fully_replicated
 # 'model'))` on the `(4, 2)` mesh. How many bytes do all 8 devices hold for it together?
 
 # %%
-from exercises import ex03_namedsharding as ex
+from spmd_course.exercises import ex03_namedsharding as ex
 
 answer_1 = NOT_ANSWERED  # a whole number of bytes
 ex.mesh_bytes.check(answer_1);

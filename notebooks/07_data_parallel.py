@@ -28,15 +28,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -54,7 +54,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (
+from spmd_course.utils import (
     CHIPS,
     NOT_ANSWERED,
     assert_close,
@@ -115,7 +115,7 @@ draw_shardings(layouts, ncols=2, title="what each strategy splits: the batch x a
 
 # %% [markdown]
 # The cell that defines them is tagged `save`: `tools/notebooks.py save` copies it into
-# `notebooks/models.py`, and notebooks 08 to 10 import it from there instead of typing it again.
+# `src/spmd_course/models.py`, and notebooks 08 to 10 import it from there instead of typing it again.
 #
 # The step replaces every parameter and every Adam moment with a new array of the same shape.
 # `donate_argnums=(0, 1)` tells the compiler it may write those new arrays into the buffers of the old
@@ -610,7 +610,7 @@ draw_shardings(batches, ncols=3, show_bytes=False)
 # batch `x` of shape `(64, 64)` (examples first), one for a parameter such as the `(64, 256)` kernel.
 
 # %%
-from exercises import ex07_data_parallel as ex
+from spmd_course.exercises import ex07_data_parallel as ex
 
 answer_1 = NOT_ANSWERED  # a pair (batch spec, parameter spec), e.g. (P(...), P(...))
 ex.dp_specs.check(answer_1);

@@ -28,15 +28,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -54,7 +54,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, draw_timeline,
+from spmd_course.utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, draw_timeline,
                    estimate_step, memory_per_device, quiet, schedule, shard_table, type_string)
 
 # %% [markdown]
@@ -84,12 +84,12 @@ draw_sharding(q_kernel)
 #
 # ## 2. Column-parallel, then row-parallel
 #
-# The model, data and train step are notebook 07's, imported from `notebooks/models.py`: an MLP
+# The model, data and train step are notebook 07's, imported from `src/spmd_course/models.py`: an MLP
 # `64 -> 256 -> 10`, a batch of 64 examples labelled by a fixed random "teacher", cross-entropy and
 # Adam, with the model and optimizer donated to the step.
 
 # %%
-from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
+from spmd_course.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded run must reproduce
 
@@ -635,7 +635,7 @@ if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
 # 8-device `model` mesh, so that it pairs with the column-parallel `linear1/kernel`?
 
 # %%
-from exercises import ex08_tensor_parallel as ex
+from spmd_course.exercises import ex08_tensor_parallel as ex
 
 answer_1 = NOT_ANSWERED  # e.g. P(...)
 ex.row_parallel_spec.check(answer_1);

@@ -38,15 +38,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -61,7 +61,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (
+from spmd_course.utils import (
     CHIPS,
     NOT_ANSWERED,
     assert_close,
@@ -92,12 +92,12 @@ draw_mesh(mesh)
 # 2 devices) they will hold different halves of each weight matrix. The 2 devices of the first row share
 # examples 0 to 15, and the 4 devices of a column (0, 2, 4, 6 on CPU) share the same half of every kernel.
 #
-# The model, data and train step are notebook 07's, imported from `notebooks/models.py`: an MLP
+# The model, data and train step are notebook 07's, imported from `src/spmd_course/models.py`: an MLP
 # `64 -> 256 -> 10` from `nnx.Rngs(0)`, a batch of 64 labelled by a fixed random teacher, cross-entropy
 # and Adam, with the model and optimizer donated to the step.
 
 # %%
-from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
+from spmd_course.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 # %% [markdown]
 # One thing changes inside the MLP: the hidden activation is pinned to `P('data', 'model')`, rows
@@ -126,7 +126,7 @@ layout = {
     "linear2/bias": P(),
 }
 
-from notebooks.models import create  # notebook 08's: a model built in its layout, never whole on a device
+from spmd_course.models import create  # notebook 08's: a model built in its layout, never whole on a device
 
 model_2d = create(lambda: MLP2D(nnx.Rngs(0)), layout, mesh)
 x_2d = jax.device_put(x, NamedSharding(mesh, P("data", None)))
@@ -344,7 +344,7 @@ assert chain == ["f32[64@data,64]", "f32[64,256@model]", "f32[64@data,256@model]
 # apart, and `reshard` adds them up:
 
 # %%
-from notebooks.models import first_layer_gradient  # notebook 07's
+from spmd_course.models import first_layer_gradient  # notebook 07's
 
 fresh = MLP(nnx.Rngs(0))  # the initial parameters, on one device
 dh = first_layer_gradient(fresh, x, y)  # the gradient at the first layer's output
@@ -501,7 +501,7 @@ print("every parameter still has its 2-D layout")
 # each group of the *gradient* all-reduce?
 
 # %%
-from exercises import ex09_2d_parallel as ex
+from spmd_course.exercises import ex09_2d_parallel as ex
 
 answer_1 = NOT_ANSWERED  # a whole number
 ex.gradient_group_size.check(answer_1);

@@ -38,15 +38,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -65,7 +65,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
-from utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, compile_effort, draw_shardings, draw_timeline,
+from spmd_course.utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, compile_effort, draw_shardings, draw_timeline,
                    estimate_step, format_bytes, memory_per_device, quiet, schedule, shard_table, tpu_compiler_available,
                    type_string)
 
@@ -76,7 +76,7 @@ from utils import (CHIPS, NOT_ANSWERED, assert_close, collectives, compile_effor
 # step (donating the model and optimizer), imported. The single-device run is the reference.
 
 # %%
-from notebooks.models import MLP, train_step, x, y  # notebook 07's model, data and step
+from spmd_course.models import MLP, train_step, x, y  # notebook 07's model, data and step
 
 
 def create():
@@ -338,7 +338,7 @@ assert chain == ["f32[64@fsdp,256]", "f32[64@fsdp,64]", "f32[64@fsdp,256]"]
 # the kernel's own layout, `P('fsdp', None)`, adds them up and keeps each device's block:
 
 # %%
-from notebooks.models import first_layer_gradient  # notebook 07's
+from spmd_course.models import first_layer_gradient  # notebook 07's
 
 fresh = MLP(nnx.Rngs(0))  # the initial parameters, on one device
 dh = first_layer_gradient(fresh, x, y)  # the gradient at the first layer's output
@@ -765,7 +765,7 @@ for trained_leaf, ref_leaf in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
 # calls it on every leaf of a test state, as `jax.tree_util.tree_map_with_path` would.
 
 # %%
-from exercises import ex10_fsdp as ex
+from spmd_course.exercises import ex10_fsdp as ex
 
 
 def fsdp_spec(path, leaf):

@@ -29,15 +29,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -59,8 +59,8 @@ from flax.linen import logical_to_mesh_axes, with_logical_constraint
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, assert_close, collectives, draw_shardings, format_bytes, memory_per_device, shard_table
-from utils import type_string
+from spmd_course.utils import NOT_ANSWERED, assert_close, collectives, draw_shardings, format_bytes, memory_per_device, shard_table
+from spmd_course.utils import type_string
 
 # %% [markdown]
 # ## 1. The model, annotated once
@@ -766,7 +766,7 @@ assert_close([float(loss_tensor), float(loss_fsdp)], [float(loss_one)] * 2)
 # `(logical name, mesh axis or None)` pairs, one pair for each of the five names).
 
 # %%
-from exercises import ex11_transformer as ex
+from spmd_course.exercises import ex11_transformer as ex
 
 answer_1 = NOT_ANSWERED  # e.g. (("batch", ...), ("vocab", ...), ("embed", ...), ("heads", ...), ("mlp", ...))
 ex.fsdp_tensor_rules.check(answer_1);

@@ -28,15 +28,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -56,9 +56,9 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_permute, draw_shardings, format_bytes,
+from spmd_course.utils import (NOT_ANSWERED, assert_close, collectives, draw_permute, draw_shardings, format_bytes,
                    memory_per_device, quiet, shard_table, tpu_compiler_available, type_string)
-from utils.published_rows import PROGRAMS
+from spmd_course.utils.published_rows import PROGRAMS
 
 ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance means nothing
 
@@ -661,7 +661,7 @@ draw_permute(ring_mesh, "context", ring, title="one step of the ring: every devi
 # tensor-parallel regions under tensor parallelism, and under sequence parallelism?
 
 # %%
-from exercises import ex13_sequence_batch as ex
+from spmd_course.exercises import ex13_sequence_batch as ex
 
 answer_1 = NOT_ANSWERED  # a pair (tensor parallel, sequence parallel), in bytes
 ex.activation_bytes.check(answer_1);

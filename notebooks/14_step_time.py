@@ -33,15 +33,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -63,9 +63,9 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, CHIPS, collectives, compile_effort, draw_roofline, draw_timeline, estimate_step,
+from spmd_course.utils import (NOT_ANSWERED, CHIPS, collectives, compile_effort, draw_roofline, draw_timeline, estimate_step,
                    quiet, schedule, tpu_compiler_available)
-from utils.published_rows import MISSES, PROGRAMS, ROWS, TARGET, V5E_ROWS, estimate_row, load_program
+from spmd_course.utils.published_rows import MISSES, PROGRAMS, ROWS, TARGET, V5E_ROWS, estimate_row, load_program
 
 ok, why = tpu_compiler_available()
 
@@ -754,7 +754,7 @@ if CPU:  # another backend's trace names its operations its own way
 # cores (67 TFLOP/s per GPU). How many seconds of compute does one step take per GPU, at peak?
 
 # %%
-from exercises import ex14_step_time as ex
+from spmd_course.exercises import ex14_step_time as ex
 
 answer_1 = NOT_ANSWERED  # seconds, a float
 ex.compute_seconds.check(answer_1);

@@ -29,15 +29,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(64)
@@ -58,9 +58,9 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, draw_timeline, estimate_step, format_bytes,
+from spmd_course.utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, draw_timeline, estimate_step, format_bytes,
                    memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
-from utils.published_rows import PROGRAMS
+from spmd_course.utils.published_rows import PROGRAMS
 
 assert jax.device_count() == 64 == SETUP.count
 MiB = 2**20
@@ -68,13 +68,13 @@ MiB = 2**20
 # %% [markdown]
 # ## 1. The model
 #
-# The model is notebook 11's, imported rather than typed again: `notebooks/models.py` is generated from
+# The model is notebook 11's, imported rather than typed again: `src/spmd_course/models.py` is generated from
 # the cells notebook 11 tags `save`. A decoder-only transformer whose parameters carry logical names
 # (`'vocab'`, `'embed'`, `'heads'`, `'mlp'`) and whose residual stream is constrained to
 # `('batch', None, None)`.
 
 # %%
-from notebooks.models import MyTransformer
+from spmd_course.models import MyTransformer
 
 # %% [markdown]
 # Now at a realistic width: `d_model = 512` with 8 heads of 64, `d_ff = 2048`, a vocabulary of 512,
@@ -571,7 +571,7 @@ for name in ("2-D", "tensor"):
 # under the FSDP x TP table? Use `n_split` and `n_embed_only` from section 1; answer a pair.
 
 # %%
-from exercises import ex15_mesh_shape as ex
+from spmd_course.exercises import ex15_mesh_shape as ex
 
 answer_1 = NOT_ANSWERED  # (bytes under 2-D, bytes under FSDP x TP)
 ex.state_bytes.check(answer_1);

@@ -31,15 +31,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -57,7 +57,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, compile_effort, draw_pipeline, estimate_step, format_bytes,
+from spmd_course.utils import (NOT_ANSWERED, assert_close, collectives, compile_effort, draw_pipeline, estimate_step, format_bytes,
                    memory_per_device, quiet, tpu_compiler_available)
 
 # %% [markdown]
@@ -465,8 +465,8 @@ if TPU_OK:
 # one compile.
 
 # %%
-from utils.planner import plan
-from utils.train_step import AXES, DecoderConfig
+from spmd_course.utils.planner import plan
+from spmd_course.utils.train_step import AXES, DecoderConfig
 
 if TPU_OK:
     TWO_LAYERS = DecoderConfig(num_layers=2, d_model=256, num_heads=4, head_dim=64, d_ff=512, vocab_size=512,
@@ -516,7 +516,7 @@ if TPU_OK:
 # loop iterations is idle (a number between 0 and 1)?
 
 # %%
-from exercises import ex16_pipeline as ex
+from spmd_course.exercises import ex16_pipeline as ex
 
 answer_1 = NOT_ANSWERED  # a fraction, e.g. 0.5
 ex.bubble_fraction.check(answer_1);

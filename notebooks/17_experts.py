@@ -28,15 +28,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -54,7 +54,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import NOT_ANSWERED, assert_close, collectives, draw_routing, format_bytes, quiet, tpu_compiler_available
+from spmd_course.utils import NOT_ANSWERED, assert_close, collectives, draw_routing, format_bytes, quiet, tpu_compiler_available
 
 # %% [markdown]
 # ## 1. The layer: a router, a capacity, and a reference that loops over tokens
@@ -555,8 +555,8 @@ for what, figure in MIXTRAL_V5P.items():
 # `estimate_step` times them. Listing the candidates and their state needs no compiler:
 
 # %%
-from utils.planner import candidates, state_bytes
-from utils.train_step import AXES, DecoderConfig
+from spmd_course.utils.planner import candidates, state_bytes
+from spmd_course.utils.train_step import AXES, DecoderConfig
 
 mixtral = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
                         vocab_size=32000, seq_len=4096, num_experts=8, experts_per_token=2, capacity_factor=1.25)
@@ -604,7 +604,7 @@ assert state == state_bytes(mixtral, data=1, fsdp=32, tensor=1)  # the same stat
 # all-to-all's result on a device, and how many of them does the device send to other devices?
 
 # %%
-from exercises import ex17_experts as ex
+from spmd_course.exercises import ex17_experts as ex
 
 answer_1 = NOT_ANSWERED  # a pair (bytes of the result, bytes sent)
 ex.a2a_bytes.check(answer_1);

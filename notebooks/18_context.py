@@ -31,15 +31,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -55,7 +55,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import (NOT_ANSWERED, assert_close, collectives, compile_effort, draw_ring_steps, estimate_step, format_bytes,
+from spmd_course.utils import (NOT_ANSWERED, assert_close, collectives, compile_effort, draw_ring_steps, estimate_step, format_bytes,
                    memory_per_device, quiet, tpu_compiler_available)
 
 # %% [markdown]
@@ -432,9 +432,9 @@ assert 1.4 < DEFAULT_EFFORT[LONG, "ring, contiguous"][2] / DEFAULT_EFFORT[LONG, 
 # of 128k tokens (4M tokens a step) on the 256 chips of a v5e:16x16. Listing the candidates needs no compiler:
 
 # %%
-from utils.planner import activation_bytes, candidates
-from utils.timing import CHIPS
-from utils.train_step import AXES, DecoderConfig
+from spmd_course.utils.planner import activation_bytes, candidates
+from spmd_course.utils.timing import CHIPS
+from spmd_course.utils.train_step import AXES, DecoderConfig
 
 long_model = DecoderConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
                            vocab_size=128_256, seq_len=LONG)
@@ -483,7 +483,7 @@ assert saved[8] > CHIPS["v5e"].hbm_bytes > saved[16]  # at 8, the float32 logits
 # many does each device hold after all-gathering them?
 
 # %%
-from exercises import ex18_context as ex
+from spmd_course.exercises import ex18_context as ex
 
 answer_1 = NOT_ANSWERED  # a pair (one ring block, all-gathered), in bytes
 ex.kv_bytes.check(answer_1);

@@ -27,15 +27,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -56,9 +56,9 @@ from jax.experimental import mesh_utils, multihost_utils, topologies
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from notebooks.scripts import spmd_worker as worker  # the script is also a module: this kernel reuses its model
-from notebooks.scripts.launcher import WorkersFailed, free_loopback_port, run_workers
-from utils import (NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, quiet, tiles,
+from spmd_course.scripts import spmd_worker as worker  # the script is also a module: this kernel reuses its model
+from spmd_course.scripts.launcher import WorkersFailed, free_loopback_port, run_workers
+from spmd_course.utils import (NOT_ANSWERED, assert_close, collectives, draw_sharding, draw_shardings, quiet, tiles,
                    tpu_compiler_available)
 
 
@@ -84,7 +84,7 @@ def show(function) -> Code:
 # | `jax.local_devices()` | 8 devices | the 4 devices this process drives |
 # | `x.addressable_shards` | all 8 shards | the 4 shards on local devices |
 #
-# The script is `notebooks/scripts/spmd_worker.py`, and its docstring gives the commands that start it
+# The script is `src/spmd_course/scripts/spmd_worker.py`, and its docstring gives the commands that start it
 # locally, on a TPU slice and under Slurm. Here is its `main`. Each later section shows the function whose
 # results it reads, beside those results. To try a change, edit the file and rerun from section 3.
 
@@ -571,7 +571,7 @@ assert seconds < 30  # sooner than process 1's own 30 s wait for the coordinator
 # `(start, stop)` ranges.
 
 # %%
-from exercises import ex21_multihost as ex
+from spmd_course.exercises import ex21_multihost as ex
 
 answer_1 = NOT_ANSWERED  # e.g. [(0, 8), (40, 48)]
 ex.rows_of_host.check(answer_1);

@@ -28,15 +28,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "utils" / "launch.py").is_file()), None)
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
 if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
     url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
     subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
     git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
     assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
     course = Path(tmp).rename("spmd-course")
-sys.path[:0] = [str(course.resolve())] if course else []
-from utils import launch, setup_devices
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
 
 launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
 SETUP = setup_devices(8)
@@ -47,13 +47,13 @@ import collections
 
 from IPython.display import display
 
-from utils import stored_plans, tpu_compiler_available
-from utils.planner import activation_bytes, plan, record, state_bytes
-from utils.published_rows import ROWS
-from utils.step_pictures import draw_plans
-from utils.stored_plans import LLAMA2_70B, LLAMA3_8B
-from utils.timing import CHIPS
-from utils.train_step import DecoderConfig
+from spmd_course.utils import stored_plans, tpu_compiler_available
+from spmd_course.utils.planner import activation_bytes, plan, record, state_bytes
+from spmd_course.utils.published_rows import ROWS
+from spmd_course.utils.step_pictures import draw_plans
+from spmd_course.utils.stored_plans import LLAMA2_70B, LLAMA3_8B
+from spmd_course.utils.timing import CHIPS
+from spmd_course.utils.train_step import DecoderConfig
 
 GiB = 2**30
 ok, why = tpu_compiler_available()
@@ -465,7 +465,7 @@ assert all("exposed communication" in STORED["published"][n]["reason"] for n in 
 import jax
 from flax import nnx
 
-from utils.module_plan import abstract_module, plan_module
+from spmd_course.utils.module_plan import abstract_module, plan_module
 
 
 class TinyLM(nnx.Module):
@@ -547,8 +547,8 @@ assert meshes[1, 1, 8].formula_bytes < meshes[8, 1, 1].formula_bytes / 4  # and 
 # Llama 3 8B (8,030,261,248 parameters)?
 
 # %%
-from exercises import ex23_plan_a_run as ex
-from utils import NOT_ANSWERED
+from spmd_course.exercises import ex23_plan_a_run as ex
+from spmd_course.utils import NOT_ANSWERED
 
 answer_1 = NOT_ANSWERED  # bytes per chip
 ex.state_per_chip.check(answer_1);

@@ -6,7 +6,7 @@ that notebook; naming it on the command line still runs it, and its first cell t
 how to run it. The header line of the test run says what was left out.
 """
 
-from tools.course import notebooks, runnable_here
+from spmd_course.course import notebooks, runnable_here
 
 collect_ignore = [p.name for p in notebooks() if not runnable_here(p)]
 

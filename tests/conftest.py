@@ -1,10 +1,10 @@
-"""Test setup: 8 simulated CPU devices before anything starts JAX (pyproject puts the repo on sys.path)."""
+"""Test setup: 8 simulated CPU devices before anything starts JAX (the course's package, spmd_course, is installed)."""
 
 import matplotlib
 
 matplotlib.use("Agg")
 
-from utils.devices import setup_devices
+from spmd_course.utils.devices import setup_devices
 
 setup_devices(8, quiet=True)
 
@@ -20,8 +20,8 @@ def tpu_devices():
     """
     from jax.experimental import topologies
 
-    from utils.capture import quiet
-    from utils.tpu import tpu_compiler_available
+    from spmd_course.utils.capture import quiet
+    from spmd_course.utils.tpu import tpu_compiler_available
 
     ok, why = tpu_compiler_available()
     if not ok:
@@ -35,8 +35,8 @@ def tpu_pod():
     """The 64 chips of a TPU v5e:8x8 slice (no TPU needed); skips with the reason where libtpu is missing."""
     from jax.experimental import topologies
 
-    from utils.capture import quiet
-    from utils.tpu import tpu_compiler_available
+    from spmd_course.utils.capture import quiet
+    from spmd_course.utils.tpu import tpu_compiler_available
 
     ok, why = tpu_compiler_available()
     if not ok:

@@ -4,6 +4,7 @@
 - ``from_notebook``: a notebook's own top-level definitions, read from its source, for the tests of its code
   (``notebook_11``, ``notebook_12``: those of 11 and 12 that several files compile, read once);
 - ``find_uv``: the course's bootstrapped uv, for the tests of the lock and of Colab's install;
+- ``tool``: one of the maintainer's scripts in ``tools/`` (a folder of scripts, not a package), loaded by file;
 - ``V5E_ORDER``: the device order ``jax.make_mesh`` gives on a TPU v5e-8 host, for meshes not in id order.
 """
 
@@ -11,15 +12,28 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import itertools
 import subprocess
+import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` as a module (kept in ``sys.modules`` as ``<name>_tool``): tools/ is a folder of scripts
+    that import the installed ``spmd_course``, so loading one by file needs no path edit."""
+    key = f"{name}_tool"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO / "tools" / f"{name}.py")
+        module = sys.modules[key] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 V5E_ORDER = (0, 1, 2, 3, 7, 6, 5, 4)  # what create_device_mesh picks for a ring on a 4 x 2 TPU v5e board
 
 
@@ -85,7 +99,7 @@ def extents(fig: Figure) -> list:
 
 def _bound(node):
     """The names a top-level statement binds (def, class, assignment, import: a program a notebook imports from
-    notebooks/models.py is the one it runs)."""
+    src/spmd_course/models.py is the one it runs)."""
     if isinstance(node, ast.FunctionDef | ast.ClassDef):
         return {node.name}
     if isinstance(node, ast.Assign):
@@ -98,7 +112,7 @@ def _bound(node):
 def from_notebook(number, *names, given=None):
     """Notebook ``number``'s top-level definitions of ``names``, executed after the notebook's imports, in the
     notebook's order: its own code, not a copy. ``given`` adds names the definitions read (a model imported
-    from notebooks/models.py). Fails, naming the notebook, when a name is no longer bound exactly once."""
+    from src/spmd_course/models.py). Fails, naming the notebook, when a name is no longer bound exactly once."""
     (path,) = (REPO / "notebooks").glob(f"{number}_*.py")
     tree = ast.parse(path.read_text(), path.name)
     chosen = {id(node): node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)}
@@ -116,8 +130,8 @@ def from_notebook(number, *names, given=None):
 
 @functools.cache
 def notebook_11():
-    """Notebook 11's sizes, abstract state, rule tables and steps (its model from notebooks/models.py)."""
-    from notebooks.models import MyTransformer
+    """Notebook 11's sizes, abstract state, rule tables and steps (its model from src/spmd_course/models.py)."""
+    from spmd_course.models import MyTransformer
 
     return from_notebook("11", "D_MODEL", "FAST_COMPILE", "build", "abstract_model", "graphdef", "n_split",
                          "n_embed_only", "STRATEGIES", "train_step", "with_rules", "is_activation", "loss_only",

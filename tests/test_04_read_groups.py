@@ -9,7 +9,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from course_support import from_notebook
-from utils.inspecting import collectives
+from spmd_course.utils.inspecting import collectives
 
 # The visible cell of 04 section 3 reads the groups of case 3 (a sum over 'model') and case 4 (a gather over 'data')
 # from their HLO lines, whatever spelling the compiler chose. These are the spellings seen on the CPU (jax 0.12 and
@@ -42,7 +42,7 @@ def test_04_names_the_line_it_cannot_read(nb04):
 
 
 def test_04_section_3_reads_the_tpu_programs_groups(nb04, tpu_devices):
-    from utils.capture import quiet
+    from spmd_course.utils.capture import quiet
 
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=tpu_devices)
     wanted = {(P(None, "model"), P("model", None)): ROWS, (P("data", None), P(None, "data")): COLUMNS}

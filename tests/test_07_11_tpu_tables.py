@@ -6,7 +6,7 @@ in a hidden cell's table (07 §4 ``TPU_DONATION``, 11 §6 ``TPU_STRATEGIES``). T
 own programs for ``v5e:2x4`` ahead of time and checks every figure of both tables and the lessons the notebooks
 draw from them. About 15 s of CPU for 07's two compiles and 11's four: marked slow (``make test-slow``).
 
-Run as a script (``PYTHONPATH=. python tests/test_07_11_tpu_tables.py``) it prints the figures for the tables."""
+Run as a script (``python tests/test_07_11_tpu_tables.py``) it prints the figures for the tables."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import functools
 
 import pytest
 
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.tpu import tpu_compiler_available
 
 TPU_OK, TPU_WHY = tpu_compiler_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TPU_OK, reason=TPU_WHY)]
@@ -26,7 +26,7 @@ KiB = 1024
 def chips():
     from jax.experimental import topologies
 
-    from utils import quiet
+    from spmd_course.utils import quiet
 
     with quiet():
         return list(topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices)
@@ -45,7 +45,7 @@ def donation_on_tpu():
     from jax.sharding import PartitionSpec as P
 
     from course_support import from_notebook
-    from utils import memory_per_device, quiet
+    from spmd_course.utils import memory_per_device, quiet
 
     nb = from_notebook("07", "MLP", "step")
     mesh = Mesh(np.array(chips()), ("data",))
@@ -79,7 +79,7 @@ def strategies_on_tpu():
     from jax.sharding import PartitionSpec as P
 
     from course_support import notebook_11
-    from utils import collectives, memory_per_device, quiet
+    from spmd_course.utils import collectives, memory_per_device, quiet
 
     nb = notebook_11()
     figures = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.tpu import tpu_compiler_available
 
 TPU_OK, TPU_WHY = tpu_compiler_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TPU_OK, reason=TPU_WHY)]
@@ -23,7 +23,7 @@ def default_effort():
     from jax.experimental import topologies
 
     from course_support import from_notebook
-    from utils import memory_per_device, quiet
+    from spmd_course.utils import memory_per_device, quiet
 
     nb = from_notebook("10", "mesh", "path_name", "fsdp_rule", "WideMLP", "create_wide", "WIDE_PARAM_BYTES",
                        "compile_wide")

@@ -5,7 +5,7 @@ notebook, not copied): O0 places nothing in VMEM, the default keeps over 100 MiB
 
 import pytest
 
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.tpu import tpu_compiler_available
 
 TPU_OK, TPU_WHY = tpu_compiler_available()
 pytestmark = [pytest.mark.skipif(not TPU_OK, reason=TPU_WHY), pytest.mark.slow]
@@ -16,7 +16,7 @@ TABLE = {"ZeRO-1": (440.1, 412.8, 1.07), "ZeRO-2": (328.1, 248.6, 1.32), "ZeRO-3
 
 def spaces(lowered, level):
     """MiB per memory space from the compiler's own report, compiled at `level`."""
-    from utils import compile_effort, memory_spaces, quiet
+    from spmd_course.utils import compile_effort, memory_spaces, quiet
 
     with compile_effort(level), quiet():
         report = memory_spaces(lowered.lowered)  # nnx.jit's Lowered wraps jax's
@@ -31,7 +31,7 @@ def test_12_o0_keeps_everything_in_hbm_and_the_default_effort_needs_less(stage):
     from jax.sharding import PartitionSpec as P
 
     from course_support import notebook_12  # the notebook's own definitions, read from its source
-    from utils import quiet
+    from spmd_course.utils import quiet
 
     nb = notebook_12()
     with quiet():

@@ -22,7 +22,7 @@ import jax
 import pytest
 
 from course_support import from_notebook
-from utils import compile_effort, memory_per_device, memory_spaces, quiet
+from spmd_course.utils import compile_effort, memory_per_device, memory_spaces, quiet
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "training_memory" / "tpu_o0.json"
 NAMES = ("D", "WIDE", "TOKENS", "Block", "Stack", "create", "loss_fn", "param_grad", "ZERO", "layout", "pin",

@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from course_support import from_notebook
-from utils import collectives, memory_per_device
+from spmd_course.utils import collectives, memory_per_device
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "sequence_batch" / "tpu_hbm.json"
 STEPS = ("whole batch", "strided", "consecutive")

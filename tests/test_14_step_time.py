@@ -21,8 +21,8 @@ import jax
 import pytest
 
 from course_support import from_notebook
-from exercises.ex14_step_time import loop_permutes
-from utils import collectives, estimate_step, schedule
+from spmd_course.exercises.ex14_step_time import loop_permutes
+from spmd_course.utils import collectives, estimate_step, schedule
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "step_time"
 PROGRAM = STORED / "fsdp_block_v5e-2x4.hlo.gz"

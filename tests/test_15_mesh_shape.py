@@ -25,7 +25,7 @@ import jax
 import pytest
 
 from course_support import from_notebook
-from utils import collectives, estimate_step, memory_per_device, quiet
+from spmd_course.utils import collectives, estimate_step, memory_per_device, quiet
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "mesh_shape"
 INDEX = STORED / "index.json"
@@ -54,7 +54,7 @@ def test_every_layout_is_stored_with_its_width_and_effort():
 
 @pytest.mark.slow
 def test_the_stored_programs_are_what_the_notebooks_code_compiles(tpu_pod):
-    from notebooks.models import MyTransformer
+    from spmd_course.models import MyTransformer
 
     width = from_notebook("15", "TPU_WIDTH").TPU_WIDTH
     nb = from_notebook("15", "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS", "FAST_COMPILE", "make_step",
@@ -101,7 +101,7 @@ def test_section_5s_program_is_stored_at_the_notebooks_width_and_effort():
 def test_the_five_layouts_at_the_notebooks_width_on_tpu_and_section_5s_stored_program(tpu_pod):
     """One compile of each layout at the notebook's toy width (default effort, as section 5): the TPU's HBM
     order, on every line, and section 5's stored FSDP x TP program and memory, on the line that stored them."""
-    from notebooks.models import MyTransformer
+    from spmd_course.models import MyTransformer
 
     nb = from_notebook("15", "D_MODEL", "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS", "FAST_COMPILE",
                        "make_step", "compile_for", "state_bytes", "matrix_gathers",

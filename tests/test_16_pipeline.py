@@ -14,7 +14,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from course_support import REPO, from_notebook
-from utils import collectives
+from spmd_course.utils import collectives
 
 CAST = 'params = jax.lax.pcast(params, batch_axes, to="varying")'
 

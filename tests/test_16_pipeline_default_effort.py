@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.tpu import tpu_compiler_available
 
 TPU_OK, TPU_WHY = tpu_compiler_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TPU_OK, reason=TPU_WHY)]
@@ -21,7 +21,7 @@ GiB = 2**30
 @pytest.fixture(scope="module")
 def default_effort():
     from course_support import from_notebook
-    from utils import collectives, estimate_step, memory_per_device
+    from spmd_course.utils import collectives, estimate_step, memory_per_device
 
     nb = from_notebook("16", "layer", "stack", "pipeline_loss", "pipelined", "BIG", "compile_tpu")
     found = {}
@@ -34,7 +34,7 @@ def default_effort():
 def test_the_circular_schedule_needs_least_at_o0_too():
     """The notebook's "the circular schedule needs the least, at both efforts": at O0, roofline-timed as it is."""
     from course_support import from_notebook
-    from utils import estimate_step, memory_per_device
+    from spmd_course.utils import estimate_step, memory_per_device
 
     nb = from_notebook("16", "layer", "stack", "pipeline_loss", "pipelined", "BIG", "compile_tpu")
     (gpipe, mesh), (circular, _) = nb.compile_tpu(8, 1), nb.compile_tpu(8, 2)

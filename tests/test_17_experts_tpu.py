@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.tpu import tpu_compiler_available
 
 TPU_OK, TPU_WHY = tpu_compiler_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not TPU_OK, reason=TPU_WHY)]
@@ -25,7 +25,7 @@ def compiled():
     from jax.sharding import AxisType
 
     from course_support import from_notebook
-    from utils import compile_effort, quiet
+    from spmd_course.utils import compile_effort, quiet
 
     nb = from_notebook("17", "capacity_of", "route", "experts_ffn", "moe", "rms_norm", "mixtral_step", "MIXTRAL_V5P")
     with quiet():
@@ -38,7 +38,7 @@ def compiled():
 
 
 def test_the_figures_in_the_notebooks_table(compiled):
-    from utils import collectives, estimate_step, memory_per_device
+    from spmd_course.utils import collectives, estimate_step, memory_per_device
 
     nb, mesh, program, n_params = compiled
     table = nb.MIXTRAL_V5P

@@ -1,7 +1,7 @@
 """notebook 18 (context parallelism) compiles its TPU programs at the least effort, O0, and prints in a hidden
 cell what the default effort (the one a run gets) gives: HBM per v5e chip and estimate_step's time for the
 zig-zag ring and the all-gather at 32k, 64k and 128k tokens, and for the contiguous ring at 128k. This
-compiles those programs at both efforts with the notebook's own code (its saved cell, notebooks/models.py,
+compiles those programs at both efforts with the notebook's own code (its saved cell, src/spmd_course/models.py,
 and the sizes read from the notebook) and checks the table the notebook prints. Slow (default-effort
 compiles, 5-10 s of CPU each), so marked slow."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.tpu import tpu_compiler_available
 
 TPU_OK, TPU_WHY = tpu_compiler_available()
 pytestmark = [pytest.mark.skipif(not TPU_OK, reason=TPU_WHY), pytest.mark.slow]
@@ -40,8 +40,8 @@ def _compiled(kind: str, length: int, effort: str):
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from notebooks.models import gather_attention, ring_attention
-    from utils import compile_effort, quiet
+    from spmd_course.models import gather_attention, ring_attention
+    from spmd_course.utils import compile_effort, quiet
 
     heads, head_dim, tile = _notebook_value("TPU_HEADS"), _notebook_value("TPU_HEAD_DIM"), _notebook_value("TPU_TILE")
     with quiet():
@@ -59,7 +59,7 @@ def _compiled(kind: str, length: int, effort: str):
 
 def _figures(kind: str, length: int) -> tuple[float, float, float]:
     """(HBM MiB at O0, HBM MiB at the default effort, estimated ms at the default effort), as the table has them."""
-    from utils import estimate_step, memory_per_device
+    from spmd_course.utils import estimate_step, memory_per_device
 
     o0, _ = _compiled(kind, length, "O0")
     default, mesh = _compiled(kind, length, "UNKNOWN")

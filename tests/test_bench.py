@@ -35,7 +35,7 @@ def _notebook(path: Path, *cells: str) -> Path:
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT))
+    return dict(os.environ)
 
 
 # A kernel that holds BLOCK_MB and starts a worker that holds BLOCK_MB too, both alive for a second.

@@ -6,6 +6,7 @@ like the repository, checks that outputs and figures come out (as images, even u
 """
 
 import html
+import importlib.util
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, title_and_promise
+from spmd_course.course import ROOT, XLA_NOTEBOOKS, binder_url, colab_url, notebooks, title_and_promise
 
 REMOTE_RESOURCE = re.compile(r"<(?:script|img)\b[^>]*\bsrc=\"https?:|<link\b[^>]*\bhref=\"https?:", re.I)
 
@@ -115,12 +116,10 @@ def _tiny_notebook(path: Path, title: str, markdown: str, code: str) -> None:
 
 
 def _miniature(tmp_path: Path) -> Path:
-    """A repository in miniature: the book's docs/ (notebooks/ linked as in the repository), the course's utils
-    and tools, and an empty notebooks/."""
+    """A repository in miniature: the book's docs/ (notebooks/ linked as in the repository) and an empty
+    notebooks/; the course's package is the installed one."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "docs", repo / "docs", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    for folder in ("utils", "tools"):  # tools/course.py lists the notebooks the book holds
-        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "notebooks").mkdir()
     return repo
 
@@ -144,18 +143,20 @@ def test_a_cell_error_fails_the_book_and_the_check_names_the_notebook(tmp_path):
 def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch):
     # Two notebooks that start like the course's, with its setup line.
     repo = _miniature(tmp_path)
-    setup = "import sys\nfrom pathlib import Path\nsys.path.insert(0, str(Path.cwd().parent))\n"
     widget = "import ipywidgets\nfrom IPython.display import display\ndisplay(ipywidgets.IntSlider(3))\n"
-    figure = "import jax\nfrom utils import draw_mesh\nprint(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))"
-    figure = setup + widget + figure
+    figure = ("import jax\nfrom spmd_course.utils import draw_mesh\n"
+              "print(6 * 7)\ndraw_mesh(jax.make_mesh((1,), ('data',)))")
+    figure = widget + figure
     _tiny_notebook(repo / "notebooks" / "00_a.ipynb", "00 · First", "Alpha promise, with $x^2$ in it.", figure)
     second_code = "import os\nprint('b ran', os.environ['BOOK_PROBE'])"
     _tiny_notebook(repo / "notebooks" / "01_b.ipynb", "01 · Second", "Back to [00](00_a.ipynb).", second_code)
 
     # As `make book` does for notebook 22 in .venv-xla: run a notebook into the cache beforehand; the book
     # must then show those outputs instead of running it again (BOOK_PROBE tells the two runs apart).
-    monkeypatch.syspath_prepend(str(ROOT / "docs"))
-    from execute_cached import execute_into_cache, is_cached
+    spec = importlib.util.spec_from_file_location("execute_cached", ROOT / "docs" / "execute_cached.py")
+    execute_cached = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(execute_cached)
+    execute_into_cache, is_cached = execute_cached.execute_into_cache, execute_cached.is_cached
 
     cache, first_nb, second_nb = repo / "build" / "book" / "jupyter_cache", *sorted((repo / "notebooks").glob("*"))
     monkeypatch.setenv("BOOK_PROBE", "beforehand")

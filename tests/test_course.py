@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.course import (
+from spmd_course.course import (
     REPO,
     ROOT,
     badges_markdown,
@@ -21,12 +21,12 @@ from tools.course import (
 
 
 def test_urls_use_the_one_repository_constant(monkeypatch):
-    import tools.course
+    import spmd_course.course
 
     # The addresses' format as Colab and Binder answer it, for any repository and branch: the course's own
-    # address is written once, in tools.course.REPO, and not again here.
-    monkeypatch.setattr(tools.course, "REPO", "owner/name")
-    monkeypatch.setattr(tools.course, "BRANCH", "branch")
+    # address is written once, in spmd_course.course.REPO, and not again here.
+    monkeypatch.setattr(spmd_course.course, "REPO", "owner/name")
+    monkeypatch.setattr(spmd_course.course, "BRANCH", "branch")
     assert colab_url("00_setup.ipynb") == (
         "https://colab.research.google.com/github/owner/name/blob/branch/notebooks/00_setup.ipynb")
     assert binder_url("00_setup.ipynb") == (
@@ -43,7 +43,7 @@ def test_repository_address_is_written_nowhere_else():
         found = re.findall(pattern, path.read_text())
         assert found, f"{path.name} has no launch badge"
         for owner_repo in found:
-            assert owner_repo == REPO, f"{path.name} names {owner_repo}, not tools.course.REPO"
+            assert owner_repo == REPO, f"{path.name} names {owner_repo}, not spmd_course.course.REPO"
 
 
 def test_notebooks_are_in_course_order():

@@ -28,7 +28,7 @@ import nbformat
 import pytest
 from jax.sharding import AxisType
 
-from tools.course import needs_torch_xla, notebooks
+from spmd_course.course import needs_torch_xla, notebooks
 
 ROOT = Path(__file__).parent.parent
 HOOK = Path(__file__).parent / "tpu_device_order"
@@ -57,7 +57,8 @@ def _run(code: str, env: dict[str, str]) -> list[str]:
 
 def _mesh_orders(order: str) -> dict[str, list[int]]:
     """Flat device ids of jax.make_mesh (and create_device_mesh) per shape, in a process with the hook."""
-    code = ("import json, jax; from utils.devices import setup_devices; from jax.experimental import mesh_utils; "
+    code = ("import json, jax; from spmd_course.utils.devices import setup_devices; "
+            "from jax.experimental import mesh_utils; "
             "setup_devices(8, quiet=True); ids = lambda grid: [d.id for d in grid.flat]; "
             f"got = {{str(s): ids(jax.make_mesh(s, n).devices) for s, n in {SHAPES!r}.items()}}; "
             "got['create_device_mesh (4, 2)'] = ids(mesh_utils.create_device_mesh((4, 2))); "
@@ -81,9 +82,10 @@ def test_the_v5e_order_is_what_libtpu_gives(tpu_devices):
 
 @pytest.mark.parametrize("hooks", [HIDE, BOTH], ids=["no_libtpu", "both"])
 def test_the_hiding_works_and_the_reason_is_one_line(hooks):
-    code = ("import importlib.util, jax; from utils.tpu import tpu_compiler_available; "
+    code = ("import importlib.util, jax; from spmd_course.utils.tpu import tpu_compiler_available; "
             "print(importlib.util.find_spec('libtpu')); print(tpu_compiler_available()[1]); "
-            "print(jax.default_backend()); from utils.devices import setup_devices; setup_devices(8, quiet=True); "
+            "print(jax.default_backend()); from spmd_course.utils.devices import setup_devices; "
+            "setup_devices(8, quiet=True); "
             "print([d.id for d in jax.make_mesh((8,), ('a',)).devices.flat])")
     spec, reason, backend, order = _run(code, _env(hooks))[-4:]
     assert spec == "None" and reason.startswith(REASON) and backend == "cpu"

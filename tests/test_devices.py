@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from utils import devices
-from utils.devices import DeviceCountError, DeviceSetup, assert_close, setup_devices
+from spmd_course.utils import devices
+from spmd_course.utils.devices import DeviceCountError, DeviceSetup, assert_close, setup_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,9 +23,9 @@ needs_no_accelerator = pytest.mark.skipif(
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
-    """Run code in a fresh interpreter (JAX not started yet) with the repo importable."""
+    """Run code in a fresh interpreter (JAX not started yet); the course's package is installed."""
     clean = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS", "JAX_PLATFORMS")}
-    clean.update(env, PYTHONPATH=str(ROOT))
+    clean.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=clean, timeout=120)
 
@@ -91,7 +91,7 @@ def test_count_must_be_positive():
 @needs_no_accelerator
 def test_fresh_process_gets_the_count_asked_for():
     r = _run("""
-        from utils import setup_devices
+        from spmd_course.utils import setup_devices
         import jax
         s = setup_devices(4)
         print(jax.device_count(), s.simulated, s.platform, jax.config.read("jax_disable_most_optimizations"))
@@ -106,7 +106,7 @@ def test_skipping_the_cpu_machine_code_optimisation_leaves_the_program_and_its_b
     """What setup_devices' jax_disable_most_optimizations may change: rounding, never the HLO or the bytes."""
     r = _run("""
         import hashlib
-        from utils import setup_devices
+        from spmd_course.utils import setup_devices
         import jax, jax.numpy as jnp
         from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
         setup_devices(8, quiet=True)
@@ -133,7 +133,7 @@ def test_jax_started_first_gives_the_clear_error():
     r = _run("""
         import jax.numpy as jnp
         jnp.ones(3)  # starts JAX with its default single CPU device
-        from utils import setup_devices, DeviceCountError
+        from spmd_course.utils import setup_devices, DeviceCountError
         try:
             setup_devices(8)
         except DeviceCountError as e:
@@ -146,7 +146,7 @@ def test_jax_started_first_gives_the_clear_error():
 
 
 def test_jax_platforms_cpu_is_respected():
-    r = _run("from utils import setup_devices; setup_devices(2)", JAX_PLATFORMS="cpu")
+    r = _run("from spmd_course.utils import setup_devices; setup_devices(2)", JAX_PLATFORMS="cpu")
     assert r.returncode == 0, r.stderr
     assert "(JAX_PLATFORMS=cpu)" in r.stdout
 
@@ -273,7 +273,7 @@ def test_installed_libtpu_costs_no_probe_and_prints_nothing():
         def no_child(*args, **kwargs):
             raise AssertionError(f"setup_devices started a child process: {args[0]}")
         subprocess.run = no_child
-        from utils import setup_devices
+        from spmd_course.utils import setup_devices
         import jax.numpy as jnp
         setup_devices(8)
         jnp.ones(8).block_until_ready()

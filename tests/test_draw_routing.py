@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
 
-from utils.drawing import device_color, draw_routing
+from spmd_course.utils.drawing import device_color, draw_routing
 
 
 def _cells(fig, gid):

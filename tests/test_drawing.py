@@ -13,8 +13,8 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from course_support import V5E_ORDER, extents, label_boxes, mesh_labels, patches, tile_labels, v5e_ordered_mesh
-from utils import drawing
-from utils.drawing import (
+from spmd_course.utils import drawing
+from spmd_course.utils.drawing import (
     device_color,
     device_label,
     draw_mesh,
@@ -22,7 +22,7 @@ from utils.drawing import (
     draw_sharding,
     draw_shardings,
 )
-from utils.layout import Tile
+from spmd_course.utils.layout import Tile
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
@@ -518,7 +518,7 @@ def test_show_slices_labels_each_block_with_its_part_of_the_array():
 
 
 def test_draw_memory_stacks_each_variant_on_one_scale_with_hatching_not_colour():
-    from utils.drawing import draw_memory
+    from spmd_course.utils.drawing import draw_memory
 
     bars = {"ZeRO-1": {"parameters": 128 * 2**20, "Adam": 32 * 2**20, "rest": 200 * 2**20},
             "ZeRO-3": {"parameters": 16 * 2**20, "Adam": 32 * 2**20, "rest": 40 * 2**20}}
@@ -537,7 +537,7 @@ def test_draw_memory_stacks_each_variant_on_one_scale_with_hatching_not_colour()
 
 
 def test_draw_memory_refuses_bad_input_with_the_fix():
-    from utils.drawing import draw_memory
+    from spmd_course.utils.drawing import draw_memory
 
     with pytest.raises(TypeError, match="variant"):
         draw_memory([1, 2])
@@ -550,7 +550,7 @@ def test_draw_memory_refuses_bad_input_with_the_fix():
 
 
 def test_draw_pipeline_colours_each_stage_by_its_device_and_leaves_the_bubble_white():
-    from utils.drawing import draw_pipeline
+    from spmd_course.utils.drawing import draw_pipeline
 
     work = np.array([[0, 1, -1], [-1, 0, 1]])  # 2 stages, 2 micro-batches, 3 iterations: GPipe's forward
     fig = draw_pipeline(work, [5, 2], backward=[[False, True, False], [False, False, True]], title="GPipe")
@@ -571,7 +571,7 @@ def test_draw_pipeline_colours_each_stage_by_its_device_and_leaves_the_bubble_wh
 
 
 def test_draw_pipeline_refuses_bad_input_with_the_fix():
-    from utils.drawing import draw_pipeline
+    from spmd_course.utils.drawing import draw_pipeline
 
     with pytest.raises(TypeError, match="2-D array of whole numbers"):
         draw_pipeline([0, 1], [0])
@@ -589,7 +589,7 @@ def test_draw_pipeline_refuses_bad_input_with_the_fix():
 
 
 def test_draw_ring_steps_colours_each_block_by_the_device_it_started_on():
-    from utils.drawing import device_color, draw_ring_steps
+    from spmd_course.utils.drawing import device_color, draw_ring_steps
 
     ids = [3, 1, 0, 2]  # ids in ring order, not sorted: colours must follow them
     holds = [[(d - s) % 4 for d in range(4)] for s in range(4)]
@@ -606,7 +606,7 @@ def test_draw_ring_steps_colours_each_block_by_the_device_it_started_on():
 
 
 def test_draw_ring_steps_refuses_bad_input_with_the_fix():
-    from utils.drawing import draw_ring_steps
+    from spmd_course.utils.drawing import draw_ring_steps
 
     good = {"holds": [[0, 1], [1, 0]], "work": [[1, 1], [0.5, 0.5]], "labels": [["a", "b"], ["c", "d"]]}
     with pytest.raises(TypeError, match="panel title"):
@@ -697,7 +697,7 @@ def _gather_frames(ids):
 
 @pytest.fixture(scope="module")
 def draw_rings():
-    from utils.drawing import draw_rings
+    from spmd_course.utils.drawing import draw_rings
 
     return draw_rings
 
@@ -706,7 +706,7 @@ def draw_rings():
 def test_draw_rings_sends_the_block_the_next_device_gets_in_the_next_frame(draw_rings, ids):
     from matplotlib.colors import to_rgba
 
-    from utils.drawing import device_color
+    from spmd_course.utils.drawing import device_color
 
     fig = draw_rings({"all-gather": _gather_frames(ids)}, ids)
     (ax,) = fig.axes
@@ -757,7 +757,7 @@ def _reduce_scatter_frames(ids):
 def test_draw_rings_shows_each_devices_own_partials_and_the_one_it_added():
     from matplotlib.colors import to_rgba
 
-    from utils.drawing import device_color, draw_rings
+    from spmd_course.utils.drawing import device_color, draw_rings
 
     ids = [0, 2, 7, 5]  # ring order, not id order: the colours must follow the ids
     frames = _reduce_scatter_frames(ids)
@@ -778,7 +778,7 @@ def test_draw_rings_shows_each_devices_own_partials_and_the_one_it_added():
 
 
 def test_draw_rings_refuses_own_partials_of_a_ring_it_does_not_draw():
-    from utils.drawing import draw_rings
+    from spmd_course.utils.drawing import draw_rings
 
     ids = [0, 2, 4, 6]
     frames = _reduce_scatter_frames(ids)

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from utils import compile_effort
+from spmd_course.utils import compile_effort
 
 
 def test_sets_the_level_inside_and_restores_the_one_before():

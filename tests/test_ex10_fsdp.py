@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from exercises import ex10_fsdp as ex
-from utils.exercises import Verdict
+from spmd_course.exercises import ex10_fsdp as ex
+from spmd_course.utils.exercises import Verdict
 
 
 def _first_divisible(leaf, by=8, more_than=1024):
@@ -93,7 +93,7 @@ def test_fsdp_by_hand_rejects_each_mistake_for_its_reason(name):
 
 
 def test_fsdp_by_hand_hint_only_after_a_wrong_answer(capsys):
-    from utils.exercises import NOT_ANSWERED
+    from spmd_course.utils.exercises import NOT_ANSWERED
 
     ex.fsdp_by_hand.check(NOT_ANSWERED)
     assert "psum_scatter" not in capsys.readouterr().out  # the method is not given away before a try

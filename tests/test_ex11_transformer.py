@@ -2,8 +2,8 @@
 
 import pytest
 
-from exercises import ex11_transformer as ex
-from utils.exercises import Verdict
+from spmd_course.exercises import ex11_transformer as ex
+from spmd_course.utils.exercises import Verdict
 
 SOLUTION = dict(ex.fsdp_tensor_rules.solution)
 

@@ -4,8 +4,8 @@ another unit (GB, GiB, MB, MiB: learners divide by either) is rejected with a hi
 import numpy as np
 import pytest
 
-from exercises import ex12_training_memory as ex
-from utils.exercises import Verdict
+from spmd_course.exercises import ex12_training_memory as ex
+from spmd_course.utils.exercises import Verdict
 
 RIGHT = ex.zero_bytes.solution  # (29,312,500,000, 15,531,250,000, 1,750,000,000)
 

@@ -9,8 +9,8 @@ what any machine measured.
 
 import pytest
 
-from exercises import ex15_mesh_shape as ex
-from utils.exercises import Verdict
+from spmd_course.exercises import ex15_mesh_shape as ex
+from spmd_course.utils.exercises import Verdict
 
 
 def choose_with_a_loop(table, budget):

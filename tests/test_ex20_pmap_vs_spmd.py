@@ -3,8 +3,8 @@
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from exercises import ex20_pmap_vs_spmd as ex
-from utils.exercises import Verdict
+from spmd_course.exercises import ex20_pmap_vs_spmd as ex
+from spmd_course.utils.exercises import Verdict
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from exercises import ex21_multihost as ex
-from utils.exercises import Verdict
+from spmd_course.exercises import ex21_multihost as ex
+from spmd_course.utils.exercises import Verdict
 
 
 @pytest.mark.parametrize("answer", [
@@ -74,8 +74,8 @@ def test_the_exercise_rows_agree_with_a_sharding_of_the_same_layout():
 def test_the_v5e_16_hosts_of_the_exercise_are_what_jax_make_mesh_builds():
     from jax.experimental import topologies
 
-    from utils.capture import quiet
-    from utils.tpu import tpu_compiler_available
+    from spmd_course.utils.capture import quiet
+    from spmd_course.utils.tpu import tpu_compiler_available
 
     ok, why = tpu_compiler_available()
     if not ok:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from exercises import ex22_pytorch_xla as ex
-from utils.exercises import Verdict
+from spmd_course.exercises import ex22_pytorch_xla as ex
+from spmd_course.utils.exercises import Verdict
 
 
 @pytest.mark.parametrize("answer", [("model", None), (("model",), None), (1, None), ((1,), None)])

@@ -21,16 +21,22 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import exercises
-from exercises import ex00_setup, ex01_meshes, ex02_partitionspec, ex03_namedsharding, ex04_propagation_resharding
-from utils.exercises import NOT_ANSWERED, Exercise, Outcome, Verdict, plain
-from utils.inspecting import collectives
+from spmd_course import exercises
+from spmd_course.exercises import (
+    ex00_setup,
+    ex01_meshes,
+    ex02_partitionspec,
+    ex03_namedsharding,
+    ex04_propagation_resharding,
+)
+from spmd_course.utils.exercises import NOT_ANSWERED, Exercise, Outcome, Verdict, plain
+from spmd_course.utils.inspecting import collectives
 
 
 def _all_exercises() -> list[tuple[str, Exercise]]:
     found = []
     for info in sorted(pkgutil.iter_modules(exercises.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"exercises.{info.name}")
+        module = importlib.import_module(f"spmd_course.exercises.{info.name}")
         for name, value in sorted(vars(module).items()):
             if isinstance(value, Exercise):
                 found.append((f"{info.name}.{name}", value))
@@ -201,7 +207,7 @@ def test_ex22_pytorch_xla_spec_strings_are_what_torch_xla_prints():
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
-    from exercises import ex22_pytorch_xla as ex22
+    from spmd_course.exercises import ex22_pytorch_xla as ex22
 
     shardy = jax.config.jax_use_shardy_partitioner  # every mark_sharding switches it off: restore it after
     try:
@@ -249,7 +255,8 @@ def test_plain_leaves_everything_else_alone():
 # arrays, lists for tuples and sets, Device objects for ids). Where an answer names devices, it is the one for
 # the devices in id order, the order conftest.py sets up.
 _DEVICES = {d.id: d for d in jax.devices()}
-_ex = {name: importlib.import_module(f"exercises.{name}") for name in {q.split(".")[0] for q, _ in EXERCISES}}
+_ex = {name: importlib.import_module(f"spmd_course.exercises.{name}")
+       for name in {q.split(".")[0] for q, _ in EXERCISES}}
 
 def _to_columns_unconstrained_waypoint(v):  # the waypoint keeps rows split and leaves the columns to the compiler
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)

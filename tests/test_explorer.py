@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from matplotlib.figure import Figure
 
 from course_support import tile_labels
-from utils.explorer import DEFAULTS, describe, explore, layout, parse_axis_names, parse_shape, parse_spec
+from spmd_course.utils.explorer import DEFAULTS, describe, explore, layout, parse_axis_names, parse_shape, parse_spec
 
 
 @pytest.mark.parametrize("text, spec", [

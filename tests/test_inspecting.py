@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils.inspecting import (
+from spmd_course.utils.inspecting import (
     COLLECTIVES,
     Collectives,
     collectives,
@@ -553,9 +552,9 @@ REPORT_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from utils.capture import quiet
-    from utils.inspecting import memory_per_device
-    from utils.tpu import tpu_compiler_available
+    from spmd_course.utils.capture import quiet
+    from spmd_course.utils.inspecting import memory_per_device
+    from spmd_course.utils.tpu import tpu_compiler_available
 
     assert tpu_compiler_available()[0]
     with quiet():
@@ -616,8 +615,7 @@ def _report_totals(dump, name):
 def test_tpu_footprint_matches_the_compilers_memory_report(tpu_devices, tmp_path):
     """The compiler's own account (XLA_FLAGS=--xla_dump_to): space 'default' is HBM, 'vmem' the on-chip memory."""
     dump = tmp_path / "dump"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_dump_to={dump}",
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_dump_to={dump}")
     run = subprocess.run([sys.executable, "-c", REPORT_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name as canonicalize
 
-from course_support import find_uv
-from tools.binder import binder_requirements
-from tools.course import (
+from course_support import find_uv, tool
+from spmd_course.course import (
     BADGES_LINE,
     REPO,
     ROOT,
@@ -34,8 +33,8 @@ from tools.course import (
     launchable,
     setup_source,
 )
-from utils import launch
-from utils.launch import (
+from spmd_course.utils import launch
+from spmd_course.utils.launch import (
     KERNEL_PACKAGES,
     Environment,
     Installed,
@@ -49,6 +48,8 @@ from utils.launch import (
     requirements,
     version_note,
 )
+
+binder_requirements = tool("binder").binder_requirements
 
 # jax 0.12.0.1's own requirement lines for its plugins (importlib.metadata.requires('jax'), abridged)
 JAX_REQUIRES = [
@@ -426,7 +427,7 @@ def test_binder_start_sets_devices_path_and_keeps_memory_small():
     start = (ROOT / "binder" / "start").read_text()
     assert start.startswith("#!") and start.rstrip().endswith('exec "$@"')
     assert os.access(ROOT / "binder" / "start", os.X_OK)
-    assert "export JAX_NUM_CPU_DEVICES=8" in start and "export PYTHONPATH=" in start
+    assert "export JAX_NUM_CPU_DEVICES=8" in start and "PYTHONPATH" not in start  # the setup cell finds the course
     assert f"export {launch.BINDER_ENV}=binder" in start and "JUPYTER_CONFIG_PATH" in start
     tracker = json.loads((ROOT / "binder" / "jupyter" / "tracker.jupyterlab-settings").read_text())
     assert tracker == {"kernelShutdown": True}
@@ -465,17 +466,18 @@ def test_binder_memory_note_counts_kernels_and_their_memory(tmp_path, monkeypatc
 
 
 def test_utils_loads_lazily_and_launch_imports_nothing_heavy():
-    code = ("import sys, utils, utils.launch\nfrom utils import launch, setup_devices\n"
+    code = ("import sys\nimport spmd_course.utils.launch\nfrom spmd_course import utils\n"
+            "from spmd_course.utils import launch, setup_devices\n"
             "heavy = sorted({'jax', 'numpy', 'matplotlib'} & set(sys.modules))\n"
             "assert not heavy, heavy\n"
             "assert all(getattr(utils, n) is not None for n in utils.__all__)\n"
             "assert set(utils.__all__) <= set(dir(utils)) and 'launch' in dir(utils)\n"
-            "from utils.devices import setup_devices as direct\nassert setup_devices is direct\n"
+            "from spmd_course.utils.devices import setup_devices as direct\nassert setup_devices is direct\n"
             "try:\n    utils.no_such_name\nexcept AttributeError as e:\n    print('ok', e)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr
-    assert "ok module 'utils' has no attribute 'no_such_name'" in r.stdout
+    assert "ok module 'spmd_course.utils' has no attribute 'no_such_name'" in r.stdout
 
 
 def test_utils_exports_what_type_checkers_read():
@@ -484,16 +486,17 @@ def test_utils_exports_what_type_checkers_read():
     import ast
     import importlib
 
-    import utils
+    from spmd_course import utils
     source = Path(utils.__file__).read_text(encoding="utf-8")
     block = next(node for node in ast.parse(source).body
                  if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
     seen: dict = {}
-    exec(compile(ast.Module(block.body, type_ignores=[]), utils.__file__, "exec"), {"__package__": "utils"}, seen)
+    exec(compile(ast.Module(block.body, type_ignores=[]), utils.__file__, "exec"),
+         {"__package__": "spmd_course.utils"}, seen)
     assert {"setup_devices", "draw_sharding", "collectives", "estimate_step"} <= set(seen)
     assert utils.__all__ == sorted(seen)
     for name, value in seen.items():
-        module = importlib.import_module(f"utils.{utils._MODULE_OF[name]}")
+        module = importlib.import_module(f"spmd_course.utils.{utils._MODULE_OF[name]}")
         assert getattr(utils, name) is value is getattr(module, name), name
 
 
@@ -547,7 +550,7 @@ def test_setup_cell_fetches_the_course_whole_into_a_lone_folder(tmp_path, monkey
                                                                                     env.requires("jax")):
         pytest.skip("this environment lacks course requirements: the installer would change it")
     work = tmp_path / "content"
-    (work / "spmd-course" / "utils").mkdir(parents=True)  # what an interrupted earlier clone left
+    (work / "spmd-course" / "src").mkdir(parents=True)  # what an interrupted earlier clone left
     (work / "spmd-course.tmp").mkdir()
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
@@ -558,11 +561,12 @@ def test_setup_cell_fetches_the_course_whole_into_a_lone_folder(tmp_path, monkey
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell(FAKE_COLAB),
         nbformat.v4.new_code_cell(setup_source()),
-        nbformat.v4.new_code_cell("import utils, jax\nprint(utils.__file__, jax.device_count())"),
+        nbformat.v4.new_code_cell("import jax\nfrom spmd_course import utils\n"
+                                  "print(utils.__file__, jax.device_count())"),
     ])
     NotebookClient(nb, timeout=300, startup_timeout=180,  # a kernel starts slowly on a loaded 2-core machine
                    kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
-    assert f"{work}/spmd-course/utils/__init__.py 8" in _cell_text(nb.cells[2])
+    assert f"{work}/spmd-course/src/spmd_course/utils/__init__.py 8" in _cell_text(nb.cells[2])
     assert "launch:" not in _cell_text(nb.cells[1]) and not (tmp_path / "pip.log").exists(), "no pip call"
     assert f"https://github.com/{REPO} spmd-course.tmp" in (work / "spmd-course" / ".cloned-with").read_text()
     assert not (work / "spmd-course.tmp").exists() and (work / "spmd-course" / "pyproject.toml").is_file()
@@ -724,7 +728,8 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
     monkeypatch.setenv("PIP_NO_COMPILE", "1")  # faster; the installed files are the same
     work = tmp_path / "content"
     work.mkdir()
-    check = "import jax, utils\nprint('jax', jax.__version__, 'devices', jax.device_count(), utils.__file__)"
+    check = ("import jax\nfrom spmd_course import utils\n"
+             "print('jax', jax.__version__, 'devices', jax.device_count(), utils.__file__)")
 
     def run(*cells):
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
@@ -755,13 +760,13 @@ def test_setup_cell_in_a_colab_like_runtime(tmp_path, monkeypatch, request):
 
     # 2. after the restart: a new kernel runs the same cell, everything is satisfied, pip is not called
     log_size = pip_log.stat().st_size
-    tpu_and_widgets = ("from utils.tpu import tpu_compiler_available\nprint(tpu_compiler_available())\n"
-                       "from utils.explorer import explore\nexplore()")
+    tpu_and_widgets = ("from spmd_course.utils.tpu import tpu_compiler_available\nprint(tpu_compiler_available())\n"
+                       "from spmd_course.utils.explorer import explore\nexplore()")
     cells = run(FAKE_COLAB, setup_source(), check, tpu_and_widgets)
     assert not [o for c in cells for o in c.outputs if o["output_type"] == "error"], cells
     assert "launch:" not in _cell_text(cells[1]) and pip_log.stat().st_size == log_size, "no pip call"
     assert "Untested versions" not in _cell_text(cells[1])
-    assert f"jax 0.12.0.1 devices 8 {work}/spmd-course/utils/__init__.py" in _cell_text(cells[2])
+    assert f"jax 0.12.0.1 devices 8 {work}/spmd-course/src/spmd_course/utils/__init__.py" in _cell_text(cells[2])
     assert "(True, 'libtpu 0.0.50.1 compiles for TPU topologies" in _cell_text(cells[3])
     views = [o for o in cells[3].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert len(views) == 1 and views[0]["data"]["application/vnd.jupyter.widget-view+json"]["version_major"] == 2
@@ -790,12 +795,11 @@ def test_freeze_at_exit_registers_once_and_freezes_the_collector_when_the_proces
     code = (
         "import atexit, gc, sys\n"
         "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))  # runs after freeze_at_exit's\n"
-        "from utils import launch\n"
+        "from spmd_course.utils import launch\n"
         "first, again = launch.freeze_at_exit(), launch.freeze_at_exit()\n"
         "atexit.register(lambda: print('frozen before it:', gc.get_freeze_count() > 0))\n"
         "print('registered:', first, again, gc.get_freeze_count())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["registered: True False 0", "frozen before it: False", "frozen at exit: True"]

@@ -8,7 +8,15 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from course_support import V5E_ORDER, v5e_ordered_mesh
-from utils.layout import as_layout, check_spec, pending_marker, short_dtype, spec_entries, tiles, type_string
+from spmd_course.utils.layout import (
+    as_layout,
+    check_spec,
+    pending_marker,
+    short_dtype,
+    spec_entries,
+    tiles,
+    type_string,
+)
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 MESH3 = jax.make_mesh((2, 2, 2), ("data", "model", "pipeline"), axis_types=(AxisType.Auto,) * 3)

@@ -9,8 +9,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from course_support import extents, label_boxes, patches, tile_labels  # the same ways of measuring a picture
-from notebooks.matmul_pictures import draw_matmul, matmul_traffic
-from utils.inspecting import collectives
+from spmd_course.matmul_pictures import draw_matmul, matmul_traffic
+from spmd_course.utils.inspecting import collectives
 
 MESH = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 MESH3 = jax.make_mesh((2, 2, 2), ("pod", "data", "model"), axis_types=(AxisType.Auto,) * 3)

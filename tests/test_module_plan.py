@@ -7,8 +7,8 @@ import jax
 import pytest
 from flax import nnx
 
-from utils import module_plan
-from utils.module_plan import (
+from spmd_course.utils import module_plan
+from spmd_course.utils.module_plan import (
     AS_WRITTEN,
     LOGICAL_RULES,
     ModuleModel,
@@ -17,9 +17,9 @@ from utils.module_plan import (
     module_specs,
     plan_module,
 )
-from utils.planner import Candidate
-from utils.timing import CHIPS
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.planner import Candidate
+from spmd_course.utils.timing import CHIPS
+from spmd_course.utils.tpu import tpu_compiler_available
 
 SEQ, VOCAB = 128, 512
 
@@ -104,7 +104,7 @@ def test_the_guess_charges_micro_steps_and_tensor_traffic():
 
 @pytest.mark.usefixtures("tpu_compiler")
 def test_candidates_are_compiled_ranked_and_explained(monkeypatch):
-    from utils import planner
+    from spmd_course.utils import planner
 
     arguments, compile_at = {}, planner._compile  # plan_module compiles through the planner's own compile
 
@@ -154,7 +154,7 @@ def test_the_shared_optimizer_clips_and_decays_the_weights():
     import jax.numpy as jnp
     import optax
 
-    from utils.train_step import optimizer
+    from spmd_course.utils.train_step import optimizer
 
     tx, params = optimizer(1e-3), {"w": jnp.ones(3)}
     decay, _ = tx.update({"w": jnp.zeros(3)}, tx.init(params), params)

@@ -13,7 +13,7 @@ import sys
 import nbformat
 import pytest
 
-from tools.course import BADGES_LINE, ROOT, badges_markdown, notebooks, setup_source
+from spmd_course.course import BADGES_LINE, ROOT, badges_markdown, notebooks, setup_source
 
 NOTEBOOKS = notebooks()
 IDS = [p.name for p in NOTEBOOKS]
@@ -50,7 +50,7 @@ def test_title_with_badges_then_the_shared_setup_cell(path):
     assert cells[1]["metadata"] == HIDDEN, "the setup cell's source is out of sight in JupyterLab, Colab and the book"
 
 
-# What tools.course.HIDDEN_CELL writes into a notebook: JupyterLab, Colab and MyST-NB each hide the source.
+# What spmd_course.course.HIDDEN_CELL writes into a notebook: JupyterLab, Colab and MyST-NB each hide the source.
 HIDDEN = {"colab": {"cellView": "form"}, "jupyter": {"source_hidden": True}, "tags": ["hide-input"]}
 
 

@@ -10,12 +10,20 @@ import math
 
 import pytest
 
-from utils import planner
-from utils.planner import AXES_CHOICES, Candidate, activation_bytes, candidates, guess_seconds, plan, state_bytes
-from utils.published_rows import maxtext_flops_per_device
-from utils.timing import CHIPS
-from utils.tpu import tpu_compiler_available
-from utils.train_step import AXES, REMAT_POLICIES, DecoderConfig
+from spmd_course.utils import planner
+from spmd_course.utils.planner import (
+    AXES_CHOICES,
+    Candidate,
+    activation_bytes,
+    candidates,
+    guess_seconds,
+    plan,
+    state_bytes,
+)
+from spmd_course.utils.published_rows import maxtext_flops_per_device
+from spmd_course.utils.timing import CHIPS
+from spmd_course.utils.tpu import tpu_compiler_available
+from spmd_course.utils.train_step import AXES, REMAT_POLICIES, DecoderConfig
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +115,7 @@ def test_the_formula_lets_the_v5p_published_plans_through_and_stays_below_the_co
     import json
     from pathlib import Path
 
-    from utils.published_rows import ROWS
+    from spmd_course.utils.published_rows import ROWS
 
     allocated = json.loads((Path(__file__).resolve().parent.parent / "data" / "published_rows" / "index.json")
                            .read_text())
@@ -199,7 +207,7 @@ def test_the_paper_guess_compiles_maxtexts_8b_plan_before_minimal_remat_in_four_
     is guessed faster than minimal remat in 4 micro-steps of one sequence with 2-way tensor parallelism (the
     compiled estimates agree: 3.45 s against 3.79 s), because the per-micro-step terms (the reduce-scatter,
     the all-reduces, the weights and optimizer read) are paid 4 times; compute alone orders them the other way."""
-    from utils.stored_plans import LLAMA3_8B
+    from spmd_course.utils.stored_plans import LLAMA3_8B
 
     chip = CHIPS["v5e"]
     flops = maxtext_flops_per_device(LLAMA3_8B, per_device_batch=4, formula=planner.MFU_FORMULA)
@@ -215,8 +223,8 @@ def test_state_over_hbm_is_refused_without_compiling(monkeypatch):
     def no_compiles(*args, **kwargs):
         raise AssertionError("compiled a candidate whose state exceeds HBM")
 
-    monkeypatch.setattr("utils.train_step.lower_train_step", no_compiles)
-    monkeypatch.setattr("utils.train_step.make_mesh", no_compiles)
+    monkeypatch.setattr("spmd_course.utils.train_step.lower_train_step", no_compiles)
+    monkeypatch.setattr("spmd_course.utils.train_step.make_mesh", no_compiles)
     ranking = plan(HUGE, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 2048, remats=("full",))
     assert len(ranking) > 0 and all(p.status == "refused" and not p.compiled for p in ranking)
     assert all(p.formula_bytes > CHIPS["v5e"].hbm_bytes for p in ranking)
@@ -229,7 +237,7 @@ def test_state_over_hbm_is_refused_without_compiling(monkeypatch):
 def test_activations_over_hbm_are_pruned_without_compiling(monkeypatch):
     """Small state, but remat 'none' with 32k-token sequences keeps 32k x 32k scores per head: pruned by formula."""
     long = dataclasses.replace(TINY, seq_len=32768)
-    monkeypatch.setattr("utils.train_step.lower_train_step", lambda *a, **k: pytest.fail("compiled"))
+    monkeypatch.setattr("spmd_course.utils.train_step.lower_train_step", lambda *a, **k: pytest.fail("compiled"))
     ranking = plan(long, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 32768, remats=("none",),
                    meshes=[(1, 8, 1)])
     (only,) = ranking
@@ -336,7 +344,7 @@ def test_bad_context_input_names_the_fix(kwargs, message):
 
 
 def test_the_builders_context_axis_refuses_what_it_cannot_split():
-    from utils.train_step import Parallelism
+    from spmd_course.utils.train_step import Parallelism
 
     with pytest.raises(ValueError, match="ici_context=3 x ici_expert=1 does not divide the 8 chips"):
         Parallelism(ici_context=3).resolve(8, 1)
@@ -345,7 +353,7 @@ def test_the_builders_context_axis_refuses_what_it_cannot_split():
 
 @needs_tpu_compiler
 def test_the_builders_context_axis_names_the_fix():
-    from utils.train_step import Parallelism, lower_train_step, make_mesh
+    from spmd_course.utils.train_step import Parallelism, lower_train_step, make_mesh
 
     mesh = make_mesh("v5e:2x4", Parallelism(ici_fsdp=1, ici_context=8))
     assert mesh.axis_names == ("data", "fsdp", "context", "tensor")
@@ -422,7 +430,7 @@ def test_bad_expert_input_names_the_fix(model, mesh, message):
 
 @needs_tpu_compiler
 def test_the_builders_expert_axis_names_the_fix():
-    from utils.train_step import Parallelism, lower_train_step, make_mesh
+    from spmd_course.utils.train_step import Parallelism, lower_train_step, make_mesh
 
     mesh = make_mesh("v5e:2x4", Parallelism(ici_fsdp=2, ici_expert=4))
     assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
@@ -447,7 +455,7 @@ def test_an_expert_plan_is_compiled_with_its_all_to_alls_timed():
 
 @needs_tpu_compiler
 def test_a_mesh_axis_of_8_on_a_4x4_torus_is_laid_out_only_by_splitting_a_torus_axis():
-    from utils.train_step import Parallelism, make_mesh
+    from spmd_course.utils.train_step import Parallelism, make_mesh
 
     with pytest.raises(NotImplementedError):
         make_mesh("v5e:4x4", Parallelism(ici_fsdp=8, ici_tensor=2))
@@ -549,18 +557,18 @@ def test_bad_stage_input_names_the_fix(kwargs, message):
 def test_a_stage_plan_compiles_one_stage_and_is_timed_as_a_pipeline(monkeypatch):
     """Two O0 compiles of one stage (1 of 2 layers) on the 4 chips of its half of v5e:2x4: HBM the compiler's plus
     GPipe's micro-batches in flight, the step estimate_pipeline's, the bubble named in the table and in why."""
-    import utils.train_step
-    from utils.stages import estimate_pipeline
+    import spmd_course.utils.train_step
+    from spmd_course.utils.stages import estimate_pipeline
 
     two = dataclasses.replace(TINY, num_layers=2)
     built = []
-    real = utils.train_step.lower_train_step
+    real = spmd_course.utils.train_step.lower_train_step
 
     def recording(cfg, mesh, **kwargs):
         built.append((cfg.num_layers, mesh.size, kwargs["per_device_batch"]))
         return real(cfg, mesh, **kwargs)
 
-    monkeypatch.setattr("utils.train_step.lower_train_step", recording)
+    monkeypatch.setattr("spmd_course.utils.train_step.lower_train_step", recording)
     ranking = plan(two, chip="v5e", topology="v5e:2x4", global_batch_tokens=16 * 128, remats=("full",),
                    meshes=[(1, 4, 1, 1, 1, 2)], axes=STAGE, max_compiles=2, effort="O0")
     assert sorted(built) == [(1, 4, 1), (1, 4, 2)]  # one stage's layer on a stage's chips, each micro-batch
@@ -640,8 +648,8 @@ def test_hbm_is_the_compilers(searched):
 @needs_tpu_compiler
 def test_below_the_default_effort_times_are_the_roofline(searched):
     """O0's per-matmul cycle counts are not a run's: an O0 plan is timed with use_cycles=False."""
-    from utils.timing import estimate_step
-    from utils.train_step import make_mesh
+    from spmd_course.utils.timing import estimate_step
+    from spmd_course.utils.train_step import make_mesh
 
     ranking, log = searched
     assert "roofline only" in str(ranking).splitlines()[0]

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from tools.course import ROOT
-from utils import stored_plans
-from utils.planner import candidates
-from utils.published_rows import ROWS
+from spmd_course.course import ROOT
+from spmd_course.utils import stored_plans
+from spmd_course.utils.planner import candidates
+from spmd_course.utils.published_rows import ROWS
 
 _spec = importlib.util.spec_from_file_location("plans_tool", ROOT / "tools" / "plans.py")
 plans_tool = sys.modules["plans_tool"] = importlib.util.module_from_spec(_spec)  # tools/ is not a package
@@ -127,7 +127,7 @@ def test_a_stored_entry_is_computed_again_the_same(capsys):
 
     import jax
 
-    from utils.tpu import tpu_compiler_available
+    from spmd_course.utils.tpu import tpu_compiler_available
 
     ok, why = tpu_compiler_available()
     if not ok:

@@ -1,4 +1,4 @@
-"""notebooks/scripts/launcher.py: workers run together, the first failure stops them all, and nothing is left behind.
+"""spmd_course.scripts.launcher: workers run together, the first failure stops them all, and nothing is left behind.
 
 The failures are provoked for real: a worker that exits with an error, one killed by a signal, one that
 ignores SIGTERM, one that starts a child of its own, a run that never ends, a parent killed with
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from notebooks.scripts.launcher import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
-from tools.course import ROOT
+from spmd_course.course import ROOT
+from spmd_course.scripts import spmd_worker
+from spmd_course.scripts.launcher import WorkerOutput, WorkersFailed, free_loopback_port, run_workers, still_running
 
 PY = sys.executable
 LINUX = sys.platform.startswith("linux")
@@ -282,8 +283,7 @@ def _parent_running(commands: list[list[str]], pid_files: list[Path], *, interru
     script = textwrap.dedent(f"""
         import signal, sys
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.path.insert(0, {str(ROOT)!r})
-        from notebooks.scripts.launcher import run_workers
+        from spmd_course.scripts.launcher import run_workers
         run_workers({commands!r}, env={env!r}, timeout=600)
     """)
     parent = subprocess.Popen([PY, "-c", script], stderr=subprocess.PIPE, text=True,
@@ -320,32 +320,31 @@ def test_an_interrupted_parent_stops_its_workers(tmp_path):
 
 # --- the multi-host script itself, two JAX processes, and each fault of a real job ---------------------------
 
-SCRIPT = ROOT / "notebooks" / "scripts" / "spmd_worker.py"
+SCRIPT = Path(spmd_worker.__file__)
 JAX_ENV = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
 # Runs the course's script with one fault. It prints "FAULT <time>" at the moment of the fault, so that a
 # test can time the launcher from there: starting JAX takes seconds, more on a loaded machine.
-FAULTY = textwrap.dedent(f"""
+FAULTY = textwrap.dedent("""
     import functools, os, pathlib, signal, sys, threading, time
-    sys.path.insert(0, {str(SCRIPT.parent)!r})
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
-    import spmd_worker as worker
+    from spmd_course.scripts import spmd_worker as worker
 
     fault = sys.argv.pop(1)
     process = int(sys.argv[sys.argv.index("--process-id") + 1])
     shared = pathlib.Path(sys.argv[sys.argv.index("--shared-dir") + 1])
 
     def mark():
-        print(f"FAULT {{time.time()}}", file=sys.stderr, flush=True)
+        print(f"FAULT {time.time()}", file=sys.stderr, flush=True)
 
     # Short limits, so that the tests can time what the defaults (minutes) would do.
-    limits = {{"lone": {{"heartbeat_timeout_seconds": 3}}, "shutdown": {{"shutdown_timeout_seconds": 5}}}}
-    jax.distributed.initialize = functools.partial(jax.distributed.initialize, **limits.get(fault, {{}}))
+    limits = {"lone": {"heartbeat_timeout_seconds": 3}, "shutdown": {"shutdown_timeout_seconds": 5}}
+    jax.distributed.initialize = functools.partial(jax.distributed.initialize, **limits.get(fault, {}))
 
     def after_initialize(*args):  # replaces train(), the first thing main() does once the processes joined
         if fault == "wait":  # every process
-            (shared / f"pid{{process}}").write_text(str(os.getpid()))
+            (shared / f"pid{process}").write_text(str(os.getpid()))
             time.sleep(600)
         if fault == "first" and process == 0:  # the first collective of the job, which process 1 never calls
             mark()
@@ -463,11 +462,6 @@ def test_sys_exit_after_initialize_ends_the_run_at_once_with_its_status(tmp_path
                                              (SystemExit("raise ROWS"), 1), (RuntimeError("x"), 1),
                                              (KeyboardInterrupt(), 1)])
 def test_exit_status_is_the_one_python_gives(err, status):
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import spmd_worker
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
     assert spmd_worker.exit_status(err) == status
 
 
@@ -648,8 +642,8 @@ def test_a_jupyter_kernel_restart_leaves_no_worker(tmp_path):
 
     pids = [tmp_path / f"worker{i}" for i in range(2)]
     worker = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(120)"
-    cell = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from notebooks.scripts.launcher import run_workers\n"
+    cell = ("import sys\n"
+            "from spmd_course.scripts.launcher import run_workers\n"
             f"run_workers([[sys.executable, '-c', {worker!r}, {str(pids[0])!r}], "
             f"[sys.executable, '-c', {worker!r}, {str(pids[1])!r}]], timeout=120)")
     km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from utils.effort import compile_effort
-from utils.inspecting import memory_per_device
-from utils.published_rows import (
+from spmd_course.utils.effort import compile_effort
+from spmd_course.utils.inspecting import memory_per_device
+from spmd_course.utils.published_rows import (
     FORMULAS,
     MISSES,
     ROWS,
@@ -25,8 +25,8 @@ from utils.published_rows import (
     maxtext_flops_per_device,
     save_program,
 )
-from utils.tpu import tpu_compiler_available
-from utils.train_step import DecoderConfig, Parallelism, lower_train_step, make_mesh
+from spmd_course.utils.tpu import tpu_compiler_available
+from spmd_course.utils.train_step import DecoderConfig, Parallelism, lower_train_step, make_mesh
 
 
 @pytest.fixture

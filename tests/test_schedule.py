@@ -1,4 +1,4 @@
-"""utils.schedule: a compiled train step as its sequence of matmuls and collectives.
+"""spmd_course.utils.schedule: a compiled train step as its sequence of matmuls and collectives.
 
 CPU programs of the usual layouts (data parallel, tensor parallel, FSDP, a 2-D mesh), the same on a mesh of
 reversed devices, every replica-group spelling in HLO text, and a TPU v5e:2x4 program compiled ahead of time
@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import schedule
+from spmd_course.utils import schedule
 
 
 def _step(w1, w2, x):

@@ -1,4 +1,4 @@
-"""utils.stages: a pipeline's step estimated from one compiled stage (the planner's `stage` axis, an estimate).
+"""spmd_course.utils.stages: a pipeline's step from one compiled stage (the planner's `stage` axis, an estimate).
 
 Arithmetic checked against notebook 16's loop (M + P - 1 iterations, two sends each), bad input, and one O0
 compile of a stage on v5e:2x2 (skipped without libtpu)."""
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from utils.stages import PipelineEstimate, estimate_pipeline, stage_layers
-from utils.timing import CHIPS
-from utils.tpu import tpu_compiler_available
+from spmd_course.utils.stages import PipelineEstimate, estimate_pipeline, stage_layers
+from spmd_course.utils.timing import CHIPS
+from spmd_course.utils.tpu import tpu_compiler_available
 
 V5E = CHIPS["v5e"]
 MIB = 2**20
@@ -59,9 +59,9 @@ def test_a_compiled_stage_gives_the_estimate():
     ok, why = tpu_compiler_available()
     if not ok:
         pytest.skip(why)
-    from utils.planner import _compile
-    from utils.timing import estimate_step
-    from utils.train_step import DecoderConfig, Parallelism, lower_train_step, make_mesh
+    from spmd_course.utils.planner import _compile
+    from spmd_course.utils.timing import estimate_step
+    from spmd_course.utils.train_step import DecoderConfig, Parallelism, lower_train_step, make_mesh
 
     model = DecoderConfig(num_layers=8, d_model=256, num_heads=4, head_dim=64, d_ff=512, vocab_size=512, seq_len=128)
     stage = dataclasses.replace(model, num_layers=stage_layers(model.num_layers, 2))

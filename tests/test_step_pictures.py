@@ -1,4 +1,4 @@
-"""utils.step_pictures: the timeline and the roofline of an estimated step.
+"""spmd_course.utils.step_pictures: the timeline and the roofline of an estimated step.
 
 Most tests draw a hand-made estimate, so each expected box and point is known; one draws a real program
 compiled for 8 CPU devices.
@@ -12,8 +12,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from matplotlib.colors import to_rgba
 
-from utils.step_pictures import draw_plans, draw_roofline, draw_timeline, op_label
-from utils.timing import CHIPS, StepEstimate, TimedOp, estimate_step
+from spmd_course.utils.step_pictures import draw_plans, draw_roofline, draw_timeline, op_label
+from spmd_course.utils.timing import CHIPS, StepEstimate, TimedOp, estimate_step
 
 V5E = CHIPS["v5e"]
 MS = 1e-3
@@ -189,8 +189,8 @@ def test_colour_means_device_so_the_plans_are_greys_and_markers():
 
 
 def test_draw_plans_takes_a_ranking_and_refuses_anything_else():
-    from utils.planner import plan
-    from utils.train_step import DecoderConfig
+    from spmd_course.utils.planner import plan
+    from spmd_course.utils.train_step import DecoderConfig
 
     tiny = DecoderConfig(num_layers=1, d_model=256, num_heads=4, head_dim=64, d_ff=512, vocab_size=512, seq_len=128)
     ranking = plan(tiny, chip="v5e", topology="v5e:2x4", global_batch_tokens=8 * 128, remats=("full",),

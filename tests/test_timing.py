@@ -1,4 +1,4 @@
-"""utils.timing: the step-time model read op by op from compiled programs.
+"""spmd_course.utils.timing: the step-time model read op by op from compiled programs.
 
 Small programs: CPU (8 simulated devices) and TPU topologies compiled ahead of time (v5e:2x4, v5e:4x4,
 v5e:16x16, two v5e:16x16 slices, v5p, v6e; skipped where libtpu is absent). Every expected figure is
@@ -12,9 +12,9 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import collectives
-from utils.capture import quiet
-from utils.timing import CHIPS, StepEstimate, chip_of, collective_seconds, estimate_step
+from spmd_course.utils import collectives
+from spmd_course.utils.capture import quiet
+from spmd_course.utils.timing import CHIPS, StepEstimate, chip_of, collective_seconds, estimate_step
 
 V5E = CHIPS["v5e"]
 BF16 = jnp.bfloat16
@@ -23,7 +23,7 @@ BF16 = jnp.bfloat16
 def _topology(name, **kwargs):
     from jax.experimental import topologies
 
-    from utils.tpu import tpu_compiler_available
+    from spmd_course.utils.tpu import tpu_compiler_available
 
     ok, why = tpu_compiler_available()
     if not ok:
@@ -322,7 +322,7 @@ def test_bad_input_gets_clear_errors():
 def test_the_walk_reads_each_group_spelling_whole():
     """estimate_step caches a collective's links by the spelling of its groups, so that spelling must be read whole
     (two different groups must never share a key): every form inspecting._groups reads."""
-    from utils.timing import _GROUP_SPEC
+    from spmd_course.utils.timing import _GROUP_SPEC
 
     for spec in ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}",
                  "replica_groups=mesh['axis_0'=4,'axis_1'=2], device_ids=([4,2]T(1,0)) {'axis_0'}",

@@ -14,10 +14,11 @@ import pytest
 from jupytext.formats import guess_format
 
 from course_support import find_uv
-from tools import notebooks as tool  # not `import notebooks`: that name is the notebooks/ package
-from tools.course import HIDDEN_CELL, ROOT, notebooks, setup_source
+from course_support import tool as load_tool
+from spmd_course.course import HIDDEN_CELL, ROOT, notebooks, setup_source
 
 TOOLS = ROOT / "tools" / "notebooks.py"
+tool = load_tool("notebooks")
 
 NOTEBOOKS = notebooks()
 IDS = [p.name for p in NOTEBOOKS]
@@ -173,7 +174,7 @@ def _pins(python: str, platform: str = "linux") -> dict[str, str]:
            "implementation_name": "cpython"}
     pins = {}
     for line in (ROOT / "requirements.txt").read_text().splitlines():
-        if line and not line.startswith((" ", "#")):
+        if line and not line.startswith((" ", "#", "-e ")):  # -e .: the course's own package, not a pin
             req = Requirement(line)
             if req.marker is None or req.marker.evaluate(env):
                 assert req.name not in pins, f"two lines for {req.name} on Python {python}"
@@ -183,7 +184,7 @@ def _pins(python: str, platform: str = "linux") -> dict[str, str]:
 
 @pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
 def test_requirements_txt_holds_each_line_and_what_make_lab_and_make_test_need(python):
-    from utils.launch import requirements
+    from spmd_course.utils.launch import requirements
 
     pins = _pins(python)
     line = {str(r.name): str(r.specifier).removeprefix("==")
@@ -200,6 +201,7 @@ def test_requirements_txt_holds_each_line_and_what_make_lab_and_make_test_need(p
                 assert pins[req.name] == str(req.specifier).removeprefix("=="), f"{group}: {entry}"
     assert "libtpu" not in _pins(python, "darwin"), "libtpu has Linux wheels only"
     assert not {"torch", "torch-xla", "sphinx", "myst-nb"} & pins.keys(), "notebook 22's and the book's stay out"
+    assert "-e ." in (ROOT / "requirements.txt").read_text().splitlines(), "pip installs the course's package too"
 
 
 def _make(*args):

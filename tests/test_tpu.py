@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from jax.experimental import topologies
 
-import utils.tpu
-from utils.tpu import tpu_compiler_available
+import spmd_course.utils.tpu
+from spmd_course.utils.tpu import tpu_compiler_available
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 SET_HERE = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_MIN_LOG_LEVEL", "TPU_LOG_DIR")  # a fresh process starts without them
@@ -38,8 +38,8 @@ COMPILE_AFTER_ASKING = textwrap.dedent("""
     import os
     import jax, numpy as np
     from jax.experimental import topologies
-    from utils.capture import quiet
-    from utils.tpu import tpu_compiler_available
+    from spmd_course.utils.capture import quiet
+    from spmd_course.utils.tpu import tpu_compiler_available
 
     ok = tpu_compiler_available()[0]
     with quiet():
@@ -59,7 +59,6 @@ def _libtpu_logs() -> set[str]:
 def _new_logs_of_a_fresh_compile(cwd: Path, **env_vars: str) -> tuple[set[str], str, str]:
     """Run COMPILE_AFTER_ASKING in a fresh process; the log files that appeared meanwhile with its process id."""
     env = {k: v for k, v in os.environ.items() if k not in SET_HERE} | env_vars
-    env["PYTHONPATH"] = str(Path(utils.tpu.__file__).resolve().parent.parent)
     before = _libtpu_logs()  # process ids are reused: a file an older process left counts as before
     out = subprocess.run([sys.executable, "-c", COMPILE_AFTER_ASKING], env=env, cwd=cwd, capture_output=True,
                          text=True, timeout=300)
@@ -90,20 +89,20 @@ def test_log_level_set_before_libtpu_loads(monkeypatch, given, expected):
         monkeypatch.delenv(name, raising=False)
     for name, value in given.items():
         monkeypatch.setenv(name, value)
-    utils.tpu._set_log_level()
+    spmd_course.utils.tpu._set_log_level()
     assert os.environ["TPU_MIN_LOG_LEVEL"] == expected
 
 
 def test_reason_when_libtpu_is_missing(fresh_answer, monkeypatch):
-    monkeypatch.setattr(utils.tpu.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(utils.tpu.sys, "platform", "linux")
+    monkeypatch.setattr(spmd_course.utils.tpu.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(spmd_course.utils.tpu.sys, "platform", "linux")
     assert tpu_compiler_available() == (False, "no TPU compiler here: libtpu is not installed (pip install "
                                                "'jax[tpu]' installs the libtpu that matches this jax)")
 
 
 def test_reason_on_macos(fresh_answer, monkeypatch):
-    monkeypatch.setattr(utils.tpu.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(utils.tpu.sys, "platform", "darwin")
+    monkeypatch.setattr(spmd_course.utils.tpu.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(spmd_course.utils.tpu.sys, "platform", "darwin")
     assert tpu_compiler_available() == (
         False, "no TPU compiler here: libtpu is published for Linux only, and this is macOS")
 
@@ -125,8 +124,8 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from jax.experimental import topologies
     from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
-    from utils.capture import quiet
-    from utils.inspecting import collectives
+    from spmd_course.utils.capture import quiet
+    from spmd_course.utils.inspecting import collectives
 
     def compile_for_topology():
         topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
@@ -144,7 +143,7 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed here")
 def test_compiling_for_a_topology_under_quiet_leaves_no_libtpu_warnings():
     """In a fresh process, where libtpu prints its start-up warnings (once per process)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=os.getcwd())
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120,
                          check=True)
     assert run.stderr == ""

@@ -7,17 +7,17 @@ needed) and checks those facts on the TPU program; where a notebook asserts a fa
 the TPU program differs, the test asserts the TPU's form. What it checks, and where each program comes from:
 
 - 02, 05 and 06: the notebooks' own programs (a constraint inside ``jit``, ``score``, ``chain``,
-  ``reshard_via``, a ``shard_map`` body), imported from ``notebooks/models.py`` (cells tagged ``save``);
+  ``reshard_via``, a ``shard_map`` body), imported from ``src/spmd_course/models.py`` (cells tagged ``save``);
   08: its modules, layouts and ``block_grads``, read from its source by ``from_notebook``;
 - 01, 05, 06 and 09's one-operator programs (a matmul, a sum, one collective): written here at the
   notebook's shapes and layouts, because the operator is the program (naming it would add nothing);
 - 07, 08, 09, 13: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
   own, read from its source by ``from_notebook`` (which follows 08's and 09's import of notebook 07's MLP
-  from ``notebooks/models.py``), the step is ``abstract_train_step`` below; 13's feed-forward block is the
+  from ``src/spmd_course/models.py``), the step is ``abstract_train_step`` below; 13's feed-forward block is the
   notebook's too (its wide gradient-accumulation steps, whose HBM the notebook reads stored, are compiled in
   ``tests/test_13_sequence_batch.py``);
 - 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
-  notebook's code (its model from ``notebooks/models.py``, the rest read from its source);
+  notebook's code (its model from ``src/spmd_course/models.py``, the rest read from its source);
 - 12: none here; its wide TPU programs, whose figures the notebook reads stored, are compiled with the
   notebook's own code in ``tests/test_12_training_memory.py`` (with the checks that were here);
 - 15: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: three at a real width (the five at its own
@@ -51,7 +51,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from course_support import from_notebook, notebook_11
-from utils import collectives, compile_effort, compile_with_log, memory_per_device, quiet
+from spmd_course.utils import collectives, compile_effort, compile_with_log, memory_per_device, quiet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -179,7 +179,7 @@ def test_02_sharded_creation_writes_one_block_per_chip(chips):
 
 
 def test_02_uneven_split_inside_jit_is_padded_and_summed_once(chips):
-    from notebooks.models import sum_of_cosines  # notebook 02's
+    from spmd_course.models import sum_of_cosines  # notebook 02's
 
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     uneven = NamedSharding(mesh, P("data"))
@@ -223,7 +223,7 @@ def test_05_which_tool_reshards_on_which_axis_type(chips):
 
 
 def test_05_a_constraint_splits_a_batch_that_arrives_unplaced(chips):
-    from notebooks.models import score  # notebook 05's
+    from spmd_course.models import score  # notebook 05's
 
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     w, batch = struct((256, 16), mesh, P()), jax.ShapeDtypeStruct((128, 256), jnp.float32)  # a NumPy batch
@@ -246,7 +246,7 @@ def test_05_out_shardings_delivers_the_layout_asked_for(chips):
 
 
 def test_05_pinning_the_hidden_activation_moves_activations_not_a_weight(chips):
-    from notebooks.models import chain  # notebook 05's
+    from spmd_course.models import chain  # notebook 05's
 
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     x = struct((128, 512), mesh, P("data", None))
@@ -259,7 +259,7 @@ def test_05_pinning_the_hidden_activation_moves_activations_not_a_weight(chips):
 
 
 def test_05_a_waypoint_gathers_only_the_kept_columns(chips):
-    from notebooks.models import reshard_via  # notebook 05's
+    from spmd_course.models import reshard_via  # notebook 05's
 
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     x, target = struct((128, 512), mesh, P("data", None)), NamedSharding(mesh, P(None, "model"))
@@ -278,8 +278,8 @@ REMATERIALIZING_ON_TPU = """
 import numpy as np, jax
 from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
-from notebooks.models import reshard_via
-from utils import compile_with_log, tpu_compiler_available
+from spmd_course.models import reshard_via
+from spmd_course.utils import compile_with_log, tpu_compiler_available
 tpu_compiler_available()
 topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
 mesh = Mesh(np.array(topo.devices).reshape(4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
@@ -367,7 +367,7 @@ def test_06_all_gather_and_psum_scatter(chips):
 
 
 def test_06_partly_manual_and_in_specs_on_an_auto_mesh(chips):
-    from notebooks.models import sums_of_product  # notebook 06's
+    from spmd_course.models import sums_of_product  # notebook 06's
 
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"))
     x_rows, w = struct((16, 8), mesh, P("data", None)), struct((8, 16), mesh, P(None, "model"))
@@ -622,7 +622,7 @@ def _layouts_on_v5e_8x8(tpu_pod, names, sizes):
     chip)}. ``sizes``: a real width instead of the notebook's toy one (D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF,
     VOCAB, SEQ, BATCH), compiled at the least effort (minutes at the default for 64 chips). The five layouts
     at the notebook's own width, default effort, are compiled in tests/test_15_mesh_shape.py."""
-    from notebooks.models import MyTransformer
+    from spmd_course.models import MyTransformer
 
     size_names = ("D_MODEL", "NUM_LAYERS", "NUM_HEADS", "D_FF", "VOCAB", "SEQ", "BATCH")
     given = {"MyTransformer": MyTransformer, **dict(zip(size_names, sizes, strict=True))}
@@ -651,7 +651,7 @@ def test_15_model_parallel_layouts_in_tpu_hbm_at_a_real_width(tpu_pod):
 
 
 def test_reading_a_program_the_notebook_imports_gives_the_saved_one():
-    from notebooks import models
+    from spmd_course import models
 
     assert from_notebook("08", "MLP").MLP is models.MLP  # notebook 07's, as 08 imports it
     assert from_notebook("09", "MLP2D").MLP2D.__mro__[1] is models.MLP  # 09's subclass of it

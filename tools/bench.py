@@ -440,14 +440,13 @@ def summary(rows: list[dict]) -> str:
 
 def bench(paths: list[Path], memory: str = "auto") -> list[dict]:
     """Run each notebook, print the table, and return its rows."""
-    sys.path.insert(0, str(ROOT))
-    from tools.course import runnable_here
+    from spmd_course.course import runnable_here
 
     for skipped in [p for p in paths if not runnable_here(p)]:
         print(f"{skipped.name}: skipped, needs torch_xla (`make bench-xla` runs it in .venv-xla)")
     paths = [p for p in paths if runnable_here(p)]
     offline = _offline_prefix()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_NUM_CPU_DEVICES=os.environ.get("JAX_NUM_CPU_DEVICES", "8"))
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES=os.environ.get("JAX_NUM_CPU_DEVICES", "8"))
     cgroup = memory_cgroup() if memory in ("auto", "cgroup") else None
     if memory == "cgroup" and cgroup is None:
         raise SystemExit("bench: --memory cgroup, but no memory cgroup (v1 or v2) is writable here")
@@ -491,8 +490,7 @@ def main(args: list[str]) -> int:
     if ns.one is not None:
         print(json.dumps(run_one(ns.one, ns.join)))
         return 0
-    sys.path.insert(0, str(ROOT))
-    from tools.course import notebooks
+    from spmd_course.course import notebooks
 
     rows = bench([p for p in ns.notebooks if p.suffix == ".ipynb"] or notebooks(), ns.memory)
     return 1 if any(r["error"] for r in rows) else 0

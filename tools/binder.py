@@ -13,14 +13,11 @@ would replace the server Binder built. tests/test_launch.py checks that the file
 from __future__ import annotations
 
 import re
-import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from utils.launch import KERNEL_PACKAGES, RUNTIME_GROUPS, canonicalize_name, requirements  # noqa: E402
+from spmd_course.course import ROOT
+from spmd_course.utils.launch import KERNEL_PACKAGES, RUNTIME_GROUPS, canonicalize_name, requirements
 
 LINES = ("3.11", "3.12", "3.13")  # the supported Pythons (pyproject's requires-python)
 MACHINE = {  # the machine Binder builds for (binder/runtime.txt gives the Python)

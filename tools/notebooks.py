@@ -1,21 +1,21 @@
 #!/usr/bin/env python3
 """The two jobs jupytext and nbstripout do not do for this course.
 
-    python tools/notebooks.py stamp     # write tools/course.py's badges and setup cell into every notebook,
+    python tools/notebooks.py stamp     # write src/spmd_course/course.py's badges and setup cell into every notebook,
                                         # and hide the source of every code cell that opens with "# @title"
     python tools/notebooks.py readme    # rewrite README's table of notebooks
-    python tools/notebooks.py save      # write the cells tagged "save" to notebooks/models.py
+    python tools/notebooks.py save      # write the cells tagged "save" to src/spmd_course/models.py
 
 Each notebook ``notebooks/NN_name.ipynb`` is paired with ``notebooks/NN_name.py`` (percent format) by
 jupytext (``[tool.jupytext]`` in pyproject.toml); ``make sync`` pairs and strips them, and the
 pre-commit hooks do the same on every commit. ``stamp`` edits the ``.py`` sources (the launch badges
 under each title, the shared setup cell as the second cell) and then lets jupytext bring each
-``.ipynb`` up to date, so both stay paired. Run it after changing ``tools/course.py``.
+``.ipynb`` up to date, so both stay paired. Run it after changing ``src/spmd_course/course.py``.
 
 ``save`` keeps one copy of a program that several notebooks and tests use. A cell that defines it is
 tagged in its notebook (``# %% tags=["save"]`` in the ``.py`` source); ``save`` writes every tagged cell,
-in course order, to the module ``notebooks/models.py``, with the imports those cells need (taken from the
-notebook's own imports), and the others import it (``from notebooks.models import ...``). Run it after
+in course order, to the module ``src/spmd_course/models.py``, with the imports those cells need (taken from the
+notebook's own imports), and the others import it (``from spmd_course.models import ...``). Run it after
 editing a tagged cell; ``tests/test_saved_code.py`` fails while the module is out of date.
 """
 
@@ -28,10 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tools.course import HIDDEN_CELL, badges_markdown, notebooks, setup_source, title_and_promise  # noqa: E402
+from spmd_course.course import HIDDEN_CELL, ROOT, badges_markdown, notebooks, setup_source, title_and_promise
 
 CELL = re.compile(r"^# %%.*$", re.M)
 SETUP_N = re.compile(r"^SETUP = setup_devices\((\d+)\)$", re.M)
@@ -95,7 +92,7 @@ def readme() -> None:
     print(f"rewrote the table of {len(notebooks())} notebooks in README.md")
 
 
-SAVED = ROOT / "notebooks" / "models.py"
+SAVED = ROOT / "src" / "spmd_course" / "models.py"
 SAVE_TAG = "save"
 
 
@@ -174,7 +171,7 @@ def saved_cells(source: str, name: str) -> tuple[list[str], list[str]]:
 
 
 def saved_module(sources: dict[str, str]) -> str:
-    """The text of notebooks/models.py for {notebook source name: its percent-format text}, in that order."""
+    """The text of src/spmd_course/models.py for {notebook source name: its percent-format text}, in that order."""
     imports, parts, origins, owner = [], [], [], {}
     for name, text in sources.items():
         lines, cells = saved_cells(text, name)

@@ -37,13 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from utils.planner import find, plan, record, versus  # noqa: E402
-from utils.published_rows import ROWS, PublishedRow, maxtext_flops_per_device  # noqa: E402
-from utils.stored_plans import LLAMA2_70B, LLAMA3_8B, STORE  # noqa: E402
-from utils.train_step import REMAT_POLICIES  # noqa: E402
+from spmd_course.utils.planner import find, plan, record, versus
+from spmd_course.utils.published_rows import ROWS, PublishedRow, maxtext_flops_per_device
+from spmd_course.utils.stored_plans import LLAMA2_70B, LLAMA3_8B, STORE
+from spmd_course.utils.train_step import REMAT_POLICIES
 
 EFFORT = "O0"  # the least effort: 4-10x cheaper compiles; HBM reads high (nothing in VMEM), times are the roofline
 PUBLISHED_COMPILES = 4
