@@ -44,7 +44,7 @@ help:
 	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
 	@echo "make test-units     the fast tests in tests/ (make test without the notebooks)"
 	@echo "make published-rows MaxText's published rows compiled again at full size and checked against data/published_rows (minutes a row; UPDATE=1 stores them)"
-	@echo "make plans          the planner's rankings notebook 23 reads, compiled again at full size into data/plans (an hour or more; ONLY=name for one)"
+	@echo "make plans          the planner's rankings notebook 25 reads, compiled again at full size into data/plans (an hour or more; ONLY=name for one)"
 	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
 	@echo "make env            build or re-sync the environment;  make lint   ruff"
 	@echo "make sync           pair notebooks with their .py sources, strip outputs, write src/spmd_course/models.py;  make strip"
@@ -53,7 +53,7 @@ help:
 	@echo "make lock           re-resolve uv.lock after editing pyproject.toml (rewrites requirements.txt too)"
 	@echo "make requirements   rewrite requirements.txt (pip's view of uv.lock) and binder/requirements.txt"
 	@echo "make env-xla / test-xla / lab-xla / bench-xla / clean-xla"
-	@echo "                    notebook 22 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
+	@echo "                    notebook 24 (PyTorch/XLA) in its own environment, .venv-xla (~4 GB)"
 	@echo "make clean          remove the environments, caches and the built book (needs no Python, as help)"
 
 $(UV):
@@ -76,7 +76,7 @@ test: env
 	@$(BIN)/python -m pytest -m "not slow" $(XDIST) $(DURATIONS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo ">> pytest collected no tests: nothing was checked, which counts as a failure"; fi; \
 	if [ $$rc -eq 0 ] && [ ! -x $(XLA_BIN)/python ]; then \
-	  echo ">> notebook 22 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
+	  echo ">> notebook 24 (PyTorch/XLA) was not run: it needs its own 4 GB environment, 'make test-xla'"; fi; \
 	exit $$rc
 
 test-slow: env
@@ -90,7 +90,7 @@ test-slow: env
 published-rows: env
 	PUBLISHED_ROWS_UPDATE=$(UPDATE) $(BIN)/python -m pytest -m published -s $(PYTEST_ARGS) tests/test_published_rows.py
 
-# The planner's rankings that notebook 23 shows (utils.stored_plans): an 8B and a 70B model on v5e-256 and v5p-256,
+# The planner's rankings that notebook 25 shows (utils.stored_plans): an 8B and a 70B model on v5e-256 and v5p-256,
 # and every published MaxText row held against the planner, each a search with full-size TPU compiles at O0 (tens
 # of seconds of CPU each). Written to data/plans/plans.json as each entry finishes; `make plans ONLY=8b-v5e` redoes
 # one entry; make test-slow recomputes the cheapest stored entry and checks it.
@@ -138,14 +138,14 @@ bench: env
 
 # One page at a time: with -j, MyST-NB's processes race to create the execution cache's database.
 # The book: every notebook executed into a Sphinx book (MyST-NB, sphinx-book-theme) in build/book/html; it
-# reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 22
+# reads offline. MyST-NB's cache re-runs only notebooks whose code changed. Where .venv-xla exists, notebook 24
 # is executed there first, into the same cache; otherwise its page shows its code without outputs.
 book: env
 	@if [ -x $(XLA_BIN)/python ]; then \
-	  echo ">> notebook 22 (PyTorch/XLA): executed in $(XLA_VENV) into the book's cache"; \
+	  echo ">> notebook 24 (PyTorch/XLA): executed in $(XLA_VENV) into the book's cache"; \
 	  $(XLA_RUN) $(XLA_BIN)/python docs/execute_cached.py || exit 1; \
 	else \
-	  echo ">> no $(XLA_VENV): notebook 22 goes into the book without outputs ('make env-xla' creates it)"; \
+	  echo ">> no $(XLA_VENV): notebook 24 goes into the book without outputs ('make env-xla' creates it)"; \
 	fi
 	$(BIN)/sphinx-build -W --keep-going -b html -d build/book/doctrees docs build/book/html
 	@$(BIN)/python docs/execute_cached.py --check $(if $(wildcard $(XLA_BIN)/python),,--skip-xla)
@@ -155,7 +155,7 @@ clean:
 	rm -rf .venv .venv-py3.11 .uv .pytest_cache .ruff_cache build
 	find . -name __pycache__ -o -name .ipynb_checkpoints | grep -v '^./.venv' | xargs rm -rf
 
-# PyTorch/XLA side by side: notebook 22 runs torch 2.9.0 + torch-xla 2.9.0 next to jax 0.10.2, in its own
+# PyTorch/XLA side by side: notebook 24 runs torch 2.9.0 + torch-xla 2.9.0 next to jax 0.10.2, in its own
 # environment .venv-xla on Python 3.11 (the lock's xla group). On x86_64 PyPI serves torch's CUDA build:
 # about 4 GB to download and 8 GB on disk, although no GPU is needed. `make test` never needs it.
 XLA_PYTHON ?= python3.11
@@ -172,14 +172,14 @@ env-xla: $(UV)
 	$(call SYNC,$(XLA_VENV),$$xpy) --group xla
 
 test-xla: env-xla
-	@echo ">> $(XLA_VENV): notebook 22 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
-	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/22_pytorch_xla.ipynb tests/test_ex22_pytorch_xla.py tests/test_exercises.py -k "22_pytorch_xla or test_ex22"
+	@echo ">> $(XLA_VENV): notebook 24 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
+	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/24_pytorch_xla.ipynb tests/test_ex24_pytorch_xla.py tests/test_exercises.py -k "24_pytorch_xla or test_ex24"
 
 bench-xla: env-xla
-	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/22_pytorch_xla.ipynb
+	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/24_pytorch_xla.ipynb
 
 lab-xla: env-xla
-	@echo ">> starting JupyterLab on notebooks/ with $(XLA_VENV): open 22_pytorch_xla.ipynb (Ctrl-C to stop)"
+	@echo ">> starting JupyterLab on notebooks/ with $(XLA_VENV): open 24_pytorch_xla.ipynb (Ctrl-C to stop)"
 	cd notebooks && $(XLA_RUN) ../$(XLA_BIN)/jupyter lab $(LAB_ARGS)
 
 clean-xla:

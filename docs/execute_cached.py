@@ -3,7 +3,7 @@
     .venv-xla/bin/python docs/execute_cached.py [notebooks/NN_name.ipynb ...]
 
 The book (``make book``: Sphinx + MyST-NB) executes the notebooks in the main environment and keeps
-their outputs in a jupyter-cache under ``build/book/``. Notebook 22 needs torch_xla, which only
+their outputs in a jupyter-cache under ``build/book/``. Notebook 24 needs torch_xla, which only
 ``.venv-xla`` has, so ``make book`` first runs this script there: the book then finds that notebook's
 outputs in the cache, exactly as if it had executed it itself. Without arguments it runs the notebooks
 listed in ``spmd_course.course.XLA_NOTEBOOKS``. A notebook already cached with the same code is not run again;

@@ -182,7 +182,7 @@ if SETUP.simulated:
 #   cell again.
 # - **Binder** gives 1 to 2 GB of memory, and each open notebook keeps its kernel alive. Shut a
 #   notebook's kernel down (Kernel > Shut Down Kernel) before you open the next one.
-# - **Your machine**: `make lab` opens JupyterLab with everything installed. Notebook 22 (PyTorch/XLA
+# - **Your machine**: `make lab` opens JupyterLab with everything installed. Notebook 24 (PyTorch/XLA
 #   side by side) runs only there, in its own environment: `make lab-xla`.
 #
 # %% [markdown]

@@ -187,7 +187,7 @@ assert (str(jax.typeof(xa)), str(jax.typeof(xe))) == ("float32[16,8]", "float32[
 # %% [markdown]
 # This course uses both, on purpose. Notebooks 00 to 03 place and read layouts on **Explicit** meshes,
 # where the type shows them. From notebook 04 on, the compute notebooks mostly use **Auto** meshes,
-# because they are about what the compiler decides; notebooks 05, 06 and 13 use Explicit ones too. Every mesh
+# because they are about what the compiler decides; notebooks 05, 06 and 14 use Explicit ones too. Every mesh
 # passes `axis_types`.
 #
 # ## 3. Device order: which device sits where (optional on a first reading)

@@ -235,7 +235,7 @@ draw_matmul(a, b, c)
 # | reduce-scatter | `(N-1)/N` × its input |
 #
 # Bytes are not yet time. Dividing a ring estimate by the bandwidth of the links that carry it gives an
-# estimated time in seconds, and notebook 14 does exactly that for whole training steps on a TPU v5e.
+# estimated time in seconds, and notebook 15 does exactly that for whole training steps on a TPU v5e.
 
 # %%
 print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'ring estimate':>13}")
@@ -383,7 +383,7 @@ if CPU:  # an all-reduce with iota groups over model, and the gathered A kept in
 # JAX compiles ahead of time for a TPU it does not have: `jax.experimental.topologies` describes a v5e-8
 # (`v5e:2x4`), you build the same mesh from its devices, describe the inputs as
 # `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`, and compile. Nothing runs, but the program can be
-# read. This needs libtpu, the TPU compiler, which runs on Linux only. Notebook 19 does more with it. Every TPU
+# read. This needs libtpu, the TPU compiler, which runs on Linux only. Notebook 21 does more with it. Every TPU
 # program in this notebook is compiled at the compiler's **default effort**, the one `jax.jit` uses when
 # you run on a TPU, so its memory figures are the ones you would see there.
 

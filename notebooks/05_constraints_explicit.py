@@ -637,11 +637,11 @@ np.testing.assert_array_equal(ya, 2 * X)
 # - **Auto when you shard a model by annotating its parameters and its batch**, and want the compiler to
 #   lay out everything else: the model code stays single-device code. Check the plan in the compiled
 #   program (`collectives`, `memory_per_device`), and pin a value where it plans poorly (sections 2 to 4).
-#   Notebooks 07 to 11 shard Flax NNX models this way, on Auto meshes, because what the compiler decides
+#   Notebooks 07 to 12 shard Flax NNX models this way, on Auto meshes, because what the compiler decides
 #   is their subject.
 # - **Explicit when the layouts are part of the design** and an unplanned move is a bug: every silent move
 #   of section 6 becomes an error while tracing, and every move you keep is a `jax.reshard` in the code.
-#   The price is an `out_sharding=` on each ambiguous operation. Notebook 13 trains a strategy this way.
+#   The price is an `out_sharding=` on each ambiguous operation. Notebook 14 trains a strategy this way.
 # - **Mix at function boundaries**: `auto_axes` to call Auto code from an Explicit program,
 #   `explicit_axes` for the reverse (section 8).
 #

@@ -199,7 +199,7 @@ draw_mesh(mesh)
 # %% [markdown]
 # Each device holds 8 rows of the batch (device 3 holds rows 24 to 31). Here one process puts the
 # whole batch in place with `jax.device_put`. On several hosts each process loads only the rows of its
-# own devices and assembles the global array with `jax.make_array_from_process_local_data` (notebook 21).
+# own devices and assembles the global array with `jax.make_array_from_process_local_data` (notebook 23).
 
 # %%
 fig = draw_sharding(x_dp)
@@ -343,7 +343,7 @@ for line in pieces:
 # ### The cost line: what the chain costs in seconds (an estimate)
 #
 # The typed chain says what moves. A cost line under it says how long that takes, so that you can tell
-# whether the all-reduce matters. Take a TPU v5e chip's published rates (notebook 14 explains them):
+# whether the all-reduce matters. Take a TPU v5e chip's published rates (notebook 15 explains them):
 # `C` = 197 TFLOP/s of matmul, and `W` = 50 GB/s, what one chip sends along an axis of 8 chips (on a
 # v5e such an axis is a line, because its wraparound link needs 16 chips). With `N` parameters of 4
 # bytes, `t` examples per device and `n` devices on `data`, per device and per step:
@@ -358,7 +358,7 @@ for line in pieces:
 # examples (tokens, in a language model) per device for float32 gradients, half that for bfloat16.
 # The cell computes both lines from the formulas and checks the bytes against the compiled program's
 # collectives; the hidden cell at the end of this section checks the FLOPs and the seconds against
-# `estimate_step`, which times that program op by op (notebook 14).
+# `estimate_step`, which times that program op by op (notebook 15).
 
 # %%
 V5E = CHIPS["v5e"]
@@ -378,7 +378,7 @@ assert round(4 / 3 * (n - 1) / n * C / W / t) == 575  # ... because t is 575 tim
 # %% [markdown]
 # This MLP's step is all communication, because its 8 examples per device are about 575 times too few
 # to hide the sum. A real model on a v5e does the same arithmetic with its own `N` and `t`: `N` drops
-# out of the rule, so the tokens per device decide. Notebook 14 refines it pass by pass.
+# out of the rule, so the tokens per device decide. Notebook 15 refines it pass by pass.
 #
 # ### What donation saves
 #
@@ -428,7 +428,7 @@ if CPU:
     # the cost line, op by op: a GPU's matmuls are library calls that carry no FLOP count, so CPU only
     assert dp_time.flops == dp_flops  # every matmul of the compiled step, counted from its shapes
     assert np.isclose(dp_data_seconds, dp_sent / W)  # the all-reduce at the v5e's rate for an 8-chip line
-# A TPU v5e-8 at the default effort, compiled ahead of time by tests/test_07_11_tpu_tables.py, which asserts
+# A TPU v5e-8 at the default effort, compiled ahead of time by tests/test_07_12_tpu_tables.py, which asserts
 # this table (jax 0.12.0.1, libtpu 0.0.50.1): KiB per chip (arguments, outputs, temporaries, aliased, HBM)
 TPU_DONATION = {"no donation": (250.0, 246.5, 756.0, 0.0, 877.5),
                 "donate_argnums": (250.0, 246.5, 1008.0, 245.5, 760.0)}

@@ -456,7 +456,7 @@ assert 0.3 < ratio[8192, 1024] < 0.35  # 7,800 tokens per group, below 3d = 24,5
 # gradient all-reduce it replaces. That is part of why a tensor-parallel axis of 8 inside a node is
 # cheap at scale. Bytes are not the whole reason for the choice, either. Tensor parallelism divides
 # the weights, so a model too large for one device fits, and it lets more devices share a batch than
-# there are sequences to split it into (notebook 15). Two caveats make the crossover a rough estimate:
+# there are sequences to split it into (notebook 17). Two caveats make the crossover a rough estimate:
 #
 # - These are byte **estimates** from the ring formula, applied to the compiled programs' result sizes;
 #   real links, topologies and algorithms differ.
@@ -465,7 +465,7 @@ assert 0.3 < ratio[8192, 1024] < 0.35  # 7,800 tokens per group, below 3d = 24,5
 #   between matmuls that need their result: only splitting the matmul into pieces that overlap the
 #   transfer (collective matmul) hides them, so tensor parallelism stays on the fastest links.
 #
-# Notebook 14 turns these bytes into seconds: it sets each collective's time against the matmuls it can
+# Notebook 15 turns these bytes into seconds: it sets each collective's time against the matmuls it can
 # hide behind, which is the comparison that decides a real run.
 #
 # The course MLP's first layer reads `x`, which is data: no gradient flows into it, so its train step
@@ -477,7 +477,7 @@ assert 0.3 < ratio[8192, 1024] < 0.35  # 7,800 tokens per group, below 3d = 24,5
 # the first all-reduce, because they need its sum. (On the CPU compiler each sum also comes *right*
 # after its matmul: the hidden cell below, with the CPU compiler's figures, checks that.) The picture puts
 # this program on a time axis, each op as long as it would take on a TPU v5e chip at its published rates
-# (`estimate_step(..., chip='v5e')`, which notebook 14 explains): the matmuls in one lane, the sums over
+# (`estimate_step(..., chip='v5e')`, which notebook 15 explains): the matmuls in one lane, the sums over
 # `model` in another, black where the chip waits for them. Here every sum is black: none can hide.
 
 # %%
@@ -517,7 +517,7 @@ draw_timeline(tp_time, title="feed-forward block, forward and backward, tensor p
 # `d_ff / M > (4/3)(M-1)/M · C/W`, about 4,600 in float32 and 2,300 in bfloat16, whatever the batch.
 # That pools the whole step, as if the forward sum could hide behind backward work. Pass by pass the
 # forward rule is 1.5 times stricter, because the forward pass has one sum against a third of the
-# FLOPs (notebook 14 §3 checks both on a real block). So a tensor-parallel axis must stay small
+# FLOPs (notebook 15 §3 checks both on a real block). So a tensor-parallel axis must stay small
 # enough that each device keeps thousands of hidden units. This block keeps 32, so its step is all
 # communication, as the black boxes above showed. The bytes are checked against the compiled
 # program's collectives here, and the FLOPs and seconds against `estimate_step` in the hidden cell below.
@@ -623,7 +623,7 @@ if CPU:  # exact sizes of the CPU compiler (accelerators pad small arrays)
 #   tensor parallelism sends more bytes there. A large cluster's groups can sit below it (0.3 times at
 #   1,024 chips for *d* = 8192). Data parallelism's all-reduce also overlaps the backward pass easily,
 #   while tensor parallelism's needs collective matmul to hide, which is why its axis stays on the
-#   fastest links. Notebook 14 turns these bytes into seconds.
+#   fastest links. Notebook 15 turns these bytes into seconds.
 
 # %% [markdown]
 # ## Exercises

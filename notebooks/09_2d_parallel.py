@@ -214,7 +214,7 @@ assert_close(matmul(a_in, w_col), x @ w)
 # %% [markdown]
 # **No all-reduce: one all-gather** of a `(16, 64)` block, in groups of 2 devices, that is, along
 # `model` (the TPU compiler gathers the same 1,024 numbers in bfloat16, its default matmul precision:
-# notebook 19). The four matmul cases (notebook 04) predict it. For `A[i, k] @ B[k, j]`, look at the
+# notebook 21). The four matmul cases (notebook 04) predict it. For `A[i, k] @ B[k, j]`, look at the
 # contracting dimension `k`:
 #
 # | case | `k` sharded in | what the compiler does |
@@ -372,7 +372,7 @@ assert_close(dw1, full_dw1["linear1"]["kernel"][...])  # the summed products are
 # Each axis carries less than the 1-D strategy it comes from. In this small example the total of their
 # results lands between the two. The real gain is on big machines, whose mesh is laid out so that the
 # chatty `model` axis stays inside a node, on the fastest links, and only the once-per-step gradient
-# traffic crosses nodes. Simulated devices have no nodes to show this, and notebook 21 builds such a
+# traffic crosses nodes. Simulated devices have no nodes to show this, and notebook 23 builds such a
 # mesh.
 #
 # ### The cost line, one per axis (an estimate)

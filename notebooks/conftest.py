@@ -1,4 +1,4 @@
-"""Notebook 22 (PyTorch/XLA side by side) runs only where torch_xla is installed.
+"""Notebook 24 (PyTorch/XLA side by side) runs only where torch_xla is installed.
 
 torch-xla 2.9.0 needs torch 2.9.0, whose PyPI build is about 4 GB, so it lives in its own
 environment, .venv-xla (`make test-xla`, `make lab-xla`). Elsewhere pytest does not collect

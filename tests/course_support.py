@@ -130,18 +130,18 @@ def from_notebook(number, *names, given=None):
 
 @functools.cache
 def notebook_11():
-    """Notebook 11's sizes, abstract state, rule tables and steps (its model from src/spmd_course/models.py)."""
+    """Notebook 12's sizes, abstract state, rule tables and steps (its model from src/spmd_course/models.py)."""
     from spmd_course.models import MyTransformer
 
-    return from_notebook("11", "D_MODEL", "FAST_COMPILE", "build", "abstract_model", "graphdef", "n_split",
+    return from_notebook("12", "D_MODEL", "FAST_COMPILE", "build", "abstract_model", "graphdef", "n_split",
                          "n_embed_only", "STRATEGIES", "train_step", "with_rules", "is_activation", "loss_only",
                          "double", given={"MyTransformer": MyTransformer})
 
 
 @functools.cache
 def notebook_12():
-    """Notebook 12's wide model, its layouts and steps: the notebook's own definitions (``from_notebook``)."""
-    return from_notebook("12", "D", "WIDE", "TOKENS", "Block", "Stack", "create", "loss_fn", "param_grad", "ZERO",
+    """Notebook 13's wide model, its layouts and steps: the notebook's own definitions (``from_notebook``)."""
+    return from_notebook("13", "D", "WIDE", "TOKENS", "Block", "Stack", "create", "loss_fn", "param_grad", "ZERO",
                          "layout", "pin", "make_step", "create_sharded", "abstract")
 
 

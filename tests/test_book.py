@@ -151,7 +151,7 @@ def test_executed_book_shows_outputs_and_figures_as_images(tmp_path, monkeypatch
     second_code = "import os\nprint('b ran', os.environ['BOOK_PROBE'])"
     _tiny_notebook(repo / "notebooks" / "01_b.ipynb", "01 · Second", "Back to [00](00_a.ipynb).", second_code)
 
-    # As `make book` does for notebook 22 in .venv-xla: run a notebook into the cache beforehand; the book
+    # As `make book` does for notebook 24 in .venv-xla: run a notebook into the cache beforehand; the book
     # must then show those outputs instead of running it again (BOOK_PROBE tells the two runs apart).
     spec = importlib.util.spec_from_file_location("execute_cached", ROOT / "docs" / "execute_cached.py")
     execute_cached = importlib.util.module_from_spec(spec)

@@ -183,7 +183,7 @@ def test_reveal_prints_the_solution(qualname, exercise, capsys):
     assert "reference solution" in out and len(out.splitlines()) >= 2
 
 
-# Notebook 22's checkers compute torch_xla's spec strings without torch_xla (exercises.ex22_pytorch_xla.spec_string),
+# Notebook 24's checkers compute torch_xla's spec strings without torch_xla (exercises.ex24_pytorch_xla.spec_string),
 # so they run everywhere. Where torch_xla is installed (.venv-xla: `make test-xla`), hold them to what it prints.
 SPEC_STRING_CASES = [
     ((8, 8, 16), (None, "data", "model")),
@@ -195,7 +195,7 @@ SPEC_STRING_CASES = [
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchax, inside torch_xla, imports old JAX names
-def test_ex22_pytorch_xla_spec_strings_are_what_torch_xla_prints():
+def test_ex24_pytorch_xla_spec_strings_are_what_torch_xla_prints():
     import os
 
     os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -207,7 +207,7 @@ def test_ex22_pytorch_xla_spec_strings_are_what_torch_xla_prints():
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
-    from spmd_course.exercises import ex22_pytorch_xla as ex22
+    from spmd_course.exercises import ex24_pytorch_xla as ex24
 
     shardy = jax.config.jax_use_shardy_partitioner  # every mark_sharding switches it off: restore it after
     try:
@@ -216,9 +216,9 @@ def test_ex22_pytorch_xla_spec_strings_are_what_torch_xla_prints():
         for shape, spec in SPEC_STRING_CASES:
             t = torch.zeros(shape).to(torch_xla.device())
             xs.mark_sharding(t, mesh, spec)
-            assert torch_xla._XLAC._get_xla_sharding_spec(t) == ex22.spec_string(spec, shape), (shape, spec)
-        assert ex22.spec_string(ex22.spec_from_string.solution, (8, 16)) == ex22._TARGET
-        assert ex22.spec_string((None, "model"), (8, 16)) == ex22.string_from_spec.solution
+            assert torch_xla._XLAC._get_xla_sharding_spec(t) == ex24.spec_string(spec, shape), (shape, spec)
+        assert ex24.spec_string(ex24.spec_from_string.solution, (8, 16)) == ex24._TARGET
+        assert ex24.spec_string((None, "model"), (8, 16)) == ex24.string_from_spec.solution
     finally:
         jax.config.update("jax_use_shardy_partitioner", shardy)
 
@@ -292,42 +292,44 @@ ALSO_RIGHT = {
     "ex08_tensor_parallel.tp_allreduce_bytes": [np.int64(40960)],
     "ex09_2d_parallel.gradient_group_size": [np.int64(4), 4.0],
     "ex10_fsdp.adam_bytes_per_device": [np.int64(42064)],
-    "ex10_fsdp.gradient_traffic": [[57344, 114688], (7 * 8 * 256 * 4, 2 * 7 / 8 * 64 * 256 * 4)],
-    "ex10_fsdp.fsdp_by_hand": [_ex["ex10_fsdp"]._fsdp_through_the_gather],  # autodiff writes the scatters
-    "ex11_transformer.fsdp_bytes": [np.int64(131144)],
-    "ex11_transformer.residual_allreduce": [[4, 65536], (np.int64(4), np.int64(65536))],
-    "ex12_training_memory.zero_bytes": [tuple(np.int64(b) for b in _ex["ex12_training_memory"].zero_bytes.solution),
+    "ex11_fsdp_step.gradient_traffic": [[57344, 114688], (7 * 8 * 256 * 4, 2 * 7 / 8 * 64 * 256 * 4)],
+    "ex11_fsdp_step.fsdp_by_hand": [_ex["ex11_fsdp_step"]._fsdp_through_the_gather],  # autodiff writes the scatters
+    "ex16_published_runs.implied_step": [np.float64(6 * 7e9 * 8192 / 150e12), 2.29],
+    "ex16_published_runs.hardware_utilisation": [np.float64(0.8), 4 / 5],
+    "ex12_transformer.fsdp_bytes": [np.int64(131144)],
+    "ex12_transformer.residual_allreduce": [[4, 65536], (np.int64(4), np.int64(65536))],
+    "ex13_training_memory.zero_bytes": [tuple(np.int64(b) for b in _ex["ex13_training_memory"].zero_bytes.solution),
                                         [4 * 7e9 + 12 * 7e9 / 64, 2 * 7e9 + 14 * 7e9 / 64, 16 * 7e9 / 64]],
-    "ex12_training_memory.zero_specs": [lambda stage: list(_ex["ex12_training_memory"].zero_specs.solution(stage))],
-    "ex13_sequence_batch.activation_bytes": [(np.int64(134217728), np.int64(16777216)),
+    "ex13_training_memory.zero_specs": [lambda stage: list(_ex["ex13_training_memory"].zero_specs.solution(stage))],
+    "ex14_sequence_batch.activation_bytes": [(np.int64(134217728), np.int64(16777216)),
                                              [8 * 2048 * 4096 * 2.0, 8 * 2048 * 4096 * 2 / 8]],
-    "ex17_experts.a2a_bytes": [(448 * 2**20, 448 * 2**20 * 63 / 64), [np.int64(469762048), 462422016.0]],
-    "ex17_experts.collapsed_balance": [8, np.float32(8.0), np.int64(8)],
-    "ex16_pipeline.bubble_fraction": [Fraction(3, 15), np.float64(0.2), np.float32(0.2)],
-    "ex16_pipeline.micro_batches_needed": [[63, 16], (np.int64(63), np.int64(16))],
-    "ex16_pipeline.stage_layers": [lambda s, p, r, n: np.arange(n).reshape(r, p, -1)[:, s].reshape(-1),
+    "ex19_experts.a2a_bytes": [(448 * 2**20, 448 * 2**20 * 63 / 64), [np.int64(469762048), 462422016.0]],
+    "ex19_experts.collapsed_balance": [8, np.float32(8.0), np.int64(8)],
+    "ex18_pipeline.bubble_fraction": [Fraction(3, 15), np.float64(0.2), np.float32(0.2)],
+    "ex18_pipeline.micro_batches_needed": [[63, 16], (np.int64(63), np.int64(16))],
+    "ex18_pipeline.stage_layers": [lambda s, p, r, n: np.arange(n).reshape(r, p, -1)[:, s].reshape(-1),
                                    lambda s, p, r, n: tuple(c * (n // (p * r)) + j for c in range(s, p * r, p)
                                                             for j in range(n // (p * r)))],
-    "ex15_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
-    "ex15_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
-    "ex14_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
-    "ex14_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
-    "ex14_step_time.loop_permutes": [np.int64(27), 27.0],
-    "ex23_plan_a_run.state_per_chip": [np.int64(_ex["ex23_plan_a_run"].state_per_chip.solution),
+    "ex17_mesh_shape.state_bytes": [(12 * (3670016 / 16 + 19456) + 8, 12 * (3670016 / 64 + 19456 / 4) + 8)],
+    "ex17_mesh_shape.divisibility": [(np.array([[32, 2], [16, 4], [8, 8], [1, 64]]), {(32, 2), (16, 4), (8, 8)})],
+    "ex15_step_time.compute_seconds": [np.float64(6 * 1.3e9 * 16384 / 67e12), 1.9, np.float32(1.91)],
+    "ex15_step_time.crossover_tokens": [np.float64(4303.125), 4300, np.int64(4303), 0.9375 * 918e12 / 200e9],
+    "ex15_step_time.loop_permutes": [np.int64(27), 27.0],
+    "ex25_plan_a_run.state_per_chip": [np.int64(_ex["ex25_plan_a_run"].state_per_chip.solution),
                                        16 * 8_030_261_248 / 256, np.float32(5.02e8)],
-    "ex23_plan_a_run.my_plan": [{**_ex["ex23_plan_a_run"].my_plan.solution, "mesh": [1, 256, 1]},
-                                {**_ex["ex23_plan_a_run"].my_plan.solution, "mesh": np.array([1, 256, 1]),
+    "ex25_plan_a_run.my_plan": [{**_ex["ex25_plan_a_run"].my_plan.solution, "mesh": [1, 256, 1]},
+                                {**_ex["ex25_plan_a_run"].my_plan.solution, "mesh": np.array([1, 256, 1]),
                                  "per_device_batch": np.int64(4), "global_batch_tokens": 4194304.0},
-                                {**_ex["ex23_plan_a_run"].my_plan.solution, "mesh": (2, 128, 1)}],
-    "ex20_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex20_pmap_vs_spmd"].migrate_to_jit.solution)],
-    "ex20_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
-    "ex22_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
-    "ex22_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
+                                {**_ex["ex25_plan_a_run"].my_plan.solution, "mesh": (2, 128, 1)}],
+    "ex22_pmap_vs_spmd.migrate_to_jit": [list(_ex["ex22_pmap_vs_spmd"].migrate_to_jit.solution)],
+    "ex22_pmap_vs_spmd.pmean_factor": [np.float32(2.0), np.int64(2), 2.0],
+    "ex24_pytorch_xla.linear_weight_spec": [P("model"), P(("model",), None)],
+    "ex24_pytorch_xla.string_from_spec": ["{devices=[1, 2, 4] 0, 2, 4, 6, 1, 3, 5, 7 last_tile_dim_replicate}",
                                           " {devices=[1,2,4]0,2,4,6,1,3,5,7  last_tile_dim_replicate} "],
-    "ex18_context.kv_bytes": [(np.int64(67108864), np.int64(536870912)), [2**26, 2.0**29]],
-    "ex18_context.balanced_chunks": [lambda n: [(2 * n - 1 - d, d) for d in range(n)],
+    "ex20_context.kv_bytes": [(np.int64(67108864), np.int64(536870912)), [2**26, 2.0**29]],
+    "ex20_context.balanced_chunks": [lambda n: [(2 * n - 1 - d, d) for d in range(n)],
                                      lambda n: np.stack([np.arange(n), 2 * n - 1 - np.arange(n)], axis=1)],
-    "ex18_context.merge_partials": [
+    "ex20_context.merge_partials": [
         lambda a, b: (np.maximum(a[0], b[0]),
                       *(x * np.exp(m - np.maximum(a[0], b[0])).reshape(-1, *[1] * (x.ndim - 1)) + y *
                         np.exp(n - np.maximum(a[0], b[0])).reshape(-1, *[1] * (y.ndim - 1))

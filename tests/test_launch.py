@@ -100,7 +100,7 @@ def test_setup_cell_pairs_as_percent_format_not_hydrogen(tmp_path):
 
 
 def test_badges_for_launchable_and_local_only_notebooks():
-    assert launchable("00_setup.ipynb") and not launchable("22_pytorch_xla.ipynb")
+    assert launchable("00_setup.ipynb") and not launchable("24_pytorch_xla.ipynb")
     badges = badges_markdown("00_setup.ipynb")
     assert colab_url("00_setup.ipynb") in badges and binder_url("00_setup.ipynb") in badges
     for name in XLA_NOTEBOOKS:

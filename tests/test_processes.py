@@ -465,7 +465,7 @@ def test_exit_status_is_the_one_python_gives(err, status):
     assert spmd_worker.exit_status(err) == status
 
 
-# --- how long a process waits for another (notebook 21, section 7), with short limits ----------------------
+# --- how long a process waits for another (notebook 23, section 7), with short limits ----------------------
 
 
 def test_a_peer_that_leaves_during_a_collective_is_noticed_within_a_second_or_two(tmp_path):
@@ -660,10 +660,10 @@ def test_a_jupyter_kernel_restart_leaves_no_worker(tmp_path):
 
 
 def test_the_tests_notebook_21_names_exist():
-    """Notebook 21's section 7 points to the tests that time each case: each name it quotes is a test here."""
+    """Notebook 23's section 7 points to the tests that time each case: each name it quotes is a test here."""
     import re
 
-    text = (ROOT / "notebooks" / "21_multihost.py").read_text()
+    text = (ROOT / "notebooks" / "23_multihost.py").read_text()
     quoted = [q.strip(".") for q in re.findall(r"`((?:test_|\.\.\._)[a-z0-9_.]+)`", text)]
     assert len(quoted) >= 5
     tests = [name for name in globals() if name.startswith("test_")]

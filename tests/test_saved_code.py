@@ -21,7 +21,7 @@ _spec.loader.exec_module(tools)
 
 SOURCES = {f"notebooks/{p.with_suffix('.py').name}": p.with_suffix(".py").read_text() for p in notebooks()}
 NB07 = "notebooks/07_data_parallel.py"
-NB11 = "notebooks/11_transformer.py"
+NB11 = "notebooks/12_transformer.py"  # the transformer
 
 TAGGED = '''# %% [markdown]
 # # A notebook
@@ -76,6 +76,22 @@ def test_two_notebooks_saving_the_same_name_are_refused():
     with pytest.raises(ValueError, match=r"t.py and notebooks/07_data_parallel.py both save a top-level 'MLP'"):
         tools.saved_module({NB07: SOURCES[NB07], "t.py": other})
     assert tools.saved_module({NB07: SOURCES[NB07], "t.py": TAGGED})  # distinct names: fine
+
+
+def test_a_saved_cell_that_imports_an_earlier_saved_name_does_not_import_the_module_from_itself():
+    later = TAGGED.replace("from math import pi, tau", "from math import pi, tau\nfrom spmd_course.models import MLP")
+    later = later.replace("return pi * np.square(r)", "return MLP, pi * np.square(r)")
+    text = tools.saved_module({NB07: SOURCES[NB07], "t.py": later})
+    assert "from spmd_course.models import" not in text  # MLP is 07's, defined above in the same module
+    alone = tools.saved_module({"t.py": later})  # nothing earlier saves MLP: the import stays
+    assert "from spmd_course.models import MLP" in alone
+
+
+def test_two_notebooks_importing_from_one_module_share_one_line():
+    first = TAGGED.replace("from math import pi, tau", "from math import pi, tau, e").replace("pi *", "e * pi *")
+    second = TAGGED.replace("def area(r):", "def volume(r):").replace("pi * np", "tau * np")
+    text = tools.saved_module({"a.py": first, "b.py": second})
+    assert text.count("from math import") == 1 and "from math import e, pi, tau" in text
 
 
 def test_saved_cells_keeps_only_the_imports_the_cells_use():

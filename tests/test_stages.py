@@ -1,6 +1,6 @@
 """spmd_course.utils.stages: a pipeline's step from one compiled stage (the planner's `stage` axis, an estimate).
 
-Arithmetic checked against notebook 16's loop (M + P - 1 iterations, two sends each), bad input, and one O0
+Arithmetic checked against notebook 18's loop (M + P - 1 iterations, two sends each), bad input, and one O0
 compile of a stage on v5e:2x2 (skipped without libtpu)."""
 
 import dataclasses

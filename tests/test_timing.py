@@ -157,7 +157,7 @@ def test_fsdp_windowed_reduce_scatter_loop_counts_both_trips(tpu_devices):
 
 
 def test_pipeline_and_expert_collectives_are_timed_every_trip(tpu_devices):
-    """The collectives of notebooks 16-18's programs: a collective-permute inside a loop (a pipeline's or a
+    """The collectives of notebooks 18-20's programs: a collective-permute inside a loop (a pipeline's or a
     ring's send) is timed once per trip, over one link; an all-to-all (experts' dispatch) by its ring share."""
     mesh = _mesh(tpu_devices, (8,), ("x",))
     ring = [(i, (i + 1) % 8) for i in range(8)]
@@ -335,7 +335,7 @@ def test_the_walk_reads_each_group_spelling_whole():
 def test_an_async_collective_fusions_handed_on_buffers_are_not_hbm_traffic(tpu_pod):
     """The TPU compiler fuses an all-gather with the matmul it overlaps (an ``async_collective_fusion``): the fusion
     takes the gather's buffers and hands them back (``output_to_operand_aliasing``), f32[64,512,2048] each in
-    notebook 15's FSDP x TP program. Those bytes are the gather's, moved by the links: counted as HBM traffic of
+    notebook 17's FSDP x TP program. Those bytes are the gather's, moved by the links: counted as HBM traffic of
     the matmul they made it 832 MiB and a millisecond of memory time a trip."""
     import gzip
     from pathlib import Path

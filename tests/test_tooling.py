@@ -200,7 +200,7 @@ def test_requirements_txt_holds_each_line_and_what_make_lab_and_make_test_need(p
             if req.marker is None or req.marker.evaluate({"python_version": python, "sys_platform": "linux"}):
                 assert pins[req.name] == str(req.specifier).removeprefix("=="), f"{group}: {entry}"
     assert "libtpu" not in _pins(python, "darwin"), "libtpu has Linux wheels only"
-    assert not {"torch", "torch-xla", "sphinx", "myst-nb"} & pins.keys(), "notebook 22's and the book's stay out"
+    assert not {"torch", "torch-xla", "sphinx", "myst-nb"} & pins.keys(), "notebook 24's and the book's stay out"
     assert "-e ." in (ROOT / "requirements.txt").read_text().splitlines(), "pip installs the course's package too"
 
 

@@ -2,7 +2,7 @@
 
 A notebook asserts a compiler fact either for every backend (no guard) or for the CPU backend only
 (``if CPU:``). The unguarded ones must also hold where the course runs on 8 real TPUs. This file compiles
-programs ahead of time for a TPU v5e-8 (``v5e:2x4``) or, for notebook 15, a ``v5e:8x8`` slice (no TPU
+programs ahead of time for a TPU v5e-8 (``v5e:2x4``) or, for notebook 17, a ``v5e:8x8`` slice (no TPU
 needed) and checks those facts on the TPU program; where a notebook asserts a fact on the CPU only because
 the TPU program differs, the test asserts the TPU's form. What it checks, and where each program comes from:
 
@@ -11,23 +11,23 @@ the TPU program differs, the test asserts the TPU's form. What it checks, and wh
   08: its modules, layouts and ``block_grads``, read from its source by ``from_notebook``;
 - 01, 05, 06 and 09's one-operator programs (a matmul, a sum, one collective): written here at the
   notebook's shapes and layouts, because the operator is the program (naming it would add nothing);
-- 07, 08, 09, 13: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
+- 07, 08, 09, 14: the train steps of the notebooks' MLPs; the model classes and layouts are the notebook's
   own, read from its source by ``from_notebook`` (which follows 08's and 09's import of notebook 07's MLP
-  from ``src/spmd_course/models.py``), the step is ``abstract_train_step`` below; 13's feed-forward block is the
+  from ``src/spmd_course/models.py``), the step is ``abstract_train_step`` below; 14's feed-forward block is the
   notebook's too (its wide gradient-accumulation steps, whose HBM the notebook reads stored, are compiled in
-  ``tests/test_13_sequence_batch.py``);
-- 11: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
+  ``tests/test_14_sequence_batch.py``);
+- 12: the four strategies' train steps, the rules-while-tracing gotcha and the init program, all the
   notebook's code (its model from ``src/spmd_course/models.py``, the rest read from its source);
-- 12: none here; its wide TPU programs, whose figures the notebook reads stored, are compiled with the
-  notebook's own code in ``tests/test_12_training_memory.py`` (with the checks that were here);
-- 15: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: three at a real width (the five at its own
-  size, and the stored programs it reads, are compiled in ``tests/test_15_mesh_shape.py``).
+- 13: none here; its wide TPU programs, whose figures the notebook reads stored, are compiled with the
+  notebook's own code in ``tests/test_13_training_memory.py`` (with the checks that were here);
+- 17: the notebook's ``compile_for`` and layouts, for ``v5e:8x8``: three at a real width (the five at its own
+  size, and the stored programs it reads, are compiled in ``tests/test_17_mesh_shape.py``).
 
 libtpu is loaded by the ``chips``/``tpu_pod`` fixtures, when a test first needs it, not at collection.
 The largest compiles (over a minute each on 2 cores) are marked ``slow`` (``make test-slow``): they run on
-both lines in CI, since each line has its own libtpu. Not checked here: 00, 03, 04, 10, 14 and 19 to 22.
-Notebooks 04, 10, 14 and 19 to 21 compile their TPU programs themselves and assert on them (so do 12 and 13
-for some of theirs; 12, 13, 14 and 15 read some stored, each checked by its own test file); 22 is PyTorch/XLA.
+both lines in CI, since each line has its own libtpu. Not checked here: 00, 03, 04, 10, 11, 15, 16 and 21 to 24.
+Notebooks 04, 10, 11, 15 and 21 to 23 compile their TPU programs themselves and assert on them (so do 13 and 14
+for some of theirs; 13, 14, 16 and 17 read some stored, each checked by its own test file); 24 is PyTorch/XLA.
 Skipped, with the reason, where libtpu is not installed.
 """
 
@@ -473,12 +473,12 @@ def test_09_two_d_train_step_talks_along_rows_and_columns(chips):
     assert sum(op.result_bytes for op in along_data) == (half_params + 1) * 4
 
 
-# --- 11 the transformer: four strategies from rule tables --------------------------------------------------
+# --- 12 the transformer: four strategies from rule tables --------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def transformer(chips):
-    """Each of notebook 11's strategies on the TPU's chips: its mesh, state and batch, and its compiled train step."""
+    """Each of notebook 12's strategies on the TPU's chips: its mesh, state and batch, and its compiled train step."""
     nb = notebook_11()
     setups, steps = {}, {}
     for name, (cpu_mesh, rules) in nb.STRATEGIES.items():
@@ -496,7 +496,7 @@ def transformer(chips):
     return nb, setups, steps
 
 
-def test_11_building_on_one_device_needs_the_whole_state_there(chips):
+def test_12_building_on_one_device_needs_the_whole_state_there(chips):
     nb = notebook_11()
     one = memory_per_device(compile_tpu(lambda: nnx.state(nb.build()), compiler_options=nb.FAST_COMPILE,
                                         out_shardings=jax.sharding.SingleDeviceSharding(chips[0])))
@@ -504,25 +504,25 @@ def test_11_building_on_one_device_needs_the_whole_state_there(chips):
     assert one.argument == 0 and one.footprint >= whole
 
 
-def test_11_data_parallel_all_reduces_the_gradients_once(transformer):
+def test_12_data_parallel_all_reduces_the_gradients_once(transformer):
     nb, _, steps = transformer
     c = collectives(steps["data"])
     param_bytes = 4 * (nb.n_split + nb.n_embed_only)
     assert c.kinds == {"all-reduce"} and param_bytes <= c.result_bytes <= param_bytes + 16
 
 
-def test_11_tensor_parallel_sums_activations(transformer):
+def test_12_tensor_parallel_sums_activations(transformer):
     nb, _, steps = transformer
     c = collectives(steps["tensor"])
     assert c.kinds <= {"all-reduce", "all-gather"}
-    # Notebook 11 asserts 2 + 6 per layer on the CPU (embedding, attention out, MLP down forward; head, MLP up
+    # Notebook 12 asserts 2 + 6 per layer on the CPU (embedding, attention out, MLP down forward; head, MLP up
     # and q, k, v input gradients back) and says the TPU compiler adds q, k and v's input gradients first.
     assert sum(s == (nb.BATCH, nb.SEQ, nb.D_MODEL) for op in c.ops for s in op.shapes) == 2 + 4 * nb.NUM_LAYERS
     gathers = sorted(s for op in c.ops if op.kind == "all-gather" for s in op.shapes)
     assert gathers == [(nb.BATCH, nb.SEQ, 8)] * 2  # the accuracy's argmax: each chip's best score and its index
 
 
-def test_11_two_d_activations_over_model_gradients_over_data(transformer):
+def test_12_two_d_activations_over_model_gradients_over_data(transformer):
     nb, _, steps = transformer
     c = collectives(steps["2-D"])
     over_model = [op for op in c.ops if op.group_size == 2]
@@ -535,7 +535,7 @@ def test_11_two_d_activations_over_model_gradients_over_data(transformer):
 
 
 @pytest.mark.slow
-def test_11_fsdp_gathers_weights_and_needs_the_activation_constraint(transformer):
+def test_12_fsdp_gathers_weights_and_needs_the_activation_constraint(transformer):
     nb, setups, steps = transformer
     assert "all-gather" in collectives(steps["FSDP"]).kinds
     mesh, state, tokens = setups["FSDP"]
@@ -547,7 +547,7 @@ def test_11_fsdp_gathers_weights_and_needs_the_activation_constraint(transformer
     assert not any(nb.is_activation(s, nb.BATCH) for op in pinned.ops for s in op.shapes)
 
 
-def test_11_rules_are_read_while_tracing(chips):
+def test_12_rules_are_read_while_tracing(chips):
     nb = notebook_11()
     mesh, rules = tpu_mesh(chips, (8,), ("data",)), nb.STRATEGIES["data"][1]
     x = struct((8, 4), mesh, P())
@@ -565,34 +565,34 @@ def test_11_rules_are_read_while_tracing(chips):
     assert [no_mesh, first, again, fixed] == [False, False, False, True]
 
 
-# --- 13 sequence parallelism, gradient accumulation, an Explicit mesh, what comes next -------------------
+# --- 14 sequence parallelism, gradient accumulation, an Explicit mesh, what comes next -------------------
 
 
-def test_13_tensor_parallel_block_all_reduces_the_residual_stream(chips):
-    mesh, nb = tpu_mesh(chips, (8,), ("model",)), from_notebook("13", "block", "param_specs")
+def test_14_tensor_parallel_block_all_reduces_the_residual_stream(chips):
+    mesh, nb = tpu_mesh(chips, (8,), ("model",)), from_notebook("14", "block", "param_specs")
     b, s, d, f = 4, 128, 64, 256
     shapes = {"scale": (d,), "up": (d, f), "down": (f, d)}
     params = {name: struct(shape, mesh, nb.param_specs[name]) for name, shape in shapes.items()}
     # the notebook's block with the activations between the regions replicated (its TP layout)
     compiled = compile_tpu(partial(nb.block, between=P(), mesh=mesh), params, struct((b, s, d), mesh, P()))
-    # notebook 13 shows the TPU's kinds, and the sequence-parallel block's shapes; these are the TP shapes
+    # notebook 14 shows the TPU's kinds, and the sequence-parallel block's shapes; these are the TP shapes
     assert [(kind, shapes) for kind, shapes, _ in summary(compiled)] == [("all-reduce", ((b, s, d),))]
 
 
-def test_13_explicit_mesh_train_step_talks_along_rows_and_columns(chips):
+def test_14_explicit_mesh_train_step_talks_along_rows_and_columns(chips):
     mesh = tpu_mesh(chips, (4, 2), ("data", "model"), axis_type=AxisType.Explicit)
     rows = NamedSharding(mesh, P("data", None))
 
     def one_hot_loss(model, x, y):  # the row-parallel layer told where its result goes
         return optax.softmax_cross_entropy(model(x, out_sharding=rows), jax.nn.one_hot(y, 10)).mean()
 
-    nb = from_notebook("13", "MLP", "layout")
+    nb = from_notebook("14", "MLP", "layout")
     ops = collectives(abstract_train_step(mesh, nb.MLP, nb.layout, P("data", None), P("data"), loss=one_hot_loss)).ops
     assert [(op.kind, op.shapes) for op in ops if op.group_size == 2] == [("all-reduce", ((16, 10),))]
     assert {op.kind for op in ops if op.group_size == 4} == {"all-reduce"}  # the gradients, over data
 
 
-def test_13_expert_context_and_pipeline_collectives(chips):
+def test_14_expert_context_and_pipeline_collectives(chips):
     def program(f, axis, shape, dtype=jnp.float32):
         mesh = tpu_mesh(chips, (8,), (axis,))
         return collectives(compile_tpu(jax.shard_map(f, mesh=mesh, in_specs=P(axis), out_specs=P(axis)),
@@ -615,18 +615,18 @@ def test_13_expert_context_and_pipeline_collectives(chips):
     assert [op.kind for op in stages.ops] == ["collective-permute"]
 
 
-# --- 15 choosing a mesh shape --------------------------------------------------------------------------
+# --- 17 choosing a mesh shape --------------------------------------------------------------------------
 
 def _layouts_on_v5e_8x8(tpu_pod, names, sizes):
-    """Notebook 15's layouts, its own ``compile_for``, compiled for v5e:8x8: {name: (HBM per chip, state bytes per
+    """Notebook 17's layouts, its own ``compile_for``, compiled for v5e:8x8: {name: (HBM per chip, state bytes per
     chip)}. ``sizes``: a real width instead of the notebook's toy one (D_MODEL, NUM_LAYERS, NUM_HEADS, D_FF,
     VOCAB, SEQ, BATCH), compiled at the least effort (minutes at the default for 64 chips). The five layouts
-    at the notebook's own width, default effort, are compiled in tests/test_15_mesh_shape.py."""
+    at the notebook's own width, default effort, are compiled in tests/test_17_mesh_shape.py."""
     from spmd_course.models import MyTransformer
 
     size_names = ("D_MODEL", "NUM_LAYERS", "NUM_HEADS", "D_FF", "VOCAB", "SEQ", "BATCH")
     given = {"MyTransformer": MyTransformer, **dict(zip(size_names, sizes, strict=True))}
-    nb = from_notebook("15", "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS", "FAST_COMPILE", "make_step",
+    nb = from_notebook("17", "build", "graphdef", "TWO_D", "FSDP_TP", "LAYOUTS", "FAST_COMPILE", "make_step",
                        "compile_for", "state_bytes", given=given)
     found = {}
     with compile_effort("O0"):
@@ -640,10 +640,10 @@ def _layouts_on_v5e_8x8(tpu_pod, names, sizes):
 
 
 @pytest.mark.slow
-def test_15_model_parallel_layouts_in_tpu_hbm_at_a_real_width(tpu_pod):
+def test_17_model_parallel_layouts_in_tpu_hbm_at_a_real_width(tpu_pod):
     """d_model 4096, d_ff 16384, 32 heads, 32,768 tokens of vocabulary, 64 sequences of 512 (472 million
     parameters): in TPU HBM, tensor parallelism needs more than 2-D and FSDP x TP the least, the order
-    notebook 15 reads from the CPU compiler at its toy size. (Pure data parallelism and FSDP take longer
+    notebook 17 reads from the CPU compiler at its toy size. (Pure data parallelism and FSDP take longer
     to compile at this width and are left out.)"""
     found = _layouts_on_v5e_8x8(tpu_pod, ["2-D", "tensor", "FSDP x TP"], sizes=(4096, 1, 32, 16384, 32768, 512, 64))
     hbm = {name: footprint for name, (footprint, _) in found.items()}
@@ -660,5 +660,5 @@ def test_reading_a_program_the_notebook_imports_gives_the_saved_one():
 def test_reading_a_definition_the_notebook_no_longer_binds_once_names_it():
     with pytest.raises(LookupError, match=r"07_data_parallel.py binds 'NoSuchModel' at the top level 0 times"):
         from_notebook("07", "NoSuchModel")
-    with pytest.raises(LookupError, match=r"11_transformer.py binds 'c' at the top level \d+ times, not once"):
-        from_notebook("11", "c")  # rebound in several cells: ambiguous
+    with pytest.raises(LookupError, match=r"12_transformer.py binds 'c' at the top level \d+ times, not once"):
+        from_notebook("12", "c")  # rebound in several cells: ambiguous

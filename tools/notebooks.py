@@ -94,6 +94,7 @@ def readme() -> None:
 
 SAVED = ROOT / "src" / "spmd_course" / "models.py"
 SAVE_TAG = "save"
+SAVED_MODULE = "spmd_course.models"  # what a notebook imports the saved cells as
 
 
 def _imports(tree: ast.Module) -> dict[str, tuple[str | None, str, str | None]]:
@@ -180,7 +181,17 @@ def saved_module(sources: dict[str, str]) -> str:
                 raise ValueError(f"{name} and {owner[defined]} both save a top-level {defined!r}; rename one")
         if cells:
             origins.append(name)
-            imports += [line for line in lines if line not in imports]
+            own = f"from {SAVED_MODULE} import "  # a name an earlier notebook saved is already in the module
+            lines = [line for line in lines if not (line.startswith(own) and all(
+                owner.get(n.split(" as ")[0].strip(), name) != name for n in line[len(own):].split(",")))]
+            for line in lines:  # one line per module: two notebooks importing from it share the line
+                module, _, names = line.removeprefix("from ").partition(" import ")
+                if line.startswith("from ") and any(i.startswith(f"from {module} import ") for i in imports):
+                    k = next(k for k, i in enumerate(imports) if i.startswith(f"from {module} import "))
+                    merged = set(imports[k].split(" import ", 1)[1].split(", ")) | set(names.split(", "))
+                    imports[k] = f"from {module} import {', '.join(sorted(merged))}"
+                elif line not in imports:
+                    imports.append(line)
             parts += [f"# --- from {name}\n{cell}" for cell in cells]
     if not parts:
         raise ValueError(f"no notebook has a cell tagged {SAVE_TAG!r}")

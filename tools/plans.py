@@ -1,7 +1,7 @@
-"""Store the planner's rankings that notebook 23 shows but cannot afford to compute: ``make plans``.
+"""Store the planner's rankings that notebook 25 shows but cannot afford to compute: ``make plans``.
 
 Every plan the planner times is a full-size ahead-of-time TPU compile (about 50 s of CPU each at the least
-effort, O0, for an 8B model on 256 chips), so notebook 23 compiles one lesson live and reads the other tables
+effort, O0, for an 8B model on 256 chips), so notebook 25 compiles one lesson live and reads the other tables
 from ``data/plans/plans.json``, which this script writes (never by hand). Two kinds of entry:
 
 - ``course``: an 8B-class and a 70B-class Llama-style model, each on a v5e-256 and a v5p-256 slice

@@ -39,7 +39,7 @@ def notebooks(root: Path = ROOT) -> list[Path]:
     return sorted(p for p in (Path(root) / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-XLA_NOTEBOOKS = frozenset({"22_pytorch_xla.ipynb"})
+XLA_NOTEBOOKS = frozenset({"24_pytorch_xla.ipynb"})
 """Notebooks that need torch_xla, installed only in their own environment (.venv-xla: ``make test-xla``)."""
 
 

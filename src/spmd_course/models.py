@@ -1,4 +1,4 @@
-"""Code saved from the notebooks: notebooks/02_partitionspec.py, notebooks/05_constraints_explicit.py, notebooks/06_shard_map.py, notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/11_transformer.py, notebooks/18_context.py. GENERATED, do not edit.
+"""Code saved from the notebooks: notebooks/02_partitionspec.py, notebooks/05_constraints_explicit.py, notebooks/06_shard_map.py, notebooks/07_data_parallel.py, notebooks/08_tensor_parallel.py, notebooks/10_fsdp.py, notebooks/12_transformer.py, notebooks/20_context.py. GENERATED, do not edit.
 
 Each part is a notebook cell tagged 'save'. Edit the cell in its notebook, then run
 `python tools/notebooks.py save`; tests/test_saved_code.py fails while this file is out of date.
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 from flax.linen import with_logical_constraint
 
@@ -115,7 +115,52 @@ def create(make, layout, mesh):
     return build()
 
 
-# --- from notebooks/11_transformer.py
+# --- from notebooks/10_fsdp.py
+def mlp_and_adam():
+    """Notebook 07's MLP with its Adam optimizer, built from the same seed every time."""
+    model = MLP(nnx.Rngs(0))
+    return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+
+# --- from notebooks/10_fsdp.py
+def path_name(path):
+    """'linear1/kernel' for the path of an NNX Variable's array."""
+    return jax.tree_util.keystr(path, simple=True, separator="/").removesuffix("/value")
+
+
+def fsdp_rule(path, leaf, *, mesh, min_size=1024):
+    """Where one array of a state lives under FSDP (decides only; moves nothing)."""
+    n = mesh.shape["fsdp"]
+    if leaf.size > min_size:
+        for dim, size in enumerate(leaf.shape):
+            if size % n == 0:
+                spec = [None] * leaf.ndim
+                spec[dim] = "fsdp"  # split this dimension n ways, keep the others whole
+                return NamedSharding(mesh, P(*spec))
+        print(f"fsdp_rule: {path_name(path)} {leaf.shape} has no dimension divisible by {n}; replicated")
+    return NamedSharding(mesh, P())  # small: a full copy on every device
+
+
+def by_name(tree):
+    """{'linear1/kernel': leaf, ...} for a state or a pytree of shardings."""
+    return {path_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+# --- from notebooks/10_fsdp.py
+def create_sharded(shardings):
+    """A jitted constructor of `mlp_and_adam()` whose state comes out laid out as `shardings` says."""
+
+    @nnx.jit
+    def build():
+        model, optimizer = mlp_and_adam()
+        state = nnx.state((model, optimizer))
+        nnx.update((model, optimizer), jax.lax.with_sharding_constraint(state, shardings))
+        return model, optimizer
+
+    return build
+
+
+# --- from notebooks/12_transformer.py
 dense_init = nnx.initializers.lecun_normal()
 embed_init = nnx.initializers.normal(0.02)
 part = nnx.with_partitioning  # part(init, names): an initializer whose arrays carry logical names
@@ -183,7 +228,7 @@ class MyTransformer(nnx.Module):
         return self.head(self.norm(x))
 
 
-# --- from notebooks/18_context.py
+# --- from notebooks/20_context.py
 MASKED = -1e30  # the score of a masked pair: finite, so that exp(MASKED - m) is 0, never nan
 
 

@@ -1,4 +1,4 @@
-r"""One SPMD program that every process of a multi-host JAX job runs, unchanged (notebook 21).
+r"""One SPMD program that every process of a multi-host JAX job runs, unchanged (notebook 23).
 
 Every host starts this same file; only what JAX learns at `jax.distributed.initialize` differs.
 Two processes of 4 CPU devices on one machine (a shared directory for the checkpoint):

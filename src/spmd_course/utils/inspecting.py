@@ -637,10 +637,10 @@ class Memory(_Printed):
     on TPU ``allocated``, the HBM, equal to the byte to the compiler's memory-usage report (space
     ``default``) on every program checked (v5e:2x4, libtpu 0.0.50.1). jax 0.10 lacks it, so there it is
     ``total``, an estimate, because ``temp`` is not the HBM the temporaries take: it ran 0.2% to 41% high
-    against the report (notebook 12's ZeRO steps 0.2-32%, notebook 19's 8B step 41%). TPU arrays count in
+    against the report (notebook 13's ZeRO steps 0.2-32%, notebook 21's 8B step 41%). TPU arrays count in
     their tiled layout (f32 ``[100,100]`` is stored ``[104,128]``). ``peak`` counts on-chip VMEM too, so it
     is not HBM; :func:`memory_spaces` reads the two apart. TPU figures depend on the compiler's effort: at
-    O0 nothing is placed in VMEM, so HBM is higher (2.78x for notebook 12's ZeRO-3 step).
+    O0 nothing is placed in VMEM, so HBM is higher (2.78x for notebook 13's ZeRO-3 step).
     """
 
     argument: int

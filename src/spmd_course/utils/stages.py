@@ -58,7 +58,7 @@ def estimate_pipeline(stage_seconds: float, *, stages: int, micro_batches: int, 
     ``stage_seconds``: :func:`utils.timing.estimate_step`'s seconds for one stage's layers on one
     micro-batch, forward and backward; ``activation_bytes``: one micro-batch's activations at a cut (what a
     stage sends on, per chip); ``chip``: the :class:`utils.timing.Chip` whose link carries the sends. Each of
-    the ``M + P - 1`` iterations costs the stage's time plus two sends over one link (notebook 16's loop);
+    the ``M + P - 1`` iterations costs the stage's time plus two sends over one link (notebook 18's loop);
     the bubble is ``(P - 1) / (M + P - 1)`` of them. ``micro_batches`` must be at least ``stages`` (fewer
     leave every stage idle most of the step; a ValueError names the fix).
     """

@@ -1,0 +1,591 @@
+# %% [markdown]
+# # 15 · Step time: compute, memory and communication
+#
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/15_step_time.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/15_step_time.ipynb)
+#
+# Notebooks 07 to 14 counted bytes, but a step costs seconds: a TPU v5e chip does 241 FLOPs in the time it
+# reads one byte of its memory and 1,970 in the time it sends one along a ring of chips. Whether arithmetic,
+# memory or communication bounds a step, and whether communication hides, decides what a strategy costs.
+#
+# **You need:** notebooks 04 (compiling for a TPU topology ahead of time), 07 to 11 (DP, TP, FSDP, 2-D)
+# and 13 (mixed precision, rematerialisation; its TPU compiles); `jax.jit(f).lower(...).compile()`, `compiled.cost_analysis()`,
+# `jax.checkpoint` and the course's `collectives()`.
+#
+# You will estimate a training step's time before running it, from the compiled program and three
+# published numbers per chip: compile one layer of an 8-billion-parameter transformer for a v5e slice
+# under five strategies, draw one step on a time axis and on a roofline, find when communication hides,
+# and record a profiler trace. Notebook 16 holds the same estimate against published runs.
+#
+# **You will learn**
+# - the roofline: compute, memory and communication time per chip, and what makes a matmul
+#   compute-bound (arithmetic intensity);
+# - how to read FLOPs, bytes and collectives from `compiled.cost_analysis()` and `collectives()`, and
+#   where the compiler's figures mislead (loops);
+# - when a collective hides behind compute, the per-device batch below which FSDP's gathers dominate,
+#   and the width below which tensor parallelism's sums do;
+# - how to record a trace with `jax.profiler.trace` and find the collectives in it.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
+import subprocess
+import sys
+from pathlib import Path
+
+course = next((p for p in (Path.cwd().parent, Path("spmd-course")) if (p / "src" / "spmd_course").is_dir()), None)
+if course is None and "google.colab" in sys.modules:  # a notebook alone on Colab: fetch the course, whole or not at all
+    url, tmp = "https://github.com/spmd-course/spmd-sharding-course", "spmd-course.tmp"
+    subprocess.run(["rm", "-rf", "spmd-course", tmp], check=True)
+    git = subprocess.run(["git", "clone", "-q", "--depth", "1", url, tmp], capture_output=True, text=True)
+    assert git.returncode == 0, f"could not fetch the course (is the network on?): {git.stderr}"
+    course = Path(tmp).rename("spmd-course")
+sys.path[:0] = [str(course.resolve() / "src")] if course else []  # the clone's package, spmd_course
+from spmd_course.utils import launch, setup_devices
+
+launch.prepare_runtime()  # Colab: installs what is missing. Binder: shows memory in use. Any: flags untested versions.
+SETUP = setup_devices(8)
+CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
+
+# %%
+import gzip
+import json
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from jax.experimental import topologies
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_course.utils import (NOT_ANSWERED, CHIPS, collectives, compile_effort, draw_roofline, draw_timeline, estimate_step,
+                   quiet, schedule, tpu_compiler_available)
+from spmd_course.utils.published_rows import PROGRAMS
+
+ok, why = tpu_compiler_available()
+
+
+def costs(compiled):
+    """`compiled.cost_analysis()` as one dict (a list of one dict on older JAX)."""
+    found = compiled.cost_analysis()
+    return found[0] if isinstance(found, list) else found
+
+# %% [markdown]
+# ## 1. The roofline
+#
+# A step does three kinds of work on each chip: arithmetic, reading and writing its memory (HBM), and
+# sending data to other chips. Each has a peak rate, so each gives a lower bound on the time:
+#
+# - compute: FLOPs / peak FLOP/s;
+# - memory: bytes read and written in HBM / HBM bandwidth;
+# - communication: bytes sent / link bandwidth: ICI between the chips of a slice, the data-centre
+#   network (DCN) between slices.
+#
+# Perfect overlap gives the largest, none their sum; both assume peak rates. The figures per chip, as
+# published (read 2026-11-25):
+#
+# | chip | bf16 peak | HBM bandwidth | ICI, both directions, per chip | DCN per chip | source |
+# |---|---|---|---|---|---|
+# | TPU v5e | 197 TFLOP/s | 819 GB/s | 400 GB/s over 4 ports | 2 x 100 Gb/s per 8-chip host | [cloud.google.com/tpu/docs/v5e](https://cloud.google.com/tpu/docs/v5e) |
+# | TPU v5p | 459 TFLOP/s | 2,765 GB/s | 1,200 GB/s over 6 ports | 50 Gb/s | [cloud.google.com/tpu/docs/v5p](https://cloud.google.com/tpu/docs/v5p) |
+# | TPU v6e | 918 TFLOP/s | 1,600 GB/s | 800 GB/s over 4 ports | 4 x 200 Gb/s per 8-chip host | [cloud.google.com/tpu/docs/v6e](https://cloud.google.com/tpu/docs/v6e) |
+# | H100 SXM | 989 TFLOP/s (1,979 with 2:4 sparsity) | 3,350 GB/s | NVLink 900 GB/s | | [NVIDIA H100 datasheet](https://www.nvidia.com/en-us/data-center/h100/) |
+#
+# A collective along one mesh axis of a TPU torus uses that axis's two links, one per direction, so a
+# chip on a ring sends at its ICI figure divided by its port count (v5e: 400 / 4 = 100 GB/s, 50 GB/s to
+# each neighbour). That needs a ring: on a v5e or v6e an axis shorter than 16 chips has no wraparound
+# link, so it is a line and sends at half that rate. An H100 sends half its NVLink figure to any group of
+# its node. The course keeps these figures in one table, `utils.timing.CHIPS`, read here:
+
+# %%
+print(f"{'chip':<6}{'FLOPs per HBM byte':>20}{'FLOPs per ICI byte':>20}  (a ring along one axis)")
+for name, chip in CHIPS.items():
+    ring = chip.axis_bandwidth(16, 16)  # a full 16-chip axis: a ring
+    print(f"{name:<6}{chip.peak_flops / chip.hbm_bandwidth:>20.0f}{chip.peak_flops / ring:>20.0f}")
+V5E = CHIPS["v5e"]
+PEAK, HBM, LINK = V5E.peak_flops, V5E.hbm_bandwidth, V5E.axis_bandwidth(16, 16)
+assert round(PEAK / HBM) == 241 and round(PEAK / LINK) == 1970  # the figures this page's prose uses
+assert V5E.axis_bandwidth(8, 8) == LINK / 2  # an 8-chip v5e axis has no wraparound: a line, half a ring's rate
+
+# %% [markdown]
+# These ratios are the chip's **critical intensities**. A v5e does 241 FLOPs in the time it reads one
+# byte of HBM, and 1,970 in the time it sends one byte along a ring (50 GB/s to each of two neighbours). A piece of work whose **arithmetic
+# intensity** (FLOPs per byte moved) is above the first is compute-bound in memory; above the second, in
+# communication too.
+#
+# A bf16 matmul `[B, D] @ [D, F]` does `2BDF` FLOPs and moves `2(BD + DF + BF)` bytes. For `D` and `F`
+# much larger than `B`, its intensity is about `B`: the rows of the batch are what reuse each weight
+# once it is read. The TPU compiler counts the same, for one v5e chip:
+
+# %%
+D, F = 4096, 14336
+print(f"{'B':>6}{'FLOPs':>12}{'bytes':>12}{'intensity':>10}  on a v5e")
+for B in (64, 256, 1024, 4096):
+    flops, moved = 2 * B * D * F, 2 * (B * D + D * F + B * F)
+    bound = "compute-bound" if flops / moved > PEAK / HBM else "memory-bound"
+    print(f"{B:>6}{flops:>12.3g}{moved:>12.3g}{flops / moved:>10.0f}  {bound}")
+ridge_rows = PEAK / HBM * D * F / (D * F - PEAK / HBM * (D + F))  # the B at which 2BDF / 2(BD + DF + BF) = PEAK / HBM
+print(f"the matmul turns compute-bound above {ridge_rows:.0f} rows")
+assert 255 < ridge_rows < 265  # "about 260 rows": above 241, since the weight is read and the result written
+if ok:
+    with quiet():  # quiet() (utils.capture) hides libtpu's start-up lines, which say nothing about this program
+        chip = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices[:1]
+        one = jax.sharding.SingleDeviceSharding(chip[0])
+        x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=one) for s in ((1024, D), (D, F)))
+        found = costs(jax.jit(jnp.matmul).lower(x, w).compile())
+    print(f"TPU compiler, B = 1024: {found['flops']:.3g} FLOPs, {found['bytes accessed']:.3g} bytes, "
+          f"{found['bytes accessed'] / (2 * (1024 * D + D * F + 1024 * F)):.1f} x the formula's")
+    assert found["flops"] == 2 * 1024 * D * F
+    assert found["bytes accessed"] >= 2 * (1024 * D + D * F + 1024 * F)  # at least every operand once
+else:
+    print(why)
+
+# %% [markdown]
+# The FLOPs agree exactly. The bytes do not: here the TPU compiler's `bytes accessed` is four times one
+# read of each operand and one write of the result, because it counts what each tile of the matmul reads,
+# so the factor changes with the shapes. The `memory` times below therefore come from `estimate_step`
+# instead, which counts each operand and result once, where it lives in HBM. Below about 260 rows (above the
+# ridge's 241, because the weight is read and the result written too) a v5e
+# waits on its memory; above, on its matrix units. Training batches have thousands of tokens per chip, so
+# their matmuls are compute-bound and the question becomes communication.
+#
+# ## 2. Five strategies at real size
+#
+# The model: the feed-forward (FF) block of Llama 3 8B (`d = 4096`, `d_ff = 14336`, gated: three
+# matrices, 176 million parameters, 81% of a layer's), bf16, 32 layers. The slice: a v5e-8 (`v5e:2x4`).
+# The batch: 8 sequences of 2,048 tokens. A program that loops over layers misleads `cost_analysis()`,
+# which counts a loop's body once, and the whole step takes minutes to compile. So compile
+# **one block's forward and backward pass** per strategy, and multiply by the layer count. All five are
+# compiled at the compiler's least effort (`O0`, under a second each). At `O0` the compiler schedules every
+# collective synchronously, but it emits the same matmuls and the same collectives as at its default
+# effort, the one `jax.jit` uses on a TPU (the assert after the table checks FLOPs and bytes against
+# formulas that do not depend on the effort), so what this section counts holds. Section 3 needs the
+# default effort's schedule, and reads it from a stored program.
+
+# %%
+D, FF, SEQ, LAYERS, BATCH = 4096, 14336, 2048, 32, 8
+P_BLOCK = 3 * D * FF  # w1 and w3 are (D, FF), w2 is (FF, D)
+
+
+def ff_block(p, x):
+    return x + (jax.nn.silu(x @ p["w1"]) * (x @ p["w3"])) @ p["w2"]
+
+
+def block_step(p, x, dy, remat=False):
+    """One block's forward pass and its backward pass, dy being the gradient arriving from above.
+
+    With `remat`, the backward pass recomputes the block's forward pass instead of reading it back."""
+    y, pull = jax.vjp(jax.checkpoint(ff_block) if remat else ff_block, p, x)
+    dp, dx = pull(dy)
+    return y, dp, dx
+
+
+def specs(fsdp, tp):
+    """Weight specs: `tp` splits the hidden dimension (w1, w3 by columns, w2 by rows), `fsdp` the other."""
+    return {"w1": P(fsdp, tp), "w3": P(fsdp, tp), "w2": P(tp, fsdp)}
+
+
+STRATEGIES = {  # mesh, weight specs, batch spec
+    "DP": (((8,), ("data",)), specs(None, None), P("data")),
+    "FSDP": (((8,), ("data",)), specs("data", None), P("data")),
+    "TP": (((8,), ("model",)), specs(None, "model"), P()),
+    "2-D": (((4, 2), ("data", "model")), specs(None, "model"), P("data")),
+    "FSDP x TP": (((4, 2), ("data", "model")), specs("data", "model"), P("data")),
+}
+
+
+def compile_block(devices, mesh_shape, weight_specs, batch_spec, d=D, ff=FF, tokens=BATCH * SEQ, remat=False,
+                  effort="O0"):
+    """One block's step, compiled for `devices`; `effort="O0"` is the compiler's least effort, None its default."""
+    shape, names = mesh_shape
+    mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=devices)
+    sizes = {"w1": (d, ff), "w3": (d, ff), "w2": (ff, d)}
+    p = {k: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, weight_specs[k]))
+         for k, s in sizes.items()}
+    x = jax.ShapeDtypeStruct((tokens, d), jnp.bfloat16, sharding=NamedSharding(mesh, batch_spec))
+    out = (x.sharding, {k: v.sharding for k, v in p.items()}, x.sharding)
+    with compile_effort(effort), quiet():  # None: the compiler's default
+        return jax.jit(partial(block_step, remat=remat), out_shardings=out).lower(p, x, x).compile(), mesh
+
+
+if ok:
+    with quiet():
+        v5e_8 = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices
+    blocks = {name: compile_block(v5e_8, *s) for name, s in STRATEGIES.items()}  # O0, the least effort
+else:
+    print(why)
+
+# %% [markdown]
+# For each program: its matmul FLOPs per chip beside the count `6 x parameters x tokens` (2 for the
+# forward matmuls, 4 for the backward's two), its HBM traffic (operands and results outside on-chip
+# memory), the ring estimate of what each chip sends
+# (`collectives()`), and the three times on a v5e, all times 32 layers. FLOPs and bytes sent are read op
+# by op with every loop counted by its trips (`estimate_step`, `collectives()`): the compiler's own
+# `cost_analysis()` counts a loop's body once, shown beside them. Last, `estimate_step`'s whole step: the
+# program walked in its scheduled order, each op and collective timed, transfers hidden where the schedule
+# lets them, and this slice's links as they are (a v5e-8's axes are lines, not rings).
+
+# %%
+def estimate(compiled, mesh, p_block=P_BLOCK, layers=LAYERS, tokens=BATCH * SEQ, per_token=6):
+    """Seconds of compute, memory and communication per step: the compiled block's figures x layers.
+
+    `per_token`: FLOPs per parameter per token, 6 for a forward and a backward pass."""
+    # use_cycles=False: the roofline of each op, because the blocks are compiled at O0, whose cycle counts are
+    # not a scheduled program's (notebook 16 times default-effort programs with them)
+    found, sent, step = costs(compiled), collectives(compiled), estimate_step(compiled, mesh, use_cycles=False)
+    return {
+        "flops": step.flops, "compiler flops": found["flops"], "6NT": per_token * p_block * tokens / mesh.size,
+        "loops": any(op.in_loop for op in sent.ops), "sent": sent.estimated_bytes, "collectives": sent,
+        "compute": layers * step.flops / PEAK,
+        "memory": layers * step.hbm_bytes / HBM,
+        "comm": layers * sent.estimated_bytes / LINK,
+        "op by op": layers * step.seconds, "step": step,
+    }
+
+
+if ok:
+    est = {name: estimate(*blocks[name]) for name in STRATEGIES}
+    print(f"{'':<10}{'TFLOP/chip':>11}{'6NT':>7}{'compiler':>9}{'compute':>9}{'memory':>8}{'comm':>8}  bound by"
+          f"{'op by op':>10}")
+    for name, e in est.items():
+        bound = max(("compute", "memory", "comm"), key=e.get)
+        print(f"{name:<10}{e['flops'] / 1e12:>11.2f}{e['6NT'] / 1e12:>7.2f}{e['compiler flops'] / 1e12:>9.2f}"
+              f"{e['compute']:>8.2f}s{e['memory']:>7.2f}s{e['comm']:>7.2f}s  {bound:<8}{e['op by op']:>9.2f}s"
+              + ("  (loop inside)" if e["loops"] else ""))
+    for name, e in est.items():  # every matmul counted, loops by their trips: 6NT within 1%
+        assert abs(e["flops"] / e["6NT"] - 1) < 0.01, name
+    assert est["FSDP"]["compiler flops"] < 0.9 * est["FSDP"]["flops"]  # cost_analysis: the loop's body once
+    assert all(max(("compute", "memory", "comm"), key=e.get) == "compute" for e in est.values())
+    assert min(est["TP"]["comm"], est["FSDP"]["comm"]) > est["DP"]["comm"]  # both send more than DP (see below)
+else:
+    print(why)
+
+# %% [markdown]
+# No estimate counts attention (its projections and `S x S` scores add about a third again), the
+# optimizer update, the embedding or the loss.
+#
+# The compute is the same, 2 TFLOP per chip per block: each strategy divides the same work by 8. Counted
+# op by op, every strategy's matmuls match `6NT` within 1%, FSDP's too, although its `cost_analysis()`
+# reports less. The TPU compiler turned each weight gradient's reduce-scatter into a loop that overlaps
+# pieces of the matmul with the transfer of others (a *collective matmul*, `windowed_dot_general_body_rs`,
+# rs for reduce-scatter). The loop runs twice, and `cost_analysis()` counts its body once.
+#
+# What each sends differs: DP all-reduces every gradient, FSDP gathers the bf16 weights and reduce-scatters
+# the gradients, TP all-reduces activations, and 2-D and FSDP x TP pay for both over smaller groups. Two
+# compiled figures differ from the textbook ring, and both are the compiler's doing (the hidden cell below
+# checks them):
+#
+# | strategy | textbook ring, per block | compiled | why |
+# |---|---|---|---|
+# | FSDP | `3.5N` bytes, as DP | `4N` bytes (672 MiB) | each gradient's loop sends 4 pieces per trip, twice, and 1 after it: 9 pieces of a shard where a ring sends 7 |
+# | TP | 2 all-reduces of `[t, d]` | 3 | the backward pass sums the two partial input gradients, from `w1` and from `w3`, separately instead of adding them first |
+#
+# With this batch the two come out equal, 704 MB per block, both more than DP's 616 MB: three sums of
+# `[16384, 4096]` happen to weigh what four copies of the block's weights weigh.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title The TPU compiler's exact figures, §2: what each strategy sends per block
+if ok:
+    fsdp, dp, tp = (est[name]["collectives"] for name in ("FSDP", "DP", "TP"))
+    permutes = [op for op in fsdp.ops if op.kind == "collective-permute"]
+    print(f"FSDP: {fsdp.count('all-gather')} weight gathers and {fsdp.count('collective-permute')} collective-permutes "
+          f"({sum(op.in_loop for op in permutes)} stated in loop bodies that run {max(op.trips for op in permutes)} "
+          f"times), {est['FSDP']['sent'] / 2**20:,.0f} MiB; DP {est['DP']['sent'] / 2**20:,.0f} MiB; "
+          f"TP {tp.count('all-reduce')} all-reduces, {est['TP']['sent'] / 2**20:,.0f} MiB")
+    assert fsdp.count("collective-permute") == 3 * (4 * 2 + 1)  # per gradient: 4 per trip, 2 trips, 1 after
+    assert est["FSDP"]["sent"] == 2 * (2 * P_BLOCK)  # 4N bytes: 7/8 of the weights gathered, 9/8 scattered
+    assert est["DP"]["sent"] == 2 * 7 / 8 * (2 * P_BLOCK)  # 3.5N bytes: a ring all-reduce of the gradients
+    assert tp.count("all-reduce") == 3  # one in the forward pass, two in the backward pass
+    assert est["TP"]["sent"] == 3 * 2 * 7 / 8 * (2 * BATCH * SEQ * D)  # each a ring all-reduce of [t, d] in bf16
+else:
+    print(why)
+
+# %% [markdown]
+# ## 3. When communication hides
+#
+# A collective can run while the chip computes something it does not depend on. It costs nothing extra
+# if its time is below that compute:
+#
+# `bytes sent / W  <  FLOPs it can overlap / C`, with C the peak FLOP/s and W the link bandwidth.
+#
+# What it can overlap is limited by what waits for what: a forward pass's transfers cannot hide behind a
+# backward pass that needs their result. So compare each pass's bytes with that pass's FLOPs.
+#
+# **FSDP.** In the forward pass each chip gathers the block's weights, `(n-1)/n x 2N` bytes in bf16, while
+# it computes the forward matmuls, `2N x t` FLOPs for `t` tokens per chip. The gathers hide when
+# **t > (n-1)/n x C/W**, about C/W: 1,970 tokens per chip on a large v5e axis, 1,720 on 8 chips. The
+# backward pass reduce-scatters the gradients (`9/8 x 2N` bytes as compiled here) against `4N x t` FLOPs,
+# which needs only `t > (9/16) C/W`. The forward pass binds, and the per-device batch is what matters,
+# not the model size.
+#
+# **TP.** In the forward pass each chip all-reduces the block's output, `[t, d]` in bf16, so a ring sends
+# `2(M-1)/M x 2td` bytes, while it computes `6 d d_ff t / M` FLOPs (three matmuls) on an axis of `M` chips.
+# The `t` cancels: the sum hides when **d_ff / M > (2/3)(M-1)/M x C/W**, whatever the batch. The backward
+# pass sends two such sums (the compiler's third all-reduce) against twice the FLOPs, which gives the same
+# rule. A v5e asks for `d_ff / M` above about 1,150 on 8 chips and 1,310 on a large axis. 8-way TP of this
+# block gives 1,792, a margin of 1.6, and 16-way (896) would not hide. So TP axes stay small, and TP is
+# chosen for memory, not bytes.
+#
+# Pooling the whole step's bytes against the whole step's FLOPs gives looser rules, `(2/3) C/W` for FSDP
+# and `(4/9) C/W` for TP, because it lets the forward pass's transfers hide behind the backward pass. Check
+# the per-pass rules on the compiled programs: `estimate_step`'s timeline gives each op's `op_name`, in
+# which `transpose(jvp())` marks the backward pass (FSDP's weight gathers are named after the weights, and
+# belong to the forward pass).
+
+# %%
+RING = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8, "collective-permute": 1.0}  # bytes sent per byte, 8 chips
+
+
+def per_pass(e, backward):
+    """(FLOPs, ring bytes sent) of one pass of a compiled block, every loop trip counted."""
+    flops = sent = 0.0
+    for op in e["step"].timeline:
+        late = "transpose(" in op.op_name
+        if op.lane == "compute" and late == backward:
+            flops += op.flops * op.trips
+        elif op.kind in RING and late == backward:
+            sent += RING[op.kind] * op.bytes * op.trips
+    return flops, sent
+
+
+if ok:
+    tokens = BATCH * SEQ // 8
+    print(f"{'':<6}{'pass':<10}{'hides above':>13}{'rule':>9}")
+    for backward, rule in ((False, 7 / 8), (True, 9 / 16)):
+        flops, sent = per_pass(est["FSDP"], backward)
+        crossover = tokens * (sent / LINK) / (flops / PEAK)  # the tokens per chip where the two times meet
+        print(f"{'FSDP':<6}{'backward' if backward else 'forward':<10}{crossover:>13,.0f}{rule * PEAK / LINK:>9,.0f}"
+              "  tokens per chip")
+        assert abs(crossover / (rule * PEAK / LINK) - 1) < 0.05
+    for backward in (False, True):
+        flops, sent = per_pass(est["TP"], backward)
+        ratio, rule = (flops / PEAK) / (sent / LINK), FF / 8 / (2 / 3 * 7 / 8 * PEAK / LINK)
+        print(f"{'TP':<6}{'backward' if backward else 'forward':<10}{ratio:>13.2f}{rule:>9.2f}"
+              "  compute / communication, at any batch")
+        assert abs(ratio / rule - 1) < 0.05
+else:
+    print(why)
+
+# %% [markdown]
+# Each pass meets its rule within 5%: counted with every loop trip and the compiler's third all-reduce,
+# nothing is left unexplained. Hiding also needs the schedule to allow it: a compiled program lists its
+# instructions in the order the chip runs them, and whatever runs between an asynchronous collective's
+# `...-start` and `...-done` overlaps the transfer. At `O0` nothing runs between them, so read the schedule
+# at the default effort, the one a run gets.
+#
+# Compiling section 2's FSDP block at the default effort takes 10-15 s of CPU, more than this page's
+# budget, so the course compiled it once with `compile_block(..., effort=None)` and stores the program's
+# text, `compiled.as_text()`, in `data/step_time` (`tests/test_15_step_time.py` compiles it again and
+# checks it is the same program). Every tool of the course reads that text as it reads a compiled program.
+# Set `COMPILE_HERE = True` to compile it yourself. `utils.schedule` lists the step in the order it runs,
+# with the matmuls inside each asynchronous collective's window:
+
+# %%
+COMPILE_HERE = False  # True: compile FSDP's block at the default effort here (10-15 s of CPU)
+if ok:
+    mesh_8 = blocks["FSDP"][1]
+    if COMPILE_HERE:
+        fsdp_default = compile_block(v5e_8, *STRATEGIES["FSDP"], effort=None)[0]  # None: the default effort
+    else:
+        fsdp_default = gzip.decompress((PROGRAMS.parent / "step_time" / "fsdp_block_v5e-2x4.hlo.gz").read_bytes()).decode()
+    assert collectives(fsdp_default).counts == est["FSDP"]["collectives"].counts  # the same collectives as at O0
+    fsdp_steps = schedule(fsdp_default, mesh_8)
+    w = [(s.kind, s.overlaps) for s in fsdp_steps if s.asynchronous]
+    print(f"FSDP {len(w):>2} asynchronous collectives, {sum(n > 0 for _, n in w):>2} with matmuls inside: "
+          + ", ".join(sorted({k for k, _ in w})))
+    assert any(s.overlaps > 0 for s in fsdp_steps)  # FSDP's transfers overlap its matmuls
+else:
+    print(why)
+
+# %% [markdown]
+# The TPU compiler overlaps FSDP's traffic in its own way: it cuts each weight gradient's reduce-scatter
+# into a ring of `collective-permute`s, each started before a matmul on one piece and finished after it (a
+# *collective matmul*; the loops of section 2). The weights' gathers stay `all-gather`s, started early. A
+# sum needs the matmul that produces it: within one block, DP's gradient all-reduce has no later work of
+# the block left to hide behind (across layers it can overlap the next layer's backward pass), and TP's
+# sums cannot hide by rescheduling either, since each
+# waits for the matmul that produces it and the next matmul waits for it. MaxText's scripts turn on libtpu flags for this
+# (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
+# in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
+#
+# Drawn on a time axis, FSDP's step at the default effort: the chip's work in one lane, the transfers
+# over `data` (the FSDP axis here) in another, each op as long as `estimate_step` times it. A transfer is hatched while it runs
+# beside a matmul and black where the chip has to wait for it, so the black is what communication costs
+# this step. Each gradient's reduce-scatter loop is drawn once, framed and marked with its trip count.
+
+# %%
+if ok:
+    assert all(s.overlaps > 0 for s in fsdp_steps if s.kind == "collective-permute")  # every ring step hides
+    fsdp_step = estimate_step(fsdp_default, mesh_8, use_cycles=False)  # the roofline of each op, as in section 2
+    assert fsdp_step.flops == est["FSDP"]["flops"]
+    print(f"FSDP block on a v5e-8: {fsdp_step.seconds * 1e3:.2f} ms estimated, {fsdp_step.comm_hidden * 1e3:.2f} ms "
+          f"of collectives hidden behind work, {fsdp_step.comm_exposed * 1e3:.2f} ms exposed")
+    assert fsdp_step.comm_hidden > 0  # part of the traffic runs beside matmuls, as the schedule promised
+else:
+    print(why)
+fsdp_fig = draw_timeline(fsdp_step, title="one FSDP block's step on a TPU v5e-8 (default effort), estimated "
+                         "op by op") if ok else None
+fsdp_fig
+
+# %% [markdown]
+# The same step's ops on a roofline: each op that reads HBM sits at its arithmetic intensity (FLOPs per
+# byte of HBM traffic) and the FLOP/s `estimate_step` gives it, under the v5e's two roofs (ops without
+# FLOPs, elementwise work and copies, have no place on it). Every matmul sits right of the ridge, on the
+# flat roof, because 2,048 tokens per chip reuse each weight 2,048 times. The star is the whole step: below
+# the roof by what memory-bound ops and exposed transfers cost it.
+
+# %%
+if ok:
+    ridge = PEAK / HBM
+    matmuls = [op for op in fsdp_step.timeline if op.lane == "compute" and op.flops > 0 and op.bytes > 0]
+    print(f"{len(matmuls)} ops with FLOPs; intensity from {min(op.flops / op.bytes for op in matmuls):,.0f} to "
+          f"{max(op.flops / op.bytes for op in matmuls):,.0f} FLOPs per byte, ridge {ridge:.0f}; the step reaches "
+          f"{fsdp_step.flops / fsdp_step.seconds / PEAK:.0%} of peak")
+    big = max(matmuls, key=lambda op: op.flops)
+    assert big.flops / big.bytes > ridge  # the largest matmul is compute-bound ...
+    assert fsdp_step.flops / fsdp_step.seconds < PEAK  # ... and the whole step attains less than the peak
+roof_fig = draw_roofline(fsdp_step, title="one FSDP block's step on a TPU v5e-8: each op on the roofline") if ok else None
+roof_fig
+
+# %% [markdown]
+# Where does each strategy stop hiding? Hold the block and the chip fixed and change the tokens per chip
+# `t`. Each pass's matmul time grows with `t`; FSDP's bytes do not (the weights are the same size at any
+# batch), while TP's grow with `t` too (it sums activations). With each pass's transfers hidden behind that
+# pass's matmuls where they are shorter, a pass takes `max(matmul time, transfer time)`. The FLOPs and
+# bytes per pass are the compiled programs' (`per_pass` above), scaled to each `t`: FSDP meets its compute
+# floor at the forward rule, `(7/8) C/W` = 1,724 tokens, and TP, whose ratio does not change with `t`,
+# stays on it at every batch (its `d_ff / M` is above `(2/3)(7/8) C/W`).
+
+# %%
+if ok:
+    t_chip = np.geomspace(128, 16384, 385)
+    sweep = {}
+    for name, t_compiled in (("FSDP", BATCH * SEQ // 8), ("TP", BATCH * SEQ)):  # TP: every chip sees the batch
+        step_s = floor_s = 0.0
+        for backward in (False, True):
+            flops, sent = per_pass(est[name], backward)
+            compute = flops / PEAK * t_chip / t_compiled
+            comm = sent / LINK * (t_chip / t_compiled if name == "TP" else 1.0)
+            step_s, floor_s = step_s + np.maximum(compute, comm), floor_s + compute
+        sweep[name] = step_s / floor_s  # 1: communication hidden; above 1: the step waits for it
+    hides = t_chip[np.argmax(sweep["FSDP"] <= 1 + 1e-9)]
+    print(f"FSDP reaches its compute floor at {hides:,.0f} tokens per chip (rule (7/8) C/W = {7 / 8 * PEAK / LINK:,.0f}); "
+          f"at 512 tokens it takes {np.interp(512, t_chip, sweep['FSDP']):.2f}x its matmul time. "
+          f"TP: {sweep['TP'].min():.2f}x to {sweep['TP'].max():.2f}x at every batch")
+    assert abs(hides / (7 / 8 * PEAK / LINK) - 1) < 0.05  # the per-pass rule, from the compiled bytes
+    assert np.allclose(sweep["TP"], 1.0)  # TP hides at any batch here: d_ff / M = 1,792 > (2/3)(7/8) C/W
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for name, style in (("FSDP", "-"), ("TP", "--")):
+        ax.plot(t_chip, sweep[name], style, color="black", label=f"{name}, 8 chips, this block")
+    ax.axvline(7 / 8 * PEAK / LINK, color="0.5", linestyle=":", linewidth=1)
+    ax.text(7 / 8 * PEAK / LINK * 1.05, sweep["FSDP"].max() * 0.9, "FSDP's rule: t = (7/8) C/W", fontsize=8)
+    ax.set(xscale="log", xlabel="tokens per chip, t", ylabel="estimated step / matmul time",
+           title="when each strategy stops hiding its communication (TPU v5e, bf16)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.close(fig)
+sweep_fig = fig if ok else None
+sweep_fig
+
+# %% [markdown]
+# ## 4. A profiler trace
+#
+# `jax.profiler.trace` records what every device ran, when, and for how long. Record two steps of a small
+# data-parallel train step on this kernel's 8 devices into a temporary folder;
+# `create_perfetto_trace=True` also writes `perfetto_trace.json.gz`, plain JSON.
+
+# %%
+mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+w = jax.device_put(jnp.ones((256, 256)), NamedSharding(mesh, P()))
+xb = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("data")))
+train_step = jax.jit(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w))
+train_step(w, xb).block_until_ready()  # compile before recording
+
+folder = Path(tempfile.mkdtemp())
+try:
+    with quiet(), jax.profiler.trace(folder, create_perfetto_trace=True):
+        for _ in range(2):
+            w = train_step(w, xb)
+        w.block_until_ready()
+    written = sorted(p.name for p in folder.rglob("*") if p.is_file())
+    (perfetto,) = folder.rglob("perfetto_trace.json.gz")
+    events = json.loads(gzip.decompress(perfetto.read_bytes()))["traceEvents"]
+finally:
+    shutil.rmtree(folder)
+print("written:", written)
+ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
+sums = [e for e in ops if e["args"]["hlo_op"].startswith("all-reduce")]
+print(f"{len(ops)} operations on the devices' timelines, {len(sums)} of them all-reduces, on devices "
+      f"{sorted({int(e['args'].get('device_ordinal', e['pid'])) for e in sums})}")  # a GPU trace may lack the ordinal
+assert {"perfetto_trace.json.gz"} <= set(written) and any(n.endswith(".xplane.pb") for n in written)
+
+# %% [markdown]
+# The trace holds one timeline per device, with the gradient's all-reduce once per step. Durations on
+# simulated devices mean little; on a TPU or GPU the same call records the accelerator's timeline. To look at it, keep the folder (pass your own path)
+# and drop `perfetto_trace.json.gz` on [ui.perfetto.dev](https://ui.perfetto.dev), or open the folder in
+# XProf (`xprof --logdir=FOLDER`, or TensorBoard's profile plugin) for its trace viewer and op profile.
+# Communication that hides shows as a collective beside a matmul; one that does not, as a gap in the
+# compute.
+
+# %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
+# @title The CPU compiler's exact figures, §4: the trace's all-reduces
+if CPU:  # another backend's trace names its operations its own way
+    assert len(sums) == 2 * 8  # one gradient all-reduce per step on each of the 8 devices
+    assert {e["args"]["hlo_module"] for e in sums} == {sums[0]["args"]["hlo_module"]}  # all from the train step
+    print(f"CPU trace: {len(sums)} all-reduces, 2 steps x 8 devices, all from {sums[0]['args']['hlo_module']}")
+
+# %% [markdown]
+# ## Takeaways
+# - A step takes at least the largest of FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth and bytes sent /
+#   link bandwidth, per chip; at most their sum. Each is an estimate that assumes peak rates.
+# - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
+#   2,000 to outrun its links.
+# - Count a loop by its trips: `cost_analysis()` counts a loop's body once, even the loops the compiler
+#   makes itself (FSDP's gradient reduce-scatter). `estimate_step` and `collectives()` count every trip; check
+#   the FLOPs against `6 x parameters x tokens`.
+# - Compare each pass's bytes with that pass's FLOPs: FSDP's gathers hide above about `C/W` tokens per chip;
+#   TP's sums when `d_ff / M` is above about `(2/3) C/W`, whatever the batch: keep TP axes small.
+# - The estimate finds the bound and which term sets it; a profiler trace of the real run finds the rest.
+#   `jax.profiler.trace(..., create_perfetto_trace=True)` writes a file for ui.perfetto.dev.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
+# `ex.<name>.reveal()` for the reference answer.
+#
+# **Exercise 1: predict a step's compute time.** A 1.3-billion-parameter model trains with data
+# parallelism on 8 H100s, a global batch of 64 sequences of 2,048 tokens, in float32 without tensor
+# cores (67 TFLOP/s per GPU). How many seconds of compute does one step take per GPU, at peak?
+
+# %%
+from spmd_course.exercises import ex15_step_time as ex
+
+answer_1 = NOT_ANSWERED  # seconds, a float
+ex.compute_seconds.check(answer_1);
+
+# %% [markdown]
+# **Exercise 2: the crossover batch.** Under data parallelism on a v6e slice, each chip all-reduces
+# every gradient of an `N`-parameter model in bf16 over a ring of 16 chips, during a backward pass that
+# does `4N` FLOPs per token. Above how many tokens per chip does that all-reduce take less time than the
+# backward pass? Use section 1's figures for the v6e (918 TFLOP/s; 200 GB/s sent per chip).
+
+# %%
+answer_2 = NOT_ANSWERED  # tokens per chip
+ex.crossover_tokens.check(answer_2);
+
+# %% [markdown]
+# **Exercise 3: count a loop by its trips.** Section 2's FSDP program, `blocks["FSDP"][0]`, reduce-scatters
+# each weight gradient in a loop the compiler wrote. `collectives(program).ops` lists each collective
+# instruction once, a loop body's too, with `in_loop` and `trips` (how many times it runs per step). How many
+# `collective-permute`s does one step run on each chip? Read it from the ops, not from `count()`.
+
+# %%
+answer_3 = NOT_ANSWERED  # collective-permutes per step, an int
+ex.loop_permutes.check(answer_3);
+
+# %% [markdown]
+# **Next:** [16 · The estimate held against published runs](16_published_runs.ipynb)
