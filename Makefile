@@ -44,7 +44,7 @@ help:
 	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
 	@echo "make test-units     the fast tests in tests/ (make test without the notebooks)"
 	@echo "make published-rows MaxText's published rows compiled again at full size and checked against data/published_rows (minutes a row; UPDATE=1 stores them)"
-	@echo "make plans          the planner's rankings notebook 25 reads, compiled again at full size into data/plans (an hour or more; ONLY=name for one)"
+	@echo "make plans          the planner's rankings notebooks 25 and 26 read, compiled again at full size into data/plans (an hour or more; ONLY=name for one)"
 	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
 	@echo "make env            build or re-sync the environment;  make lint   ruff"
 	@echo "make sync           pair notebooks with their .py sources, strip outputs, write src/spmd_course/models.py;  make strip"
@@ -90,7 +90,7 @@ test-slow: env
 published-rows: env
 	PUBLISHED_ROWS_UPDATE=$(UPDATE) $(BIN)/python -m pytest -m published -s $(PYTEST_ARGS) tests/test_published_rows.py
 
-# The planner's rankings that notebook 25 shows (utils.stored_plans): an 8B and a 70B model on v5e-256 and v5p-256,
+# The planner's rankings that notebooks 25 and 26 show (utils.stored_plans): an 8B and a 70B model on v5e-256 and v5p-256,
 # and every published MaxText row held against the planner, each a search with full-size TPU compiles at O0 (tens
 # of seconds of CPU each). Written to data/plans/plans.json as each entry finishes; `make plans ONLY=8b-v5e` redoes
 # one entry; make test-slow recomputes the cheapest stored entry and checks it.

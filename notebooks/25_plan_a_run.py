@@ -12,14 +12,13 @@
 # shapes) and 21 (compiling ahead of time for TPU slices); `utils.train_step`'s full-size training step.
 #
 # You plan an 8B-class and a 70B-class Llama-style model on a v5e-256 and on a v5p slice, read the ranked
-# tables and their pictures, find out why the top plan wins, and hold MaxText's published plans against
-# the planner.
+# tables and their pictures, find out why the top plan wins, and plan a Flax NNX module of your own.
+# Notebook 26 holds MaxText's published plans against the planner.
 #
 # **You will learn**
 # - how to call the planner on a model, a slice and a global batch, and read its ranking;
 # - which plans a formula can refuse without compiling, and why the compiler still has the last word;
 # - why a plan wins: the term that bounds its step, and the term the runner-up loses on;
-# - where practitioners' published plans land in the planner's ranking, and why they differ;
 # - how to plan a model of your own without opening a notebook.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -49,7 +48,6 @@ from IPython.display import display
 
 from spmd_course.utils import stored_plans, tpu_compiler_available
 from spmd_course.utils.planner import activation_bytes, plan, record, state_bytes
-from spmd_course.utils.published_rows import ROWS
 from spmd_course.utils.step_pictures import draw_plans
 from spmd_course.utils.stored_plans import LLAMA2_70B, LLAMA3_8B
 from spmd_course.utils.timing import CHIPS
@@ -364,90 +362,7 @@ assert nearest["hbm_bytes"] < v5e_70b["hbm_bytes"] < nearest["hbm_bytes"] + near
 assert all(3.8 < (p["hbm_bytes"] - p["formula_bytes"]) / GiB < 5.1 for p in compiled)  # what the formula leaves out
 
 # %% [markdown]
-# ## 5. Held against practitioners' plans
-#
-# MaxText published the MFU of 14 training runs in 2023 (notebook 16 reconstructs them on the model each
-# measured). Here the planner gets only what a practitioner starts from: the row's model, its slice (and
-# number of slices) and its global batch, and none of the published choices. A full search takes about
-# an hour of CPU a row, so each is restricted, and the restriction is part of the result:
-#
-# | what the planner searches | why |
-# |---|---|
-# | two meshes: the published one, and pure FSDP where the row used tensor parallelism, else FSDP x 4-way tensor | so the published plan is always a candidate, with one real alternative |
-# | two remat policies: the published one, and `full` or `minimal` (whichever it was not) | the two MaxText used in 2023 |
-# | the published attention kernel, every micro-batch the global batch allows | the same work as the row |
-# | at most 4 compiles at effort O0, cheapest paper estimate first | the machine's budget |
-#
-# So "place" is the published plan's rank among the searched plans that fit. The planner's MFU is
-# computed with the FLOP formula MaxText used on the row's date (notebook 16), so it stands beside the
-# published figure. Two things bias it: at O0 the step is timed by the roofline alone, a floor (notebook
-# 15), and the planner runs the flash kernel causally where MaxText's first flash runs computed every score.
-
-# %%
-print(stored_plans.published_table(STORED))
-for name, entry in STORED["published"].items():
-    mine = entry["plans"][entry["published_place"] - 1]  # the published plan, found in the planner's ranking
-    assert [1, mine["fsdp"], mine["tensor"]] == entry["published_mesh"] and mine["remat"] == entry["published_remat"]
-    if entry["top"] and entry["published_fitting_place"] != 1:  # the planner prefers another plan: say why
-        assert entry["reason"].startswith(mine["label"]) and entry["top"] in entry["reason"], name
-print(f"{len(STORED['published'])} rows held against the planner, {len(STORED['not_run'])} not run")
-assert set(STORED["published"]) | set(STORED["not_run"]) == {row.name for row in ROWS}  # every row accounted for
-
-# %% [markdown]
-# How to read it. "Place" is the published plan's rank among the searched plans that fit, or why it is
-# not ranked; the line under each row is the planner's reason. Three things show.
-#
-# - **Every published plan fits here, and the planner ranks it, with its reason.** The planner ranks
-#   MaxText's plan first for the 16B rows on one, two and 32 v5e-256 slices and the 32B rows on one and
-#   two: pure FSDP, remat `full`, all of a chip's sequences in one micro-step, with the gradient sum over
-#   DCN across slices. For the v5e 64B rows it finds FSDP x 4-way tensor and the published pure FSDP tied
-#   (within 0.1%).
-# - **Where it prefers another plan, it says on which term.** For the v5e 128B rows it prefers pure FSDP to
-#   the published 16 x 16 FSDP x tensor plan by 5 to 9%, on memory. For the v5p rows, all run with remat
-#   `minimal` and tensor parallelism, it ranks the published plan third, behind pure FSDP with the same
-#   remat and micro-batch: 14 to 18% faster for the 128B rows and 26 to 34% for the 32B and 64B rows, on
-#   exposed communication. Take those with care: notebook 16 found that the time model leaves too much
-#   tensor-parallel communication exposed on the v5e 128B rows, which it estimates 20 to 29% slow.
-# - **The formula no longer prunes a plan MaxText ran.** It used to count, beside each layer's input, the
-#   two `d_model`-wide outputs of the attention and feed-forward blocks, which put the v5p 32B row at 99.6
-#   GiB, over the chip's 95.73 GiB. The compiler keeps one `d_model`-wide array a layer (notebook 16,
-#   section 4, reads the buffers of that row's program), and without the two the formula gives 79.6 GiB
-#   against the 90.0 GiB the compiler allocates. On the 14 published programs the formula is now 0.76 to
-#   1.08 of the compiler's allocation, so it prunes with a margin: a plan it prunes needs more HBM than the
-#   chip has by its own count, which mostly falls short of the compiler's.
-#
-# Every fit here is judged by the HBM the compiler allocates. On TPU `memory_analysis()`'s sum of
-# arguments and temporaries is larger (notebook 16, section 4), and judged by that sum several of these
-# published plans would seem not to fit on chips where MaxText ran them.
-#
-# The MFU column is the planner's top plan under the FLOP formula of the row's date, timed by the roofline
-# alone (O0), so it is a ceiling for that plan rather than a prediction; notebook 16 times the published
-# programs at the default effort and lands within 15% of the implied step for 11 of the 14 rows. Rows
-# listed as not run are what the machine that ran `make plans` could not finish; `make plans ONLY="<row>"`
-# runs one.
-
-# %%
-ranked = {name: e for name, e in STORED["published"].items() if e["published_fitting_place"]}
-unfit = {name: e["published_status"] for name, e in STORED["published"].items() if not e["published_fitting_place"]}
-print(f"published plan ranked: {sorted(ranked)}; not fitting here: {unfit}")
-assert any(e["published_fitting_place"] == 1 for e in ranked.values())  # the planner agrees with a published plan
-assert all(e["published_fitting_place"] == 1 or "loses most on" in e["reason"] for e in ranked.values())  # or why not
-assert len(ranked) == 14 and not unfit  # every published plan fits and is ranked
-first = {name for name, e in ranked.items() if e["published_fitting_place"] == 1}
-assert first == {row.name for row in ROWS if row.name.startswith(("v5e 16B", "v5e 32B"))}  # agrees on five
-slower = {name: e["plans"][e["published_place"] - 1]["step_seconds"] / e["plans"][0]["step_seconds"] - 1
-          for name, e in ranked.items() if e["published_fitting_place"] != 1}
-print({name: f"{v:+.1%}" for name, v in slower.items()})
-assert set(slower) == {row.name for row in ROWS if row.name.startswith(("v5e 64B", "v5e 128B", "v5p"))}
-assert all(abs(v) < 0.001 for name, v in slower.items() if name.startswith("v5e 64B"))  # a tie
-assert all(0.04 < v < 0.09 for name, v in slower.items() if name.startswith("v5e 128B"))  # 5 to 9% slower
-assert all(0.14 < v < 0.18 for name, v in slower.items() if name.startswith("v5p 128B"))  # 14 to 18% slower
-assert all(0.25 < v < 0.35 for name, v in slower.items() if name.startswith(("v5p 32B", "v5p 64B")))  # 26 to 34%
-assert all(STORED["published"][n]["published_fitting_place"] == 3 for n in slower if n.startswith("v5p"))
-assert all("exposed communication" in STORED["published"][n]["reason"] for n in slower if n.startswith("v5p"))
-
-# %% [markdown]
-# ## 6. Your own Flax NNX module
+# ## 5. Your own Flax NNX module
 #
 # A learner's model is often their own code rather than a `DecoderConfig`. `plan_module` takes a function
 # that builds an NNX module. It builds it with `nnx.eval_shape`, so no parameter is allocated and a 70B
@@ -527,8 +442,6 @@ assert meshes[1, 1, 8].formula_bytes < meshes[8, 1, 1].formula_bytes / 4  # and 
 #   on a v5p it still misses a plan 10% faster than its top one.
 # - One layer's temporaries and an accumulator can decide a plan: a 70B model with materialised 4,096 x
 #   4,096 attention scores fits no plan the v5e-256 search compiled, although its state is 4.3 GiB a chip.
-# - Held against MaxText's published plans with only the model, slice and batch, the planner ranks the
-#   published plan in all 14 rows, first in five, tied in two, and says on which term the others lose.
 # - Your own Flax NNX module plans the same way: `plan_module(make, seq_len=..., vocab_size=..., ...)` builds
 #   it abstractly, splits its weights by their logical axis names, and compiles it as written (remat is the
 #   module's own).
@@ -566,5 +479,4 @@ answer_2 = NOT_ANSWERED  # a dict: model, chip, topology, global_batch_tokens, m
 ex.my_plan.check(answer_2);
 
 # %% [markdown]
-# **Next:** [00 · A first sharded array](00_setup.ipynb) (back to the start), or the readable edition
-# (`make html`).
+# **Next:** [26 · The planner held against published plans](26_published_plans.ipynb)

@@ -1,4 +1,4 @@
-"""The stored rankings notebook 25 reads (tools/plans.py writes them, utils.stored_plans reads them).
+"""The stored rankings notebooks 25 and 26 read (tools/plans.py writes them, utils.stored_plans reads them).
 
 Fast: the file's shape, the provenance every entry carries, the search each published row gets, the
 comparison ``--check`` uses and the script's bad input. Slow (``make test-slow``): one stored entry computed
@@ -122,7 +122,7 @@ def test_published_table_has_a_row_and_a_reason_for_every_row():
 @needs_store
 def test_a_stored_entry_is_computed_again_the_same(capsys):
     """The cheapest stored entry, recomputed with the script's own code, matches what is stored; then the table
-    of published plans against the planner is printed (it is the table notebook 25 shows)."""
+    of published plans against the planner is printed (it is the table notebook 26 shows)."""
     import importlib.metadata
 
     import jax

@@ -1,4 +1,4 @@
-"""Store the planner's rankings that notebook 25 shows but cannot afford to compute: ``make plans``.
+"""Store the planner's rankings that notebooks 25 and 26 show but cannot afford to compute: ``make plans``.
 
 Every plan the planner times is a full-size ahead-of-time TPU compile (about 50 s of CPU each at the least
 effort, O0, for an 8B model on 256 chips), so notebook 25 compiles one lesson live and reads the other tables

@@ -4,7 +4,7 @@ Why: each plan the planner times is a full-size ahead-of-time TPU compile, tens 
 notebook compiles one lesson live and reads the rest from this file. ``tools/plans.py`` writes it (never by
 hand); each entry names the command, the jax and libtpu versions and the compiler effort that made it, so a
 stored figure is always labelled as stored. :func:`published_table` is the table of MaxText's published
-plans held against the planner's ranking that ``make test-slow`` prints and notebook 25 shows.
+plans held against the planner's ranking that ``make test-slow`` prints and notebook 26 shows.
 """
 
 from __future__ import annotations
