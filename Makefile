@@ -46,7 +46,7 @@ help:
 	@echo "make published-rows MaxText's published rows compiled again at full size and checked against data/published_rows (minutes a row; UPDATE=1 stores them)"
 	@echo "make plans          the planner's rankings notebooks 25 and 26 read, compiled again at full size into data/plans (an hour or more; ONLY=name for one)"
 	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
-	@echo "make env            build or re-sync the environment;  make lint   ruff"
+	@echo "make env            build or re-sync the environment (spmd_course, the course's package, installed editable);  make lint   ruff"
 	@echo "make sync           pair notebooks with their .py sources, strip outputs, write src/spmd_course/models.py;  make strip"
 	@echo "make book           the executed book (Sphinx + MyST-NB) in build/book/html"
 	@echo "make bench          wall and CPU time and peak memory of each notebook against 15 s / 1 GB, median 8 s"
