@@ -65,15 +65,8 @@ def device_label(ids: Sequence[int]) -> str:
     steps = {b - a for a, b in itertools.pairwise(ids)}
     if len(ids) >= 5 and len(steps) == 1 and steps != {1}:
         return f"dev {ids[0]},{ids[1]},...,{ids[-1]}"
-    parts: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(f"{ids[i]}-{ids[j]}" if j - i >= 2 else ",".join(map(str, ids[i : j + 1])))
-        i = j + 1
-    return "dev " + ",".join(parts)
+    runs = [[v for _, v in run] for _, run in itertools.groupby(enumerate(ids), lambda p: p[1] - p[0])]
+    return "dev " + ",".join(f"{r[0]}-{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs)
 
 
 def _panel_dims(ndim: int, dims: Sequence[int] | None) -> tuple[int | None, int | None]:
