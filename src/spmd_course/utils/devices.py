@@ -174,14 +174,13 @@ def setup_devices(n: int = 8, *, quiet: bool = False) -> DeviceSetup:
         devices = jax.devices()
         setup = DeviceSetup(n, devices[0].platform, False, f"{len(devices)} found")
     else:
-        reason = choice
         try:
             jax.config.update("jax_platforms", "cpu")
             jax.config.update("jax_num_cpu_devices", n)
             jax.config.update("jax_disable_most_optimizations", True)  # CPU machine code only: see the docstring
         except RuntimeError as err:  # JAX raises this once backends are initialised
             raise DeviceCountError(_restart_message(jax.device_count(), n)) from err
-        setup = DeviceSetup(n, "cpu", True, reason)
+        setup = DeviceSetup(n, "cpu", True, choice)
 
     have = jax.device_count()
     if setup.simulated and have != n:

@@ -65,15 +65,8 @@ def device_label(ids: Sequence[int]) -> str:
     steps = {b - a for a, b in itertools.pairwise(ids)}
     if len(ids) >= 5 and len(steps) == 1 and steps != {1}:
         return f"dev {ids[0]},{ids[1]},...,{ids[-1]}"
-    parts: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(f"{ids[i]}-{ids[j]}" if j - i >= 2 else ",".join(map(str, ids[i : j + 1])))
-        i = j + 1
-    return "dev " + ",".join(parts)
+    runs = [[v for _, v in run] for _, run in itertools.groupby(enumerate(ids), lambda p: p[1] - p[0])]
+    return "dev " + ",".join(f"{r[0]}-{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs)
 
 
 def _panel_dims(ndim: int, dims: Sequence[int] | None) -> tuple[int | None, int | None]:
@@ -219,8 +212,8 @@ def _dim_text(shape: tuple[int, ...], sharding: Any, d: int) -> str:
     return f"dim {d} ({shape[d]}) \u00f7 {names} ({size})"
 
 
-def _bare(ax: Axes) -> None:
-    for side in ("top", "right", "bottom", "left"):
+def _bare(ax: Axes, sides: Sequence[str] = ("top", "right", "bottom", "left")) -> None:
+    for side in sides:
         ax.spines[side].set_visible(False)
 
 
@@ -283,12 +276,14 @@ def _points_per_unit(ax: Axes) -> tuple[float, float]:
     return 72 * box.width * fig_w / max(abs(x1 - x0), 1e-9), 72 * box.height * fig_h / max(abs(y1 - y0), 1e-9)
 
 
-def _finish(fig: Figure, **layout: Any) -> Figure:
-    """Lay ``fig`` out, then draw the cards and size the labels ``_draw_tiles`` queued (they need final sizes).
+def _finish(fig: Figure, title: str | None = None, **layout: Any) -> Figure:
+    """Title ``fig`` (unless None), lay it out, then draw the cards and size the labels ``_draw_tiles`` queued.
 
     One font size serves every label of a panel: the largest that fits every block (at least ``_MIN_FONT``);
     each label takes as many rows as fit at that size, and a block too small for it shows its first lines.
     """
+    if title is not None:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout(**layout)
     for ax in fig.axes:
         queued = ax.__dict__.pop("_course_decks", [])
@@ -416,8 +411,7 @@ def draw_sharding(x: Any, sharding: Any = None, *, mesh: Any = None, dims: Seque
     head = title if title is not None else type_string(shape, sharding, dtype=dtype)
     mesh = getattr(sharding, "mesh", None)
     where = type(sharding).__name__ if mesh is None else f"mesh({', '.join(f'{k}={v}' for k, v in mesh.shape.items())})"
-    fig.suptitle(f"{head}\n{getattr(sharding, 'spec', '')} on {where}", fontsize=10)
-    return _finish(fig)
+    return _finish(fig, f"{head}\n{getattr(sharding, 'spec', '')} on {where}")
 
 
 def _need_mesh(mesh: Any, caller: str) -> None:
@@ -466,8 +460,7 @@ def draw_mesh(mesh: Any, *, title: str | None = None) -> Figure:
     for ax in list(axes.flat)[len(grids):]:
         ax.remove()
     shape_text = ", ".join(f"{k}={v}" for k, v in mesh.shape.items())
-    fig.suptitle(title if title is not None else f"Mesh({shape_text}): device ids", fontsize=10)
-    return _finish(fig)
+    return _finish(fig, title if title is not None else f"Mesh({shape_text}): device ids")
 
 
 def _is_shape_and_sharding(v: Any) -> bool:
@@ -541,9 +534,7 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
         ax.set_title(f"{name}\n{type_string(shape, sh, dtype=dtype)}{extra}", fontsize=9)
     for ax in list(axes.flat)[len(items):]:
         ax.remove()
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return _finish(fig)
+    return _finish(fig, title or None)
 
 
 def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, title: str | None = None) -> Figure:
@@ -600,8 +591,7 @@ def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, 
     ax.set_xlim(-margin if along_rows else -0.2, cols + (margin if along_rows else 0.2))
     ax.set_ylim(rows + (0.2 if along_rows else margin), -0.2 if along_rows else -margin)
     head = f"ppermute over {axis_name!r}: " + ", ".join(f"{s}\u2192{t}" for s, t in pairs)
-    fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
-    return _finish(fig)
+    return _finish(fig, f"{title}\n{head}" if title else head)
 
 
 def _check_perm(perm: Any, axis_name: str, size: int) -> list[tuple[int, int]]:
@@ -664,14 +654,11 @@ def draw_memory(bars: Mapping[str, Mapping[str, float]], *, title: str | None = 
     ax.set(xlim=(0, 1.16 * widest), ylim=(len(bars) - 0.5, -0.5), yticks=range(len(bars)), yticklabels=list(bars))
     ax.set_xticks([])
     ax.set_xlabel("bytes per device (one scale for every bar)", fontsize=8)
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
+    _bare(ax, ("top", "right", "bottom"))
     ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=look, label=c)
                        for c, look in zip(categories, _MEMORY_LOOKS, strict=False)],
               loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(categories), 2), fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return _finish(fig)
+    return _finish(fig, title or None)
 
 
 def _sent_block(before: Mapping[int, Any], after: Mapping[int, Any], dev: int, step: int) -> int:
@@ -800,8 +787,7 @@ def draw_pipeline(work: Any, devices: Sequence[int], *, backward: Any = None, ti
     ax.set_xlabel("time \u2192 (loop iterations; every stage runs every iteration)", fontsize=8)
     idle = int((grid < 0).sum())
     head = f"idle (white): {idle} of {grid.size} stage-iterations, {idle / grid.size:.0%}"
-    fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
-    return _finish(fig)
+    return _finish(fig, f"{title}\n{head}" if title else head)
 
 
 def draw_ring_steps(panels: Mapping[str, Mapping[str, Sequence[Sequence[Any]]]], ids: Sequence[int], *,
@@ -866,8 +852,7 @@ def draw_ring_steps(panels: Mapping[str, Mapping[str, Sequence[Sequence[Any]]]],
         ax.tick_params(axis="y", length=0, labelsize=7.5)
         _bare(ax)
         ax.set_title(name, fontsize=9)
-    fig.suptitle(title or "colour: the device the block started on; filled: the share of it computed", fontsize=10)
-    return _finish(fig)
+    return _finish(fig, title or "colour: the device the block started on; filled: the share of it computed")
 
 
 def draw_routing(destinations: Any, sources: Sequence[int], *, title: str | None = None) -> Figure:
@@ -914,6 +899,4 @@ def draw_routing(destinations: Any, sources: Sequence[int], *, title: str | None
     ax.set_xlabel("each token's choices, in token order (colour: the device of the chosen expert)", fontsize=8)
     ax.legend(handles=[Patch(facecolor="white", edgecolor="0.4", hatch="////", label="dropped: its expert was full")],
               loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return _finish(fig)
+    return _finish(fig, title or None)

@@ -220,11 +220,8 @@ def _short_type(type_text: str) -> str:
 
 
 def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
-    return [
-        (m.group("dtype"), tuple(int(d) for d in m.group("dims").split(",") if d))
-        for m in _ARRAY.finditer(_strip_type(type_text))
-        if m.group("dtype") in _BITS
-    ]
+    return [(m.group("dtype"), tuple(int(d) for d in m.group("dims").split(",") if d))
+            for m in _ARRAY.finditer(_strip_type(type_text)) if m.group("dtype") in _BITS]
 
 
 def _groups(line: str, n: int) -> list[list[int]]:
@@ -275,11 +272,8 @@ class _Instr:
     @property
     def called(self) -> list[tuple[str, str]]:
         """(attribute, computation) for every computation this instruction calls."""
-        out = []
-        for m in _CALLS.finditer(self.attrs):
-            for target in re.findall(r"%?([\w.\-]+)", m.group("target")):
-                out.append((m.group("key"), target))
-        return out
+        return [(m.group("key"), target) for m in _CALLS.finditer(self.attrs)
+                for target in re.findall(r"%?([\w.\-]+)", m.group("target"))]
 
     @property
     def channel(self) -> str | None:

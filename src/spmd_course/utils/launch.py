@@ -249,12 +249,10 @@ def _module_names(files: Iterable[str]) -> set[str]:
     return names
 
 
-def _constraints(installed: Mapping[str, str]) -> str:
-    return "".join(f"{name}=={installed[name]}\n" for name in sorted(KERNEL_PACKAGES & installed.keys()))
-
-
-def _last_lines(output: str, n: int = 12) -> str:
-    return "\n".join(output.strip().splitlines()[-n:])
+def _pip_failed(what: str, output: str) -> InstallError:
+    """``what`` went wrong: run the cell again to retry; pip's last 12 lines."""
+    last = "\n".join(output.strip().splitlines()[-12:])
+    return InstallError(f"{what}; run this cell again to retry. pip's last lines:\n{last}")
 
 
 def install_requirements(
@@ -287,18 +285,16 @@ def install_requirements(
         say(f"launch: installing {' '.join(plan.installed)} (15 s to a minute)")
         with tempfile.TemporaryDirectory() as tmp:
             constraints = Path(tmp) / "kernel-packages.txt"
-            constraints.write_text(_constraints(before))
+            constraints.write_text("".join(f"{k}=={before[k]}\n" for k in sorted(KERNEL_PACKAGES & before.keys())))
             code, output = env.pip(["install", "--upgrade-strategy", "only-if-needed",
                                     "--constraint", str(constraints), *plan.installed])
         importlib.invalidate_caches()  # let this kernel's imports see the new files
         if code != 0:
-            raise InstallError(f"pip could not install {' '.join(plan.installed)} (exit {code}); run this cell "
-                               f"again to retry. pip's last lines:\n{_last_lines(output)}")
+            raise _pip_failed(f"pip could not install {' '.join(plan.installed)} (exit {code})", output)
     after = env.versions() if plan.installed else before
     missing = plan_install(reqs, after).installed
     if missing:
-        raise InstallError(f"pip finished, yet {' '.join(missing)} is still not installed as the course needs; "
-                           f"run this cell again to retry. pip's last lines:\n{_last_lines(output)}")
+        raise _pip_failed(f"pip finished, yet {' '.join(missing)} is still not installed as the course needs", output)
 
     removed_modules: dict[str, set[str]] = {}
     plugins = mismatched_plugins(after, env.requires("jax")) if "jax" in after else []
@@ -307,8 +303,7 @@ def install_requirements(
         say(f"launch: removing {' '.join(plugins)}: built for another jax; the course simulates 8 CPU devices")
         code, output = env.pip(["uninstall", "--yes", *plugins])
         if code != 0:
-            raise InstallError(f"pip could not remove {' '.join(plugins)} (exit {code}); run this cell again "
-                               f"to retry. pip's last lines:\n{_last_lines(output)}")
+            raise _pip_failed(f"pip could not remove {' '.join(plugins)} (exit {code})", output)
         after = env.versions()
 
     changed = {name: (old, after.get(name)) for name, old in before.items() if after.get(name) != old}

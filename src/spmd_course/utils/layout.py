@@ -167,17 +167,11 @@ def _named_tiles(shape: tuple[int, ...], sharding: NamedSharding) -> list[Tile]:
                 b = b * sizes[axis] + coord[names.index(axis)]
             block.append(b)
         groups.setdefault(tuple(block), []).append(int(ids[coord]))
-    out = []
-    for block, devs in groups.items():
-        start, stop, padded = [], [], []
-        for b, axes, n in zip(block, entries, shape, strict=True):
-            k = math.prod(sizes[a] for a in axes)
-            size = -(-n // k)
-            start.append(min(b * size, n))
-            stop.append(min((b + 1) * size, n))
-            padded.append(size)
-        out.append(Tile(tuple(start), tuple(stop), tuple(devs), tuple(padded)))  # devs in mesh order
-    return _in_order(out)
+    padded = tuple(-(-n // math.prod(sizes[a] for a in axes)) for axes, n in zip(entries, shape, strict=True))
+    return _in_order(Tile(tuple(min(b * k, n) for b, k, n in zip(block, padded, shape, strict=True)),
+                          tuple(min((b + 1) * k, n) for b, k, n in zip(block, padded, shape, strict=True)),
+                          tuple(devs), padded)  # devs in mesh order
+                     for block, devs in groups.items())
 
 
 def _in_order(items: Any) -> list[Tile]:
