@@ -653,7 +653,7 @@ def _lock_constraints(path: Path, python: str, installed: dict[str, str]) -> Pat
     env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux"}
     lines = []
     for line in (ROOT / "requirements.txt").read_text().splitlines():
-        if line and not line.startswith((" ", "#")):
+        if line and not line.startswith((" ", "#", "-")):  # "-e ." (the course itself) is an option, not a package
             req = Requirement(line)
             name, locked = canonicalize(req.name), str(req.specifier).removeprefix("==")
             if not (req.marker is None or req.marker.evaluate(env)) or name in KERNEL_PACKAGES:
