@@ -15,11 +15,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.typing import DTypeLike
 
 from .drawing import draw_sharding
 from .inspecting import format_bytes, shard_table
-from .layout import check_spec, spec_entries, type_string
+from .layout import check_spec, short_dtype, spec_entries, type_string
 
 __all__ = ["DEFAULTS", "describe", "explore", "layout", "parse_axis_names", "parse_shape", "parse_spec"]
 
@@ -82,13 +84,51 @@ def parse_spec(text: str) -> PartitionSpec:
     return PartitionSpec(*[_entry(a, text) for a in call.args])
 
 
-def layout(mesh_shape: str, axis_names: str, shape: str, spec: str, dtype: str = "float32",
+_NAMES = ("bool", "int2", "int4", "int8", "int16", "int32", "int64", "uint2", "uint4", "uint8", "uint16", "uint32",
+          "uint64", "float4_e2m1fn", "float8_e4m3fn", "float8_e5m2", "float16", "bfloat16", "float32", "float64",
+          "complex64", "complex128")
+_SHORT = {short_dtype(name): name for name in _NAMES if hasattr(jnp, name)}
+"""The short names the type strings print (``bf16``, ``i4``) -> the element types' full names."""
+
+
+def _numpy_name(text: str | None) -> str | None:
+    """numpy's full name for the type ``text`` names (``"i4"`` -> ``"int32"``), or None if numpy has none."""
+    try:
+        return None if text is None else np.dtype(text).name
+    except TypeError:
+        return None
+
+
+def _element_type(dtype: DTypeLike | None) -> np.dtype:
+    """The numeric element type that ``dtype`` names, as typed: a dtype, a numpy name such as ``"bfloat16"``
+    (``jnp.`` in front is allowed), or the short name the type strings print, such as ``"bf16"``.
+
+    numpy's byte-count codes that read differently as type strings (``"i4"``: int32 to numpy, int4 in
+    ``i4[8]``) are refused, because either reading would surprise someone.
+    """
+    text = re.sub(r"^(?:jax\.numpy|jnp|numpy|np)\.", "", dtype.strip()) if isinstance(dtype, str) else None
+    numpy_name = _numpy_name(text)
+    if text in _SHORT and numpy_name not in (None, _SHORT[text]):
+        raise ValueError(f"{dtype!r} means {_SHORT[text]} in JAX's type strings but {numpy_name} to numpy: "
+                         f"write {_SHORT[text]} or {numpy_name}")
+    try:
+        element = None if dtype is None else jnp.dtype(dtype if text is None else _SHORT.get(text, text))
+    except TypeError:
+        element = None
+    if element is None or not (jnp.issubdtype(element, jnp.number) or element == jnp.bool_):
+        raise ValueError(f"{dtype!r} is not a numeric element type: use float32, bfloat16, int8 or another one")
+    return element
+
+
+def layout(mesh_shape: str, axis_names: str, shape: str, spec: str, dtype: DTypeLike = "float32",
            devices: Sequence[Any] | None = None) -> jax.ShapeDtypeStruct:
     """The array the boxes describe: a ``ShapeDtypeStruct`` laid out on a mesh of Auto axes.
 
     The mesh takes the first ``prod(mesh shape)`` of ``devices`` (default ``jax.devices()``). Raises a
     ValueError that names the fix for text it cannot read, a mesh that does not fit, a non-numeric
-    element type or a spec the mesh cannot carry (:func:`utils.layout.check_spec`).
+    element type or a spec the mesh cannot carry (:func:`utils.layout.check_spec`). A 64-bit type becomes
+    the type JAX would create (float64 -> float32 while ``jax_enable_x64`` is off), so the bytes are the ones
+    a learner's array holds.
     """
     sizes, names = parse_shape(mesh_shape, "mesh shape"), parse_axis_names(axis_names)
     if not sizes or 0 in sizes:
@@ -107,12 +147,7 @@ def layout(mesh_shape: str, axis_names: str, shape: str, spec: str, dtype: str =
         example = ", ".join(map(str, (len(devices),) + (1,) * (len(sizes) - 1)))
         raise ValueError(f"the mesh {sizes} needs {need} devices but {len(devices)} are here: make the sizes "
                          f"multiply to at most {len(devices)}, such as {example}")
-    try:
-        element = jnp.dtype(dtype.strip())
-    except TypeError:
-        element = None
-    if element is None or not (jnp.issubdtype(element, jnp.number) or element == jnp.bool_):
-        raise ValueError(f"{dtype!r} is not a numeric element type: use float32, bfloat16, int8 or another one")
+    element = jax.dtypes.canonicalize_dtype(_element_type(dtype))
     mesh = jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes), devices=devices[:need])
     array_shape, partition = parse_shape(shape), parse_spec(spec)
     check_spec(partition, dict(mesh.shape), len(array_shape))
@@ -122,11 +157,18 @@ def layout(mesh_shape: str, axis_names: str, shape: str, spec: str, dtype: str =
 def describe(x: jax.ShapeDtypeStruct) -> str:
     """The type string, the bytes each device holds against the array's, and any dimension split unevenly.
 
-    Sub-byte types (int4) are priced at their bits, as packed: an estimate, since packing is the compiler's choice.
+    Sub-byte types (int4) are priced at their bits, packed (two int4 to a byte), and each device's block
+    rounds up to whole bytes, because a buffer is a whole number of bytes: 3 int4 elements hold 2 B. That is
+    what XLA's compiled programs hold (``memory_analysis()`` on both jax lines), while ``jax.Array.nbytes``
+    counts 1 B per int4 element. The rounding can make the blocks sum to more than the packed array.
     """
     bits = jax.dtypes.itemsize_bits(x.dtype)
-    held = {d: b * bits // (8 * x.dtype.itemsize) for d, b in shard_table(x).bytes_per_device.items()}
-    total = math.prod(x.shape) * bits // 8
+
+    def packed(elements: int) -> int:  # whole bytes for `elements` of `bits` bits each, rounded up
+        return -(-elements * bits // 8)
+
+    held = {d: packed(b // x.dtype.itemsize) for d, b in shard_table(x).bytes_per_device.items()}
+    total = packed(math.prod(x.shape))
     groups: dict[int, list[int]] = {}
     for device, nbytes in sorted(held.items()):
         groups.setdefault(nbytes, []).append(device)
@@ -135,7 +177,7 @@ def describe(x: jax.ShapeDtypeStruct) -> str:
     else:
         per = "; ".join(f"devices {ids} hold {format_bytes(n)} each" for n, ids in sorted(groups.items(), reverse=True))
     lines = [type_string(x), f"{per}: {sum(held.values()) / max(total, 1):.3g}x the {format_bytes(total)} array "
-             f"in all{f' ({bits} bits an element, packed)' if bits < 8 else ''}"]
+             f"in all{f' ({bits} bits an element, packed; a block rounds up to whole bytes)' if bits < 8 else ''}"]
     mesh_sizes = dict(x.sharding.mesh.shape)
     for dim, (n, axes) in enumerate(zip(x.shape, spec_entries(x.sharding.spec, len(x.shape)), strict=True)):
         k = math.prod(mesh_sizes[a] for a in axes)
@@ -157,6 +199,10 @@ def _show(mesh_shape: str, axis_names: str, shape: str, dtype: str, spec: str,
     except ValueError as err:
         print(f"Cannot show this layout: {err}")
         return
+    typed = _element_type(dtype)
+    if typed != x.dtype:
+        text += (f"\n{typed.name} becomes {x.dtype.name} because jax_enable_x64 is off, as in "
+                 f"jnp.zeros(..., {typed.name!r}): turn it on with jax.config.update('jax_enable_x64', True)")
     print(text)
     display(figure)
 
