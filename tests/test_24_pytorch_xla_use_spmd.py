@@ -1,8 +1,9 @@
 """Notebook 24 §2: `xr.use_spmd()` must come first, shown in fresh processes (`make test-xla`).
 
-The notebook cannot show a wrong order: it turns SPMD on once, first, and one wrong order ends the process. So each
-order runs here in its own Python process, started the way notebook 24 starts torch_xla (8 CPU devices), and the
-test reads what it printed and how it ended. Skipped where torch_xla is not installed (every environment but
+The notebook cannot show a wrong order, because each one spoils the process it runs in: after a failed
+`mark_sharding`, SPMD mode can no longer be turned on, and after a late `use_spmd()` the next program crashes. So
+each order runs here in its own Python process, started the way notebook 24 starts torch_xla (8 CPU devices), and
+the test reads what it printed and how it ended. Skipped where torch_xla is not installed (every environment but
 .venv-xla).
 """
 
@@ -61,6 +62,32 @@ def test_mark_sharding_before_use_spmd_raises_a_runtime_error_that_names_use_spm
     error = run.stderr.strip().splitlines()[-1]
     assert error.startswith("RuntimeError:"), run.stderr
     assert "Please enable SPMD via `torch_xla.runtime.use_spmd()`" in error, error
+
+
+def test_a_failed_mark_sharding_leaves_the_process_unfit_for_spmd_mode(tmp_path):
+    """Why the notebook cannot show even the first wrong order: a later use_spmd() no longer works."""
+    run = run_fresh("""
+        t = torch.zeros(8, 4)  # still on the host: no tensor has reached an XLA device
+        try:
+            xs.mark_sharding(t, mesh, ("data", None))
+        except RuntimeError as err:
+            print("mark_sharding:", err, flush=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            xr.use_spmd()
+        for w in caught:
+            print("warning:", w.category.__name__, w.message, flush=True)
+        try:
+            print("device:", torch_xla.device(), flush=True)
+        except RuntimeError as err:
+            print("device failed:", err, flush=True)
+    """, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "mark_sharding: Check failed: UseVirtualDevice(): Please enable SPMD" in run.stdout, run.stdout
+    warned = re.findall(r"^warning: (\w+) (.*)$", run.stdout, flags=re.M)
+    assert [category for category, _ in warned] == ["UserWarning"], run.stdout
+    assert warned[0][1].startswith("Replicating tensors already initialized"), warned
+    assert "device failed:" in run.stdout and "device: xla" not in run.stdout, run.stdout
 
 
 def test_use_spmd_after_a_tensor_warns_replicating_and_the_next_program_kills_the_process(tmp_path):
