@@ -172,8 +172,9 @@ env-xla: $(UV)
 	$(call SYNC,$(XLA_VENV),$$xpy) --group xla
 
 test-xla: env-xla
-	@echo ">> $(XLA_VENV): notebook 24 (PyTorch/XLA next to JAX, 8 CPU devices each) and its exercises"
-	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/24_pytorch_xla.ipynb tests/test_ex24_pytorch_xla.py tests/test_exercises.py -k "24_pytorch_xla or test_ex24"
+	@echo ">> $(XLA_VENV): notebook 24 (PyTorch/XLA next to JAX, 8 CPU devices each), its exercises, use_spmd's order"
+	$(XLA_RUN) $(XLA_BIN)/python -m pytest notebooks/24_pytorch_xla.ipynb tests/test_ex24_pytorch_xla.py \
+	  tests/test_24_pytorch_xla_use_spmd.py tests/test_exercises.py -k "24_pytorch_xla or test_ex24"
 
 bench-xla: env-xla
 	$(XLA_RUN) $(XLA_BIN)/python tools/bench.py notebooks/24_pytorch_xla.ipynb

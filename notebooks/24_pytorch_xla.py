@@ -125,18 +125,32 @@ def torch_xla_programs():
 # | SPMD, after `xr.use_spmd()` | every device, seen as one `xla:0` |
 #
 # `xr.use_spmd()` must come before any tensor reaches the device, because the mode decides where tensors
-# live. `mark_sharding` before it raises `RuntimeError`. `use_spmd()` after a tensor warns "Replicating
-# tensors already initialized", and the next program crashes the process. Both need a fresh process, so
-# neither runs below.
+# live: on one real device, or on the virtual `xla:0` that stands for all 8. torch_xla 2.9 does not move a
+# process from one to the other cleanly, so each wrong order spoils the process it runs in and this
+# notebook cannot show one. `tests/test_24_pytorch_xla_use_spmd.py` (run by `make test-xla`) runs each order
+# in a fresh Python process with 8 CPU devices and asserts how it ends:
+#
+# | order | what happens |
+# |---|---|
+# | `mark_sharding` with no `use_spmd()` | `RuntimeError: ... Please enable SPMD via torch_xla.runtime.use_spmd()`, even for a tensor still on the host |
+# | `use_spmd()` after that error | it warns "Replicating tensors already initialized ...", then `torch_xla.device()` raises |
+# | a tensor on the device, then `use_spmd()` | the same warning, then the next program kills the process (a segmentation fault) |
+# | `use_spmd()` first, then tensors and `mark_sharding` | works, with no warning (the cell below) |
+#
+# So call `use_spmd()` at the top of a script, before the model is built, and restart the kernel if a cell
+# got the order wrong.
 
 # %%
 spmd_before = xr.is_spmd()
-xr.use_spmd()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    xr.use_spmd()
 device = torch_xla.device()  # today's name for xm.xla_device(), which is deprecated
 print("SPMD before:", spmd_before, "| after:", xr.is_spmd(), "| torch device:", device)
 print("jax devices:", jax.devices())
 assert spmd_before is False and xr.is_spmd() is True
 assert str(device) == "xla:0"
+assert not [w for w in caught if "Replicating" in str(w.message)]  # no tensor reached a device before it
 
 # %% [markdown]
 # In SPMD mode PyTorch code sees **one** device, `xla:0`, that stands for all 8: you write the program for
