@@ -622,7 +622,7 @@ np.testing.assert_allclose(seen, jnp.broadcast_to(kv_blocks.sum(0), (8, 16)))  #
 assert [(op.kind, op.in_loop) for op in ring_ops.ops] == [("collective-permute", True)]
 
 stage_mesh = jax.make_mesh((8,), ("stage",), axis_types=(AxisType.Auto,))
-pipeline = [(s, s + 1) for s in range(7)]  # stage s hands its activations to stage s + 1; nothing wraps around
+pipeline = [(s, s + 1) for s in range(7)]  # stage s hands its activations to stage s + 1, and nothing wraps around
 next_stage = jax.shard_map(lambda a: jax.lax.ppermute(a, "stage", perm=pipeline), mesh=stage_mesh,
                            in_specs=P("stage"), out_specs=P("stage"))
 handed = next_stage(kv_blocks)

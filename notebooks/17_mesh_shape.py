@@ -158,7 +158,7 @@ def make_step(rules):
 
 def compile_for(shape, rules, devices=None, batch=BATCH):
     """The train step for one layout, compiled from ShapeDtypeStructs: (compiled, state structs)."""
-    # devices=None: this machine's devices; else the chips of a TPU topology, laid along its links (notebook 21)
+    # devices=None: this machine's devices, otherwise the chips of a TPU topology, laid along its links (notebook 21)
     mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=devices)
     with nnx.logical_axis_rules(rules):
         shardings = nnx.get_named_sharding(abstract, mesh)
@@ -408,7 +408,7 @@ if CPU:
     assert len(at) == 1 and max(matmuls) < at[0]  # it starts after the backward pass has computed everything
     sums = [(s.kind, s.axes) for s in steps_2d if s.kind != "matmul"]
     assert set(sums[:-1]) == {("all-reduce", ("model",))} and sums[-1] == ("all-reduce", ("data",)) == (
-        steps_2d[-1].kind, steps_2d[-1].axes)  # 2-D: activations over model throughout; gradients over data, last
+        steps_2d[-1].kind, steps_2d[-1].axes)  # 2-D: activations over model throughout, the gradients over data last
 
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
