@@ -8,17 +8,17 @@
 # care: split into micro-batches the wrong way, it stops being data parallel.
 #
 # **You need:** notebooks 05 (Explicit axes), 08 (column- and row-parallel layers), 09 (a `data` x `model`
-# mesh) and 10 (FSDP); `jax.lax.with_sharding_constraint`, `jax.lax.scan`, `jax.typeof`.
+# mesh) and 10 (FSDP), and the functions `jax.lax.with_sharding_constraint`, `jax.lax.scan` and `jax.typeof`.
 #
 # Three techniques join the strategies of notebooks 07 to 12, and a map shows the ones beyond them.
 #
 # **You will learn**
 # - how `P(None, 'model', None)` on the activations between tensor-parallel regions divides their
-#   memory by the `model` axis, and turns the all-reduce into a reduce-scatter and an all-gather;
+#   memory by the `model` axis, and turns the all-reduce into a reduce-scatter and an all-gather
 # - how to accumulate gradients with `jax.lax.scan` inside one jitted step, and split the batch into
-#   micro-batches without undoing data parallelism;
+#   micro-batches without undoing data parallelism
 # - how a data x tensor parallel model trains on an Explicit mesh: `jax.typeof` through the model, the
-#   row-parallel layer's `ShardingTypeError`, and `out_sharding=`;
+#   row-parallel layer's `ShardingTypeError`, and `out_sharding=`
 # - what pipeline, expert and context parallelism add: a `stage`, `expert` or `context` axis, and a
 #   collective-permute or all-to-all.
 
@@ -67,15 +67,16 @@ ATOL = 1e-5 if CPU else 1e-2  # for values near zero, where a relative tolerance
 #
 # Tensor parallelism splits the work *inside* its regions (the column-parallel then row-parallel pair of
 # notebook 08), but between them, where the layer norm, the residual add and dropout run, every device
-# of the `model` axis holds the same full activation. Sequence parallelism splits those along the
-# sequence dimension instead: Megatron-style sequence parallelism (Korthikanti et al., 2022); attention
-# itself stays split by heads (context parallelism, section 4, splits it too). DeepSpeed-Ulysses, also
-# called sequence parallelism, keeps the sequence split everywhere and switches attention to a split by
-# heads with all-to-alls.
+# of the `model` axis holds the same full activation. Sequence parallelism, in the Megatron style of
+# Korthikanti et al. (2022), splits those activations along the sequence dimension instead. Attention
+# itself stays split by heads, and only context parallelism (section 4) splits its sequence too.
+# DeepSpeed-Ulysses, also called sequence parallelism, is another scheme: it keeps the sequence split
+# everywhere and switches attention to a split by heads with all-to-alls.
 #
 # The block: a pre-norm feed-forward layer, `x + down(gelu(up(norm(x))))`, on an 8-device `model` axis,
 # for 4 sequences of 128 tokens of width 64. `between` is the layout of the activations outside the
-# tensor-parallel region; the hidden activation inside it is always split on its features.
+# tensor-parallel region. The hidden activation inside the region is always split on its features,
+# `P(None, None, 'model')`, as the column-parallel layer makes it.
 
 # %%
 mesh = jax.make_mesh((8,), ("model",), axis_types=(AxisType.Auto,))
@@ -125,14 +126,14 @@ draw_shardings({"tensor parallel: normed": tp_normed, "sequence parallel: normed
 
 # %% [markdown]
 # Both layouts give the reference's numbers. Under tensor parallelism the layer norm's output (and the
-# residual stream) is `f32[4,128,64]` on every device, 128 KiB each; under sequence parallelism
+# residual stream) is `f32[4,128,64]` on every device, 128 KiB each. Under sequence parallelism it is
 # `f32[4,128@model,64]`, 16 KiB each. (The picture shows tokens down, features across.)
 #
 # The communication moves. The row-parallel layer still produces partial sums, but each device now
 # needs only its own 16 tokens of the total: a **reduce-scatter** over the sequence. The next
 # column-parallel layer needs every token: an **all-gather**. An all-reduce *is* a reduce-scatter
-# followed by an all-gather (notebook 11); sequence parallelism puts the layer norm and the residual
-# between its two halves. On the CPU backend the reduce-scatter is spelled as the whole all-reduce
+# followed by an all-gather (notebook 11), so sequence parallelism simply puts the layer norm and the
+# residual add between its two halves. On the CPU backend the reduce-scatter is spelled as the whole all-reduce
 # followed by a `dynamic-slice` of each device's 16 tokens:
 
 # %%
@@ -179,9 +180,10 @@ if TPU_OK:
 # %% [markdown]
 # On the TPU the sequence-parallel block has an all-gather and a reduce-scatter whose result is each
 # chip's `f32[4,16,64]`, and no all-reduce. By the ring estimates it sends less than the
-# tensor-parallel all-reduce (in float32 its halves add up to the all-reduce; the TPU gathers in bf16).
-# The same traffic or less, for one eighth of the memory between the regions: there is little reason
-# to run tensor parallelism without sequence parallelism.
+# tensor-parallel all-reduce. In float32 the two halves would add up to the all-reduce, and
+# here they send less because the TPU gathers in bf16. Sequence parallelism costs the same traffic or
+# less, for one eighth of the memory between the regions, so there is little reason to run tensor
+# parallelism without it.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §1: its reduce-scatter
@@ -200,7 +202,8 @@ if CPU:  # the CPU compiler's spelling of the reduce-scatter
 #
 # The model is the MLP `64 -> 256 -> 10` of notebooks 07 to 10, on an 8-device `data` mesh, with a
 # global batch of 8,192 examples in 8 micro-batches of 1,024. The step is functional (`nnx.split` once,
-# `nnx.merge` inside) so that the scan carries plain arrays; plain SGD; one-hot labels (section 3 says why).
+# `nnx.merge` inside) so that the scan carries plain arrays. The optimizer is plain SGD, so comparing
+# updates compares gradients, and the labels are one-hot (section 3 says why).
 
 # %%
 class MLP(nnx.Module):
@@ -301,13 +304,14 @@ for name, compiled in compiled_steps.items():
 footprint = {name: memory_per_device(c).footprint for name, c in compiled_steps.items()}
 
 # %% [markdown]
-# With consecutive rows the compiler gathers the examples onto every device, and every device computes
-# every micro-batch, with no gradient all-reduce left: data parallelism is gone, and on the CPU backend
-# the step needs more memory than the whole batch (the hidden cell at the end of this section, "The CPU
-# compiler's exact figures, §2", asserts the CPU figures of this paragraph). The fix is the strided split: micro-batch *m* takes
-# rows *m*, *m* + 8, ..., so each device gives 128 of its rows to each micro-batch, the types read
-# `f32[8,1024@data,64]`, and nothing moves. Its CPU footprint is the smallest: one micro-batch's
-# activations are alive at a time.
+# With consecutive rows the compiler gathers the examples onto every device, so every device computes
+# every micro-batch and no gradient all-reduce is left. Data parallelism is gone, and on the CPU backend
+# the step even needs more memory than the whole batch. (The hidden cell at the end of this section,
+# "The CPU compiler's exact figures, §2", asserts the CPU figures of this paragraph.)
+#
+# The fix is the strided split. Micro-batch *m* takes rows *m*, *m* + 8, ..., so each device gives 128
+# of its rows to each micro-batch, the types read `f32[8,1024@data,64]`, and nothing moves. Its CPU
+# footprint is the smallest, because only one micro-batch's activations are alive at a time.
 #
 # Does it give the whole batch's update? Run both from the same state:
 
@@ -322,17 +326,23 @@ for whole, acc in zip(jax.tree.leaves(whole_params), jax.tree.leaves(acc_params)
 # %% [markdown]
 # The same loss and the same parameters after the update.
 #
-# The memory figures above are the CPU compiler's, at a toy size; on a TPU a program this small lives
-# mostly in on-chip VMEM (128 MiB on a v5e). The TPU's memory needs a size that matters: the MLP made
-# `2048 -> 16384 -> 2048` (256 MiB of weights), 32,768 examples (a 256 MiB hidden activation per chip),
-# compiled ahead of time for a TPU v5e with 8 chips, nothing allocated. Its programs must be compiled at
-# the compiler's default effort, the one a training run gets, because what the compiler does with the
-# loop is the lesson: at O0 or O1 the TPU compiler keeps the gradient sum inside the loop, and the
-# strided step then needs *more* HBM than the whole batch. At this size each of those compiles takes
-# about 8 s of CPU, more than this page's budget, so the course compiled the three steps once and keeps
-# their HBM per chip in `data/sequence_batch` (`tests/test_14_sequence_batch.py` compiles them again
-# with this notebook's code and checks the figures). Where the collectives sit in the loop does not
-# depend on the size: the cell compiles the toy steps above for the TPU, at the default effort, live.
+# The memory figures above are the CPU compiler's, at a toy size. On a TPU a program this small lives
+# mostly in on-chip VMEM (128 MiB on a v5e), so the TPU's memory needs a size that matters:
+#
+# | what | TPU figures' size |
+# |---|---|
+# | MLP | `2048 -> 16384 -> 2048`, 256 MiB of weights |
+# | examples | 32,768, a 256 MiB hidden activation per chip |
+# | target | a TPU v5e with 8 chips, compiled ahead of time, nothing allocated |
+# | compiler effort | default, the one a training run gets |
+#
+# The effort matters because what the compiler does with the loop is the lesson. At O0 or O1 the TPU
+# compiler keeps the gradient sum inside the loop, and the strided step then needs *more* HBM than the
+# whole batch. At this size each of those compiles takes about 8 s of CPU, more than this page's
+# budget. So the course compiled the three steps once and keeps their HBM per chip in
+# `data/sequence_batch`, and `tests/test_14_sequence_batch.py` compiles them again with this notebook's
+# code and checks the figures. Where the collectives sit in the loop does not depend on the size, so the
+# cell compiles the toy steps above for the TPU, at the default effort, live.
 
 # %%
 acc_ops = collectives(compiled_steps["strided"])
@@ -360,10 +370,11 @@ if TPU_OK:
     assert tpu_ops["consecutive"].kinds == {"all-gather"}  # consecutive micro-batches: gathered on TPU too
 
 # %% [markdown]
-# The strided step needs less HBM than the whole batch: it keeps one micro-batch's activations, and
-# pays for an accumulator the size of the weights. On the CPU the gradient all-reduce sits in the loop
-# body, once per micro-batch; the TPU compiler moves it after the loop. Consecutive micro-batches are
-# gathered on the TPU too, and need more HBM than the whole batch.
+# The strided step needs less HBM than the whole batch, because it keeps one micro-batch's activations
+# and pays only for an accumulator the size of the weights. On the CPU the gradient all-reduce sits in
+# the loop body and runs once per micro-batch. The TPU compiler moves it after the loop, so it runs once
+# per step. Consecutive micro-batches are gathered on the TPU too, and need more HBM than the whole
+# batch.
 #
 # Under FSDP (notebook 10) the weights are sharded, and each micro-batch needs them whole. Shard the
 # MLP's kernels over `data` and compile the strided step for both backends:
@@ -397,7 +408,7 @@ if TPU_OK:
 # The CPU compiler gathers each kernel once, before the loop, and holds it whole through all 8
 # micro-batches. The TPU compiler saves that memory: it gathers the kernels (in bf16) inside the loop,
 # once per micro-batch, 8 times the traffic. Both carry the accumulator split like the kernels, in
-# float32: keep it so with bf16 gradients too, as a long bf16 sum loses its low bits.
+# float32. Keep it so with bf16 gradients too, because a long bf16 sum loses its low bits.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §2: the accumulation step at this toy size
@@ -474,8 +485,9 @@ assert raised == ["ShardingTypeError"] and str(types["h"]) == "float32[64@data,2
 # notation), the column-parallel layer gives `h: float32[64@data,256@model]` with no communication, and then the
 # row-parallel layer stops the trace. `h @ kernel2` contracts the 256 hidden units, split over `model`
 # on *both* operands: each device can compute only a partial sum, and the result could be all-reduced
-# to `P('data', None)` or reduce-scattered to `P('data', 'model')`. Auto axes let the compiler choose;
-# Explicit axes ask you. Say what the loss needs, whole rows of logits for each device's examples:
+# to `P('data', None)` or reduce-scattered to `P('data', 'model')`. Auto axes let the compiler choose
+# between the two, but Explicit axes ask you. Say what the loss needs, whole rows of logits for each
+# device's examples:
 
 # %%
 logits = forward(model, x_e, out_sharding=NamedSharding(emesh, P("data", None)))
@@ -610,7 +622,7 @@ np.testing.assert_allclose(seen, jnp.broadcast_to(kv_blocks.sum(0), (8, 16)))  #
 assert [(op.kind, op.in_loop) for op in ring_ops.ops] == [("collective-permute", True)]
 
 stage_mesh = jax.make_mesh((8,), ("stage",), axis_types=(AxisType.Auto,))
-pipeline = [(s, s + 1) for s in range(7)]  # stage s hands its activations to stage s + 1; nothing wraps around
+pipeline = [(s, s + 1) for s in range(7)]  # stage s hands its activations to stage s + 1, and nothing wraps around
 next_stage = jax.shard_map(lambda a: jax.lax.ppermute(a, "stage", perm=pipeline), mesh=stage_mesh,
                            in_specs=P("stage"), out_specs=P("stage"))
 handed = next_stage(kv_blocks)
@@ -625,14 +637,11 @@ draw_permute(ring_mesh, "context", ring, title="one step of the ring: every devi
 # wrap-around. Notebooks 18 to 20 build each strategy in full, check it against one device and compile it
 # for a TPU slice. To read further:
 #
-# - JAX's [distributed arrays and automatic parallelization](https://docs.jax.dev/en/latest/parallel.html)
-#   and [manual parallelism with `shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html);
-# - [How to Scale Your Model](https://jax-ml.github.io/scaling-book/), whose
-#   [training chapter](https://jax-ml.github.io/scaling-book/training/) works out the cost of each strategy,
-#   pipelining included;
-# - [MaxText's sharding guide](https://github.com/AI-Hypercomputer/maxtext/blob/main/docs/explanations/sharding.md),
-#   a production JAX trainer whose mesh combines `data`, `fsdp`, `tensor`, `stage`, `expert` and
-#   `context` axes.
+# | read | for |
+# |---|---|
+# | JAX's [distributed arrays and automatic parallelization](https://docs.jax.dev/en/latest/parallel.html) and [manual parallelism with `shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html) | the APIs this course uses |
+# | [How to Scale Your Model](https://jax-ml.github.io/scaling-book/), its [training chapter](https://jax-ml.github.io/scaling-book/training/) | the cost of each strategy worked out, pipelining included |
+# | [MaxText's sharding guide](https://github.com/AI-Hypercomputer/maxtext/blob/main/docs/explanations/sharding.md) | a production JAX trainer whose mesh combines `data`, `fsdp`, `tensor`, `stage`, `expert` and `context` axes |
 
 # %% [markdown]
 # ## Takeaways
@@ -640,15 +649,16 @@ draw_permute(ring_mesh, "context", ring, title="one step of the ring: every devi
 #   `P(None, 'model', None)`: 1/8 of the bytes here, and the all-reduce becomes an all-gather and a
 #   reduce-scatter, no more traffic by the ring estimate.
 # - Gradient accumulation is a `jax.lax.scan` over micro-batches inside the jitted step: the whole
-#   batch's update, one micro-batch's activations at a time. Split strided
-#   (`reshape(-1, n, ...).swapaxes(0, 1)`); consecutive rows gather the batch and undo data
-#   parallelism. Under FSDP the TPU gathers the weights once per micro-batch; keep the accumulator
+#   batch's update, one micro-batch's activations at a time. Split it strided
+#   (`reshape(-1, n, ...).swapaxes(0, 1)`), because consecutive rows gather the batch and undo data
+#   parallelism. Under FSDP the TPU gathers the weights once per micro-batch. Keep the accumulator
 #   sharded and float32.
-# - On an Explicit mesh, `jax.make_mesh`'s default, `jax.typeof` shows every layout while tracing and
-#   the row-parallel layer needs `out_sharding=P('data', None)`; it trains to one device's losses.
-# - Pipeline parallelism adds a `stage` axis and collective-permutes; expert parallelism an `expert`
-#   axis and all-to-alls; context parallelism a `context` axis and a ring of collective-permutes, or
-#   an all-gather of the keys and values.
+# - On an Explicit mesh, `jax.make_mesh`'s default, `jax.typeof` shows every layout while tracing. The
+#   row-parallel layer needs `out_sharding=P('data', None)`, and with it the model trains to one
+#   device's losses.
+# - Each further strategy adds an axis and a collective. Pipeline parallelism adds a `stage` axis and
+#   collective-permutes, and expert parallelism an `expert` axis and all-to-alls. Context parallelism
+#   adds a `context` axis and a ring of collective-permutes, or an all-gather of the keys and values.
 
 # %% [markdown]
 # ## Exercises

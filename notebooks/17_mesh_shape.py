@@ -8,19 +8,19 @@
 # device sends per step, and the layout that holds the least is not the one that sends the least.
 #
 # **You need:** notebooks 09 (a `data` x `model` mesh), 10 (FSDP), 12 (logical axis names and rule
-# tables; its transformer is reused here), 13 (memory per device) and 15 (a step's estimated time);
-# `jax.ShapeDtypeStruct`, `jax.jit(...).lower(...).compile()`.
+# tables, and the transformer reused here), 13 (memory per device) and 15 (a step's estimated time), and
+# the APIs `jax.ShapeDtypeStruct` and `jax.jit(...).lower(...).compile()`.
 #
 # You compile notebook 12's transformer for 64 devices under five layouts, read the tables, and rank the
 # layouts by estimated step time.
 #
 # **You will learn**
 # - how to compile a train step for 64 devices without allocating anything, and read its memory per
-#   device and its collectives;
-# - how state, gradients and activations scale with the `data` and `model` axes, with and without FSDP;
-# - when the gradient sum can overlap the backward pass, and what a byte count leaves out;
-# - how to rank layouts by a step's estimated time, and what a small width hides;
-# - where the TPU compiler's program agrees with the CPU compiler's, and where it differs;
+#   device and its collectives
+# - how state, gradients and activations scale with the `data` and `model` axes, with and without FSDP
+# - when the gradient sum can overlap the backward pass, and what a byte count leaves out
+# - how to rank layouts by a step's estimated time, and what a small width hides
+# - where the TPU compiler's program agrees with the CPU compiler's, and where it differs
 # - what happens when an axis is wider than a dimension it splits.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -105,13 +105,27 @@ assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing alloc
 # %% [markdown]
 # ## 2. Five layouts, two rule tables, compiled for 64 devices
 #
-# Two of notebook 12's rule tables: **2-D** (`batch` over `data`; `heads`, `mlp` and `vocab` over
-# `model`; `embed` whole) and **FSDP x TP**, the same plus `embed` over `data`, so every parameter is
-# also split over the data axis. (FSDP shares the batch's axis here, so it is `data`, as in notebook 13,
-# where notebooks 10 and 12 gave FSDP an axis of its own, `fsdp`.) On a `(64, 1)` mesh the 2-D table is pure data parallelism and the
-# FSDP x TP table pure FSDP; on `(1, 64)` the 2-D table is pure tensor parallelism. For each layout
-# the cell gives the abstract state its `NamedSharding`s and compiles the train step, which donates
-# its state.
+# The layouts use two of notebook 12's rule tables:
+#
+# | rule table | `batch` | `heads`, `mlp`, `vocab` | `embed` |
+# |---|---|---|---|
+# | **2-D** | over `data` | over `model` | whole |
+# | **FSDP x TP** | over `data` | over `model` | over `data` |
+#
+# FSDP x TP is the 2-D table plus `embed` over `data`, so every parameter is also split over the data
+# axis. Here FSDP shares the batch's axis, `data`, as in notebook 13. (Notebooks 10 and 12 gave FSDP an
+# axis of its own, `fsdp`.) Each layout is one rule table on one mesh shape:
+#
+# | layout | mesh `(data, model)` | rule table | what it is |
+# |---|---|---|---|
+# | data | `(64, 1)` | 2-D | pure data parallelism |
+# | 2-D | `(8, 8)` | 2-D | data x tensor parallelism |
+# | tensor | `(1, 64)` | 2-D | pure tensor parallelism |
+# | FSDP | `(64, 1)` | FSDP x TP | pure FSDP |
+# | FSDP x TP | `(8, 8)` | FSDP x TP | FSDP and tensor parallelism |
+#
+# For each layout the cell gives the abstract state its `NamedSharding`s and compiles the train step,
+# which donates its state.
 
 # %%
 TWO_D = (("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"), ("mlp", "model"))
@@ -144,7 +158,7 @@ def make_step(rules):
 
 def compile_for(shape, rules, devices=None, batch=BATCH):
     """The train step for one layout, compiled from ShapeDtypeStructs: (compiled, state structs)."""
-    # devices=None: this machine's devices; else the chips of a TPU topology, laid along its links (notebook 21)
+    # devices=None: this machine's devices, otherwise the chips of a TPU topology, laid along its links (notebook 21)
     mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=devices)
     with nnx.logical_axis_rules(rules):
         shardings = nnx.get_named_sharding(abstract, mesh)
@@ -165,7 +179,7 @@ print("compiled:", ", ".join(f"{name} {shape}" for name, (shape, _) in LAYOUTS.i
 # %% [markdown]
 # The MLP's first matrix (`f32[512, 2048]`, names `('embed', 'mlp')`) under each layout. On the
 # `(8, 8)` mesh the 2-D table cuts it along `model` only, so each of its 8 blocks sits on the 8
-# devices of a mesh column; FSDP x TP also cuts it along `data`, into 64 blocks, one per device:
+# devices of a mesh column. FSDP x TP also cuts it along `data`, into 64 blocks, one per device:
 
 # %%
 kernel = {name: states[name][0]["blocks"][0]["mlp"]["up"]["kernel"].get_value() for name in LAYOUTS}
@@ -184,11 +198,13 @@ fig
 # %% [markdown]
 # ## 3. Memory per device
 #
-# A device holds the **state** between steps (parameters and Adam's two moments: 12 bytes per
-# parameter; read from the shardings). While the step runs it also needs **temporaries**: gradients,
-# activations, and under FSDP the gathered weights. The **footprint** is what `memory_per_device`
-# counts as live at once: arguments + outputs + temporaries, with the donated state, which the new
-# state overwrites, counted once.
+# Three quantities, each read from the compiled step or its shardings:
+#
+# | quantity | what it holds | read from |
+# |---|---|---|
+# | **state** | held between steps: parameters and Adam's two moments, 12 bytes per parameter | the shardings |
+# | **temporaries** | needed only while the step runs: gradients, activations, and under FSDP the gathered weights | `memory_per_device(...).temp` |
+# | **footprint** | live at once: arguments + outputs + temporaries, with the donated state counted once, because the new state overwrites it | `memory_per_device(...).footprint` |
 
 # %%
 def state_bytes(state):
@@ -215,7 +231,7 @@ assert held["FSDP x TP"] == 12 * (n_split // 64 + n_embed_only // 8) + 8
 # - On the CPU backend, FSDP's temporaries hold whole weights, gathered before use, and the whole
 #   summed gradient: more than the whole parameters. Adding `model` (FSDP x TP) divides those as well:
 #   the smallest CPU footprint here.
-# - Pure tensor parallelism holds little state, but every device computes on all 64 sequences; on the
+# - Pure tensor parallelism holds little state, but every device computes on all 64 sequences. On the
 #   CPU backend those activations cost more than the state it saved.
 #
 # The temporaries and footprints are the CPU compiler's, at a toy size: section 5 shows that the TPU
@@ -262,12 +278,12 @@ fig
 
 # %% [markdown]
 # Three kinds of traffic:
-# - **Gradients**, summed over `data`: here one combined all-reduce per step, of every gradient the
-#   device holds.
-# - **Activations**, summed over `model` several times per layer, in proportion to the rows each device
-#   holds: pure tensor parallelism sums all 64 sequences, and has the largest ring estimate.
-# - **Weights**, gathered over `data` under FSDP before each use: FSDP's ring estimate is larger than
-#   data parallelism's, not smaller (notebook 11).
+#
+# | traffic | collective | how much |
+# |---|---|---|
+# | **gradients** | summed over `data` | here one combined all-reduce per step, of every gradient the device holds |
+# | **activations** | summed over `model`, several times per layer | in proportion to the rows each device holds, so pure tensor parallelism, which sums all 64 sequences, has the largest ring estimate |
+# | **weights** | gathered over `data` under FSDP, before each use | FSDP's ring estimate is larger than data parallelism's, not smaller (notebook 11) |
 #
 # The bytes are ring-formula estimates, not measurements, and they leave out time. A gradient
 # all-reduce needs only gradients already computed, so a program that sums each layer's gradients
@@ -304,17 +320,23 @@ assert any("data" in s.axes for s in steps_2d if s.kind != "matmul")  # and the 
 
 # %% [markdown]
 # Bytes are not seconds, so rank the five layouts by estimated step time. A ranking is worth only the
-# program it times. The programs above are the CPU compiler's, which a TPU does not run (section 5 shows how
-# they differ), and at this toy width a matmul lasts a few microseconds, too short to hide any transfer.
+# program it times, and the programs above are poor ones to time for two reasons. They are the CPU
+# compiler's, which a TPU does not run (section 5 shows how they differ). And at this toy width a matmul
+# lasts a few microseconds, too short to hide any transfer.
+#
 # So the ranking reads TPU programs: this notebook's train step at a real width, `TPU_WIDTH` below
 # (`d_model` 2048, 16 heads, `d_ff` 8192, a vocabulary of 32,768, 64 sequences of 512), compiled with its
 # `compile_for` for a `v5e:8x8` slice at the compiler's **default effort**, the one a run gets. Each of
-# those compiles takes one to two minutes of CPU, more than this page's budget, so the course compiled them
-# once and keeps their text, `compiled.as_text()`, in `data/mesh_shape` (`tests/test_17_mesh_shape.py`
-# compiles them again and checks they are the same programs). `estimate_step` (notebook 15) reads that text
-# as it reads a compiled program: each op timed at a v5e chip's published rates (a matmul by its FLOPs, or
-# by the compiler's cycle count where that is longer), each collective over the links of its axis, and
-# hidden only where the schedule runs it beside other work.
+# those compiles takes one to two minutes of CPU, more than this page's budget. So the course compiled
+# them once and keeps their text, `compiled.as_text()`, in `data/mesh_shape`, and
+# `tests/test_17_mesh_shape.py` compiles them again and checks they are the same programs.
+# `estimate_step` (notebook 15) reads that text as it reads a compiled program:
+#
+# | part of the program | how `estimate_step` times it |
+# |---|---|
+# | each op | at a v5e chip's published rates |
+# | a matmul | by its FLOPs, or by the compiler's cycle count where that is longer |
+# | a collective | over the links of its axis, and hidden only where the schedule runs it beside other work |
 
 # %%
 TPU_WIDTH = dict(D_MODEL=2048, NUM_LAYERS=1, NUM_HEADS=16, D_FF=8192, VOCAB=32768, SEQ=512, BATCH=64)
@@ -368,7 +390,7 @@ timeline
 # | tensor, last | every sequence's activations summed over all 64 chips, several times per layer, between matmuls that wait for them |
 #
 # The first and the last two keep their places with each matmul timed at the roofline instead of the
-# compiler's cycle counts, so they do not rest on the cost model's details; FSDP and FSDP x TP are within
+# compiler's cycle counts, so they do not rest on the cost model's details. FSDP and FSDP x TP are within
 # 10% of each other, too close to call. Change the width, the batch or the slice and the balance moves
 # (more tokens per chip let FSDP hide its gathers), so rank your own run from a TPU compile at its sizes.
 
@@ -386,7 +408,7 @@ if CPU:
     assert len(at) == 1 and max(matmuls) < at[0]  # it starts after the backward pass has computed everything
     sums = [(s.kind, s.axes) for s in steps_2d if s.kind != "matmul"]
     assert set(sums[:-1]) == {("all-reduce", ("model",))} and sums[-1] == ("all-reduce", ("data",)) == (
-        steps_2d[-1].kind, steps_2d[-1].axes)  # 2-D: activations over model throughout; gradients over data, last
+        steps_2d[-1].kind, steps_2d[-1].axes)  # 2-D: activations over model throughout, the gradients over data last
 
 # %% [markdown]
 # ## 5. The same step, compiled for a TPU v5e with 64 chips
@@ -397,9 +419,9 @@ if CPU:
 # at the compiler's default effort, with only its machine-code optimisation off (`FAST_COMPILE`). That
 # compile takes about 4 s of CPU, so, like section 4's programs, the course compiled it once and keeps its
 # text and its memory figures in `data/mesh_shape` (`tests/test_17_mesh_shape.py` compiles it again and
-# checks both); the cell reads them, and needs no libtpu. On TPU, `footprint` is each chip's HBM. What
-# the compiler placed in on-chip VMEM (128 MiB on a v5e) is not in it, and at this toy size much of the
-# program fits there.
+# checks both). The cell reads them, so it needs no libtpu. On TPU, `footprint` is each chip's HBM.
+# What the compiler placed in on-chip VMEM (128 MiB on a v5e) is not in it, and at this toy size much of
+# the program fits there.
 
 # %%
 def matrix_gathers(c):
@@ -440,17 +462,15 @@ assert mem["TPU v5e:8x8"]["footprint"] < mem["CPU"]["footprint"]  # at this toy 
 # %% [markdown]
 # Both programs sum the residual stream over groups of 8 (the `model` axis) and gather the weight
 # matrices over `data`. They differ in how they write it:
-# - **bf16 gathers.** TPU multiplies float32 matrices with bf16 operands by default, so its compiler
-#   converts each weight to bf16 *before* gathering it: half the bytes of the CPU's f32 gathers.
-# - **Tile padding.** TPU stores an array in tiles of 8 x 128 over its last two dimensions, so a shard
-#   64 wide, such as each chip's `(64, 64)` block of the attention matrices, takes the memory of 128
-#   columns: more argument bytes than on CPU for the same layout.
-# - **Reduce-scatter.** Each device needs only its slice of the summed gradients. The CPU compiler
-#   writes that as a full all-reduce and a slice (notebook 11); the TPU compiler can fuse such a pair
-#   into one reduce-scatter, and how many it fuses depends on its version (its column above).
-# - **HBM.** The TPU's footprint is below the CPU's: a program this small keeps buffers in on-chip
-#   VMEM, and each compiler assigns its own temporaries. Plan a TPU job's memory from the TPU program at
-#   its real size (notebook 21).
+#
+# | | CPU compiler | TPU compiler | why |
+# |---|---|---|---|
+# | **weight gathers** | f32 | bf16, half the bytes | TPU multiplies float32 matrices with bf16 operands by default, so its compiler converts each weight to bf16 *before* gathering it |
+# | **argument bytes** | the shards' bytes | more, for the same layout | TPU stores an array in tiles of 8 x 128 over its last two dimensions, so a shard 64 wide, such as each chip's `(64, 64)` block of the attention matrices, takes the memory of 128 columns |
+# | **gradient slices** | a full all-reduce and a slice (notebook 11) | can fuse such a pair into one reduce-scatter | each device needs only its slice of the summed gradients, and how many pairs the TPU compiler fuses depends on its version (its column above) |
+# | **footprint** | the larger | the smaller, in HBM | a program this small keeps buffers in on-chip VMEM, and each compiler assigns its own temporaries |
+#
+# So plan a TPU job's memory from the TPU program at its real size (notebook 21).
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU and TPU compilers' exact figures, §5: reduce-scatters
@@ -464,8 +484,8 @@ if CPU:
 # > **You will see this online:** "More data parallelism → better batch throughput; more model
 # > parallelism → larger models fit."
 #
-# Half of that is a memory claim. The state is the same on every backend; the footprints below are
-# the CPU compiler's, at this toy size:
+# Half of that is a memory claim. The state is the same on every backend, but the footprints below
+# are the CPU compiler's, at this toy size:
 
 # %%
 print(f"2-D table, model axis 1 -> 8 -> 64: footprint {format_bytes(footprint['data'])} -> "
@@ -480,17 +500,25 @@ assert 60 * held["FSDP"] < held["data"]
 # A data axis that also shards the parameters divides the state by 64, on any backend. On the CPU
 # compiler, past the middle, more model parallelism needed *more* memory, not less, because every device
 # of a wide `model` axis computes on the whole batch (the hidden cell below, "The CPU compiler's exact
-# figures, §6", holds the numbers). The same order holds on a TPU at a real width: with `d_model` 4096
-# on a `v5e:8x8` at O0, tensor parallelism needs 3190 MiB of HBM per chip, 2-D 1257 MiB and FSDP x TP
-# 956 MiB (`tests/test_tpu_side.py` compiles this notebook's step at that width and checks the order).
-# For your own model, read it from a TPU compile at your sizes. Throughput cannot be measured on
-# simulated devices, but it can be estimated from the compiled program, as section 4 did: there, on the TPU
-# compiler's programs at `d_model` 2048, the layouts that sum inside groups of 8 came first and pure tensor
-# parallelism last.
+# figures, §6", holds the numbers). The same order holds on a TPU at a real width, `d_model` 4096 on a
+# `v5e:8x8` at O0 (`tests/test_tpu_side.py` compiles this notebook's step at that width and checks the
+# order):
+#
+# | layout | HBM per chip |
+# |---|---|
+# | tensor | 3190 MiB |
+# | 2-D | 1257 MiB |
+# | FSDP x TP | 956 MiB |
+#
+# For your own model, read the order from a TPU compile at your sizes. Throughput cannot be measured on
+# simulated devices, but it can be estimated from the compiled program, as section 4 did. There, on the
+# TPU compiler's programs at `d_model` 2048, the layouts that sum inside groups of 8 came first and pure
+# tensor parallelism last.
+#
 # What the tables support:
 #
 # 1. **Shard the state over the data axis first (FSDP).** It divides parameters and Adam state by every
-#    device and keeps the batch split; it pays with weight gathers on top of the gradient sum.
+#    device and keeps the batch split. It pays for that with weight gathers on top of the gradient sum.
 # 2. **Add a `model` axis when FSDP alone stops helping**: when its temporaries (whole gathered
 #    weights, whole gradients) dominate, or when the batch per device reaches its floor. Pure FSDP on 64
 #    devices has one sequence per device and cannot run a smaller global batch at all (section 7). FSDP x
@@ -547,13 +575,13 @@ for name in ("2-D", "tensor"):
 # - Compile for many devices without allocating: `nnx.eval_shape` for the state,
 #   `jax.ShapeDtypeStruct(..., sharding=...)` for the inputs, `lower(...).compile()`, then read
 #   `memory_per_device` and `collectives`.
-# - Without FSDP only the `model` axis divides the state; with FSDP the `data` axis divides it by every
-#   device. Activations shrink with `data` and grow back when `model` takes over the whole batch.
+# - Without FSDP only the `model` axis divides the state. With FSDP the `data` axis divides it too, by
+#   every device. Activations shrink with `data` and grow back when `model` takes over the whole batch.
 # - Footprints other than the state are the compiler's choices: the CPU's here, at a toy size. Shard
 #   the state over `data` first, add `model` when gathered weights or the batch per device
 #   become the limit, and keep `model` at most the number of heads.
-# - Byte counts are ring estimates and leave out overlap: here all gradients are summed in one
-#   all-reduce after the last matmul; tensor-parallel all-reduces sit between matmuls, and only a
+# - Byte counts are ring estimates and leave out overlap. Here all gradients are summed in one
+#   all-reduce after the last matmul. Tensor-parallel all-reduces sit between matmuls, so only a
 #   compiler that splits the matmul (collective matmul, on TPU) can overlap them.
 # - The TPU program has the same residual all-reduces, but gathers bf16 weights, pads arrays to its
 #   tiles and may fuse reduce-scatters: read a TPU plan from a TPU compile.
@@ -568,7 +596,7 @@ for name in ("2-D", "tensor"):
 #
 # **Exercise 1 (predict the state).** On a `(4, 16)` mesh, how many bytes of state (parameters and
 # Adam's moments, plus the 8 bytes of step counters) does each device hold under the 2-D table, and
-# under the FSDP x TP table? Use `n_split` and `n_embed_only` from section 1; answer a pair.
+# under the FSDP x TP table? Use `n_split` and `n_embed_only` from section 1, and answer with a pair.
 
 # %%
 from spmd_course.exercises import ex17_mesh_shape as ex
@@ -580,8 +608,8 @@ ex.state_bytes.check(answer_1);
 # **Exercise 2 (pick a layout).** Write the choice of section 6 as a function: `choose(table, budget)`
 # gets a dict `{layout name: (footprint in bytes, collectives per step)}` and a budget in bytes per
 # device, and returns the name of the layout that fits the budget (footprint at most `budget`) with the
-# fewest collectives, the smaller footprint breaking a tie; `None` when nothing fits. The checker tries
-# it on tables of its own; then try it on this notebook's, e.g.
+# fewest collectives, the smaller footprint breaking a tie. It returns `None` when nothing fits. The
+# checker tries it on tables of its own. Then try it on this notebook's, for example
 # `choose({n: (footprint[n], comm[n].count()) for n in LAYOUTS}, 16 * MiB)`.
 
 # %%
