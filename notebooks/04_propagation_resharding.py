@@ -232,14 +232,20 @@ draw_matmul(a, b, c)
 
 # %% [markdown]
 # The summary. The "plan" column is the textbook plan that the pictures show, computed by
-# `matmul_traffic`. The "compiled" column is what the programs contain. The last column is an
-# **estimate** of the bytes each device sends, from the ring formulas for a group of `N` devices:
+# `matmul_traffic`. The "compiled" column is what the programs contain. The last two columns are
+# **estimates** of the bytes each device sends: the cost column of the table above, and the ring formulas
+# applied to the compiled program's collectives, for a group of `N` devices:
 #
 # | collective | bytes each device sends, by the ring estimate |
 # |---|---|
 # | all-gather | `(N-1)/N` × its result |
 # | all-reduce | `2(N-1)/N` × its result |
 # | reduce-scatter | `(N-1)/N` × its input |
+#
+# The two estimates agree wherever the compiler followed the plan, and the cell asserts it. Case 3' on
+# the CPU is the exception, because the CPU compiler all-reduces the `(32, 512)` partial sums and then
+# slices, which sends twice what the reduce-scatter of the plan would (section 4 shows the TPU's
+# reduce-scatter).
 #
 # Bytes are not yet time. Dividing a ring estimate by the bandwidth of the links that carry it gives an
 # estimated time in seconds, and notebook 15 does exactly that for whole training steps on a TPU v5e.
@@ -248,13 +254,14 @@ draw_matmul(a, b, c)
 D, M, f32 = mesh.shape["data"], mesh.shape["model"], 4  # the mesh's axis sizes, and bytes per element
 table_estimate = {"1": 0, "2": (M - 1) / M * f32 * (I // D) * J, "3": 2 * (M - 1) / M * f32 * I * K,
                   "3'": (M - 1) / M * f32 * (I // D) * K, "4": (D - 1) / D * f32 * I * J}  # the table's column
-print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'ring estimate':>13}")
+print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'table':>11}{'ring estimate':>15}")
 for name, (a, b, c, compiled) in cases.items():
     col = collectives(compiled)
     plan = matmul_traffic(A.shape, a.sharding, B.shape, b.sharding, c.sharding).collectives
     shown = ", ".join(f"{op.kind} {op.result_type}" for op in col.ops) or "none"
     print(f"{name:<5}{a.sharding.spec!s:<20}{b.sharding.spec!s:<20}{c.sharding.spec!s:<20}"
-          f"{', '.join(plan) or 'none':<16}{shown:<26}{format_bytes(col.estimated_bytes):>13}")
+          f"{', '.join(plan) or 'none':<16}{shown:<26}{format_bytes(table_estimate[name]):>11}"
+          f"{format_bytes(col.estimated_bytes):>15}")
     kinds = tuple(op.kind for op in col.ops)
     assert kinds == plan or (plan, kinds) == (("reduce-scatter",), ("all-reduce",))  # CPU: all-reduce + slice
     # the table's estimate; the CPU's all-reduce of the (32, 512) partial sums sends twice the reduce-scatter's
@@ -450,7 +457,8 @@ if ok:
 # `all-reduce-scatter`, which `collectives()` counts as one reduce-scatter. This is also why section 3
 # read its groups from case 3: this line has no `replica_groups` of its own. By the ring formulas the
 # reduce-scatter sends half the all-reduce's bytes, `(N-1)/N` against `2(N-1)/N` times the partial
-# products.
+# products. That is 32 KiB per chip, the estimate in the cost column of section 2's table, as the cell
+# asserts.
 
 # %%
 if ok:
@@ -461,6 +469,7 @@ if ok:
     print("TPU v5e-8, default effort:", memory_per_device(tpu["3'"]))
     assert found(there) == [("reduce-scatter", (32, 256), 2)]
     assert "calls=%all-reduce-scatter" in fusion
+    assert there.estimated_bytes == table_estimate["3'"]  # the cost column of §2's table, for the reduce-scatter
 
 # %% [markdown]
 # The four cases on both backends:
