@@ -111,31 +111,6 @@ assert mesh_3d.devices.ravel().tolist() == order and mesh_3d.devices[1, 0, 1] ==
 draw_mesh(mesh_3d)
 
 # %% [markdown]
-# > **You will see this online:**
-# > ```python
-# > mesh = jax.make_mesh(axis_shapes=(4, 2), axis_names=("data", "model"))
-# > ```
-# > The first parameter of `jax.make_mesh` was renamed from `axis_shapes` to `axis_sizes` between JAX
-# > 0.10 and 0.12, so each keyword fails on the other line. Both spellings, on this line:
-
-# %%
-spellings = {}
-for keyword in ("axis_shapes", "axis_sizes"):
-    try:
-        jax.make_mesh(**{keyword: (4, 2)}, axis_names=("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-        spellings[keyword] = "works"
-    except TypeError as err:
-        spellings[keyword] = f"TypeError: {err}"
-    print(f"jax {jax.__version__}, {keyword}=(4, 2): {spellings[keyword]}")
-
-first_parameter = next(iter(inspect.signature(jax.make_mesh).parameters))
-assert spellings[first_parameter] == "works"
-assert sum(outcome == "works" for outcome in spellings.values()) == 1  # the other keyword is a TypeError
-
-# %% [markdown]
-# The fix, used everywhere in this course: pass the shape **positionally**,
-# `jax.make_mesh((4, 2), ("data", "model"), axis_types=...)`, which works on every version.
-#
 # ## 2. Auto, Explicit and Manual axes
 #
 # Every mesh axis has a **type**. It decides who lays out the values *inside* `jax.jit`:
@@ -422,6 +397,34 @@ except ValueError as err:
     raised.append("(3, 2)")
     print("create_device_mesh((3, 2)) -> ValueError:", err)
 assert raised == ["(n, 2)", "(3, 2)"]
+
+# %% [markdown]
+# > **You will see this online: `axis_shapes`.** Every mesh above passes its shape positionally, and
+# > here is why. Older snippets name it:
+# > ```python
+# > mesh = jax.make_mesh(axis_shapes=(4, 2), axis_names=("data", "model"))
+# > ```
+# > The first parameter of `jax.make_mesh` was renamed from `axis_shapes` to `axis_sizes` between JAX
+# > 0.10 and 0.12, so each keyword fails on the other line. Both spellings, on this line:
+
+# %%
+spellings = {}
+for keyword in ("axis_shapes", "axis_sizes"):
+    try:
+        jax.make_mesh(**{keyword: (4, 2)}, axis_names=("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+        spellings[keyword] = "works"
+    except TypeError as err:
+        spellings[keyword] = f"TypeError: {err}"
+    print(f"jax {jax.__version__}, {keyword}=(4, 2): {spellings[keyword]}")
+
+first_parameter = next(iter(inspect.signature(jax.make_mesh).parameters))
+assert spellings[first_parameter] == "works"
+assert sum(outcome == "works" for outcome in spellings.values()) == 1  # the other keyword is a TypeError
+
+# %% [markdown]
+# So the course passes the shape **positionally**, as every cell above does:
+# `jax.make_mesh((4, 2), ("data", "model"), axis_types=...)` works on every version, because it names no
+# keyword.
 
 # %% [markdown]
 # ## Takeaways

@@ -108,12 +108,19 @@ assert y_eager.sharding.is_equivalent_to(x.sharding, x.ndim)
 # `C`'s dimensions. The four cases, and sorting matmuls by them, are the taxonomy of
 # [How to Scale Your Model](https://jax-ml.github.io/scaling-book/) (part 3, on sharded matrices).
 #
-# | case | layout | what must happen |
-# |---|---|---|
-# | 1 | `J` whole in both operands | each device multiplies its own blocks: **nothing moves** |
-# | 2 | `J` cut in one operand only | **all-gather** that operand along `J` first |
-# | 3 | `J` cut in both, by the same mesh axis | local partial sums `{U:axis}`, then an **all-reduce** (a **reduce-scatter** if `C` stays cut over that axis) |
-# | 4 | one mesh axis cuts both `I` and `K` | `C` cannot be cut twice by one axis: **all-gather one operand** |
+# | case | layout | what must happen | what each device sends in this section's example (an estimate) |
+# |---|---|---|---|
+# | 1 | `J` whole in both operands | each device multiplies its own blocks: **nothing moves** | 0 |
+# | 2 | `J` cut in one operand only | **all-gather** that operand along `J` first | `(M-1)/M · 4·(I/D)·J` = 16 KiB |
+# | 3 | `J` cut in both, by the same mesh axis | local partial sums `{U:axis}`, then an **all-reduce** (a **reduce-scatter** if `C` stays cut over that axis) | `2(M-1)/M · 4·I·K` = 256 KiB (3' below, a reduce-scatter: `(M-1)/M · 4·(I/D)·K` = 32 KiB) |
+# | 4 | one mesh axis cuts both `I` and `K` | `C` cannot be cut twice by one axis: **all-gather one operand** | `(D-1)/D · 4·I·J` = 96 KiB |
+#
+# The last column counts bytes sent by the textbook ring algorithm (the formulas are in the summary below),
+# for the layouts this section compiles: `I, J, K = 128, 256, 512`, `f32` elements of 4 bytes, `D = 4`
+# devices along `data` and `M = 2` along `model`. It is an **estimate**, because the compiler may pick
+# another algorithm or another layout. The summary asserts it against what `collectives()` finds in each
+# compiled program. The cost grows with the array that moves, so case 3 is dear: it all-reduces the whole
+# `(I, K)` product, where case 2 gathers only a slice of `A`.
 #
 # For each case: predict, compile, check the collectives (kind, per-device shape, group size), and draw
 # what device 0 holds (solid outline), fetches (dashed, hatched) and computes (dotted outline). The fill
@@ -225,8 +232,9 @@ draw_matmul(a, b, c)
 
 # %% [markdown]
 # The summary. The "plan" column is the textbook plan that the pictures show, computed by
-# `matmul_traffic`. The "compiled" column is what the programs contain. The last column is an
-# **estimate** of the bytes each device sends, from the ring formulas for a group of `N` devices:
+# `matmul_traffic`. The "compiled" column is what the programs contain. The last two columns are
+# **estimates** of the bytes each device sends: the cost column of the table above, and the ring formulas
+# applied to the compiled program's collectives, for a group of `N` devices:
 #
 # | collective | bytes each device sends, by the ring estimate |
 # |---|---|
@@ -234,19 +242,59 @@ draw_matmul(a, b, c)
 # | all-reduce | `2(N-1)/N` × its result |
 # | reduce-scatter | `(N-1)/N` × its input |
 #
+# The two estimates agree wherever the compiler followed the plan, and the cell asserts it. Case 3' on
+# the CPU is the exception, because the CPU compiler all-reduces the `(32, 512)` partial sums and then
+# slices, which sends twice what the reduce-scatter of the plan would (section 4 shows the TPU's
+# reduce-scatter).
+#
 # Bytes are not yet time. Dividing a ring estimate by the bandwidth of the links that carry it gives an
 # estimated time in seconds, and notebook 15 does exactly that for whole training steps on a TPU v5e.
 
 # %%
-print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'ring estimate':>13}")
+D, M, f32 = mesh.shape["data"], mesh.shape["model"], 4  # the mesh's axis sizes, and bytes per element
+table_estimate = {"1": 0, "2": (M - 1) / M * f32 * (I // D) * J, "3": 2 * (M - 1) / M * f32 * I * K,
+                  "3'": (M - 1) / M * f32 * (I // D) * K, "4": (D - 1) / D * f32 * I * J}  # the table's column
+print(f"{'case':<5}{'A':<20}{'B':<20}{'C':<20}{'plan':<16}{'compiled':<26}{'table':>11}{'ring estimate':>15}")
 for name, (a, b, c, compiled) in cases.items():
     col = collectives(compiled)
     plan = matmul_traffic(A.shape, a.sharding, B.shape, b.sharding, c.sharding).collectives
     shown = ", ".join(f"{op.kind} {op.result_type}" for op in col.ops) or "none"
     print(f"{name:<5}{a.sharding.spec!s:<20}{b.sharding.spec!s:<20}{c.sharding.spec!s:<20}"
-          f"{', '.join(plan) or 'none':<16}{shown:<26}{format_bytes(col.estimated_bytes):>13}")
+          f"{', '.join(plan) or 'none':<16}{shown:<26}{format_bytes(table_estimate[name]):>11}"
+          f"{format_bytes(col.estimated_bytes):>15}")
     kinds = tuple(op.kind for op in col.ops)
     assert kinds == plan or (plan, kinds) == (("reduce-scatter",), ("all-reduce",))  # CPU: all-reduce + slice
+    # the table's estimate; the CPU's all-reduce of the (32, 512) partial sums sends twice the reduce-scatter's
+    assert col.estimated_bytes == table_estimate[name] * (2 if kinds != plan else 1)
+
+# %% [markdown]
+# **The same cases in the scaling book's notation.** *How to Scale Your Model* writes a sharded array by
+# its dimensions' letters, with the mesh axis that cuts a dimension as a subscript: `A[I_X, J]` is `A`
+# with its rows `I` cut over mesh axis `X`, and `{U_Y}` marks partial sums still to be added over `Y`.
+# The course writes the same layout as a `PartitionSpec`, or as a type with the axis after `@`. Reading
+# `X` as `data` and `Y` as `model`, the cases of this section translate as follows, and the cell below
+# asserts the course's types from the arrays JAX computed:
+#
+# | case | `PartitionSpec`s of `A`, `B` | the course's types, `A @ B → C` | the scaling book's notation |
+# |---|---|---|---|
+# | 1 | `P('data', None)`, `P(None, 'model')` | `f32[128@data,256] @ f32[256,512@model] → f32[128@data,512@model]` | `A[I_X, J] · B[J, K_Y] → C[I_X, K_Y]` |
+# | 2 | `P('data', 'model')`, `P(None, 'model')` | `f32[128@data,256@model] @ f32[256,512@model] → f32[128@data,512@model]` | `A[I_X, J_Y] · B[J, K_Y] → C[I_X, K_Y]` |
+# | 3 | `P(None, 'model')`, `P('model', None)` | `f32[128,256@model] @ f32[256@model,512] → f32[128,512]` | `A[I, J_Y] · B[J_Y, K] → C[I, K] {U_Y}`, then all-reduce to `C[I, K]` |
+# | 3' | `P('data', 'model')`, `P('model', None)` | `f32[128@data,256@model] @ f32[256@model,512] → f32[128@data,512@model]` | `A[I_X, J_Y] · B[J_Y, K] → C[I_X, K] {U_Y}`, then reduce-scatter to `C[I_X, K_Y]` |
+# | 4 | `P('data', None)`, `P(None, 'data')` | `f32[128@data,256] @ f32[256,512@data] → f32[128,512@data]` | `A[I_X, J] · B[J, K_X]`: gather `A` to `A[I, J]`, then `C[I, K_X]` |
+
+# %%
+book_types = {  # case -> the course's types of A, B and C, as the table above writes them
+    "1": "f32[128@data,256] @ f32[256,512@model] → f32[128@data,512@model]",
+    "2": "f32[128@data,256@model] @ f32[256,512@model] → f32[128@data,512@model]",
+    "3": "f32[128,256@model] @ f32[256@model,512] → f32[128,512]",
+    "3'": "f32[128@data,256@model] @ f32[256@model,512] → f32[128@data,512@model]",
+    "4": "f32[128@data,256] @ f32[256,512@data] → f32[128,512@data]",
+}
+for name, (a, b, c, _) in cases.items():
+    typed = f"{type_string(a)} @ {type_string(b)} → {type_string(c)}"
+    print(f"case {name:<3} {typed}")
+    assert typed == book_types[name]
 
 # %% [markdown]
 # **The table says what must move, but the compiler picks how.** For example, `A` at `P('data', None)`
@@ -409,7 +457,8 @@ if ok:
 # `all-reduce-scatter`, which `collectives()` counts as one reduce-scatter. This is also why section 3
 # read its groups from case 3: this line has no `replica_groups` of its own. By the ring formulas the
 # reduce-scatter sends half the all-reduce's bytes, `(N-1)/N` against `2(N-1)/N` times the partial
-# products.
+# products. That is 32 KiB per chip, the estimate in the cost column of section 2's table, as the cell
+# asserts.
 
 # %%
 if ok:
@@ -420,6 +469,7 @@ if ok:
     print("TPU v5e-8, default effort:", memory_per_device(tpu["3'"]))
     assert found(there) == [("reduce-scatter", (32, 256), 2)]
     assert "calls=%all-reduce-scatter" in fusion
+    assert there.estimated_bytes == table_estimate["3'"]  # the cost column of §2's table, for the reduce-scatter
 
 # %% [markdown]
 # The four cases on both backends:

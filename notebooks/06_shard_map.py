@@ -24,6 +24,13 @@
 # - what the `check_vma` replication check catches, and the wrong answer you get without it;
 # - gradients through `shard_map`: why they depend on `check_vma`, `psum` and `pmean` over several axes,
 #   and `jax.lax.pcast` to mix invariant and varying values.
+#
+# **On a first reading you may skip two parts**, marked *optional* in their headings:
+#
+# | part | why you can skip it now | come back when |
+# |---|---|---|
+# | §6, the ring | later notebooks use only its result, the ring estimate that every `collectives` table prints: each device sends `(N-1)/N` of an all-gather's result. The ring shows where that formula comes from | you want to know what the estimate assumes, or pass blocks around a ring with `ppermute` yourself (notebook 14's ring attention does) |
+# | §10, gradients through `shard_map` | notebooks 07 to 17 call `jax.grad` outside any `shard_map`, so the compiler places the gradients' collectives for you | you differentiate inside a per-device program: porting `pmap` code (notebook 22) or writing a training step by hand (notebook 11, exercise 2) |
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -356,6 +363,12 @@ for name in ("psum", "psum_scatter"):
 np.testing.assert_array_equal(out["ppermute"], np.roll(X, 4, axis=0))  # each 4-row block one place on
 
 # %% [markdown]
+# ### The ring (optional on a first reading)
+#
+# You can skip to §7 and keep one fact, because it is all that later notebooks use: in an all-gather or a
+# reduce-scatter over `N` devices, each device sends `(N-1)/N` of the result, the **ring estimate**. What
+# follows shows where that estimate comes from.
+#
 # The textbook model of an all-gather or a reduce-scatter is a **ring**. In each of `N - 1` steps every
 # device sends one block to the next device, which is one `ppermute`:
 #
@@ -617,7 +630,11 @@ np.testing.assert_array_equal(old, sums)
 # keyword (or from `jax.set_mesh`), and `check_vma` for `check_rep`.
 
 # %% [markdown]
-# ## 10. Gradients through `shard_map`
+# ## 10. Gradients through `shard_map` (optional on a first reading)
+#
+# Skip this section until you differentiate inside a per-device program, because notebooks 07 to 17 call
+# `jax.grad` outside `shard_map` and let the compiler place the gradients' collectives. You will need it to
+# port `pmap` code (notebook 22) or to write a training step by hand (notebook 11, exercise 2).
 #
 # A loss written per device: the 16 rows are split over **both** axes, 2 per device (`P(('data', 'model'),
 # None)`), and `pmean` over both axes averages the eight local losses (`psum` and `pmean` take a tuple of

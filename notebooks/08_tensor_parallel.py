@@ -491,8 +491,9 @@ for k, s in enumerate(tp_steps):
         operands = re.search(rf"%?{re.escape(s.name)} = [^\n]*?all-reduce[^(]*\(([^)]*)\)", tp_compiled.as_text())
         (producers[s.name],) = [n for n in re.findall(r"%?([\w.-]+)", operands.group(1)) if n in matmul_names]
         assert producers[s.name] in [t.name for t in tp_steps[:k]]  # a matmul scheduled before the sum
-print({ar: f"sums the result of {mm} (matmul {matmul_names.index(mm) + 1} of {len(matmul_names)})"
-       for ar, mm in producers.items()})
+for i, mm in enumerate(producers.values(), start=1):
+    print(f"All-reduce {i} of {len(producers)} sums the result of matmul {matmul_names.index(mm) + 1} of "
+          f"{len(matmul_names)} (the HLO calls it {mm}).")
 assert {s.axes for s in tp_steps if s.kind != "matmul"} == {("model",)}  # every collective sums over model
 assert len(producers) == 2  # the output, forward, and the input's gradient, backward
 tp_time = estimate_step(tp_compiled, mesh, chip="v5e")  # this program, timed at a v5e chip's rates
@@ -536,7 +537,17 @@ assert d_ff / M < 4 / 3 * (M - 1) / M * C / W / 100  # far below the rule: the c
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §5: the scheduled order and the cost line
-print("scheduled order:", " ".join("MM" if s.kind == "matmul" else f"{s.kind}({','.join(s.axes)})" for s in tp_steps))
+print(f"On {jax.default_backend()}, the block's step runs its matmuls and sums in this order:\n")
+print(f"{'step':>4}  {'op':<24}what it does")
+first_sum = next(k for k, s in enumerate(tp_steps, start=1) if s.kind != "matmul")
+for k, s in enumerate(tp_steps, start=1):
+    if s.kind == "matmul":  # the matmuls before the first sum are the forward pass's, as the text says
+        print(f"{k:>4}  {f'matmul {matmul_names.index(s.name) + 1}':<24}"
+              f"a {'forward' if k < first_sum else 'backward'} matmul of this device's blocks")
+    else:
+        made_by = [t.name for t in tp_steps].index(producers[s.name]) + 1
+        print(f"{k:>4}  {s.kind + ' over ' + ', '.join(s.axes):<24}adds up the partial sums of step {made_by}")
+print()
 tp_model_seconds = sum(op.seconds * op.trips for op in tp_time.timeline if op.lane == "model")
 print(f"estimate_step reads {tp_time.flops:,.0f} matmul FLOPs (formula: {tp_flops:,}) and {tp_model_seconds * 1e6:.2f} µs "
       f"over model (formula: {tp_sent / W * 1e6:.2f} µs) from this compiler's program.")

@@ -371,10 +371,25 @@ draw_timeline(fsdp_time, title=f"FSDP train step, {'compiled for' if ok else 'ti
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU and TPU compilers' exact figures, §5: collectives and their order
 cpu_kinds = [s.kind for s in schedule(compiled_fsdp, mesh)]
-print(f"This compiler's FSDP step: {dict(comm.counts)}. Its gradient slices: {', '.join(slices)}.")
-print("Its scheduled order:", " ".join("MM" if k == "matmul" else k for k in cpu_kinds))
+
+
+def in_words(kinds):
+    """A scheduled order as a sentence: runs of the same op counted, e.g. '2 all-gathers, then 1 matmul'."""
+    runs = []
+    for kind in kinds:
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += 1
+        else:
+            runs.append([kind, 1])
+    return ", then ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in runs)
+
+
+made = ", ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in comm.counts.items() if n)
+print(f"On {jax.default_backend()}, the FSDP step has {made}. Its dynamic-slices cut out blocks of "
+      f"{' and '.join(slices)}.")
+print(f"In the order this compiler schedules them, the step runs {in_words(cpu_kinds)}.")
 if ok:
-    print("The TPU compiler's order (default effort):", " ".join("MM" if k == "matmul" else k for k in fsdp_kinds))
+    print(f"The TPU compiler (default effort) schedules {in_words(fsdp_kinds)}.")
 if CPU:  # what the CPU compiler inserts
     assert comm.counts == {"all-reduce": 1, "all-gather": 3, "reduce-scatter": 0, "all-to-all": 1,
                            "collective-permute": 0}
