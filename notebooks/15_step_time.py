@@ -11,10 +11,9 @@
 # and 13 (mixed precision, rematerialisation and their TPU compiles), `jax.jit(f).lower(...).compile()`, `compiled.cost_analysis()`,
 # `jax.checkpoint` and the course's `collectives()`.
 #
-# You will estimate a training step's time before running it, from the compiled program and three
-# published numbers per chip: compile one layer of an 8-billion-parameter transformer for a v5e slice
-# under five strategies, draw one step on a time axis and on a roofline, find when communication hides,
-# and record a profiler trace. Notebook 16 holds the same estimate against published runs.
+# You will estimate a step's time before running it, from the compiled program and three published
+# numbers per chip, for one layer of an 8-billion-parameter model on a v5e slice under five strategies.
+# Notebook 16 holds the same estimate against published runs.
 #
 # **You will learn**
 # - the roofline: compute, memory and communication time per chip, and what makes a matmul
@@ -182,11 +181,15 @@ else:
 #
 # ## 2. Five strategies at real size
 #
-# The model: the feed-forward (FF) block of Llama 3 8B (`d = 4096`, `d_ff = 14336`, gated: three
-# matrices, 176 million parameters, 81% of a layer's), bf16, 32 layers. The slice: a v5e-8 (`v5e:2x4`).
-# The batch: 8 sequences of 2,048 tokens. A whole step loops over layers, which takes minutes to compile
-# and misleads `cost_analysis()`, because it counts a loop's body once. So compile **one block's forward
-# and backward pass** per strategy, and multiply by the layer count. Each compiles in under a second at the
+# | | here |
+# |---|---|
+# | model | the feed-forward (FF) block of Llama 3 8B: `d = 4096`, `d_ff = 14336`, gated (three matrices), 176 million parameters (81% of a layer's), bf16, 32 layers |
+# | slice | a v5e-8 (`v5e:2x4`) |
+# | batch | 8 sequences of 2,048 tokens |
+#
+# A whole step loops over layers, which takes minutes to compile and misleads `cost_analysis()`, because
+# it counts a loop's body once. So compile **one block's forward and backward pass** per strategy, and
+# multiply by the layer count. Each compiles in under a second at the
 # compiler's least effort, `O0`. At `O0` every collective is scheduled synchronously, but the matmuls and
 # collectives are those of the default effort (the one `jax.jit` uses on a TPU), so what this section
 # counts holds: the assert after the table checks FLOPs and bytes against formulas that do not depend on
@@ -246,14 +249,16 @@ else:
     print(why)
 
 # %% [markdown]
-# For each program: its matmul FLOPs per chip beside the count `6 x parameters x tokens` (2 for the
-# forward matmuls, 4 for the backward's two), its HBM traffic (operands and results outside on-chip
-# memory), the ring estimate of what each chip sends
-# (`collectives()`), and the three times on a v5e, all times 32 layers. FLOPs and bytes sent are read op
-# by op with every loop counted by its trips (`estimate_step`, `collectives()`): the compiler's own
-# `cost_analysis()` counts a loop's body once, shown beside them. Last, `estimate_step`'s whole step: the
-# program walked in its scheduled order, each op and collective timed, transfers hidden where the schedule
-# lets them, and this slice's links as they are (a v5e-8's axes are lines, not rings).
+# The table's columns, per chip, for 32 layers on a v5e (`estimate_step` and `collectives()` count every
+# loop by its trips, `cost_analysis()` a loop's body once):
+#
+# | column | what it is |
+# |---|---|
+# | TFLOP/chip | matmul FLOPs, op by op |
+# | 6NT | `6 x parameters x tokens` / chips: 2 for the forward matmuls, 4 for the backward's two |
+# | compiler | `cost_analysis()`'s FLOPs |
+# | compute, memory, comm | FLOPs / peak, HBM traffic (operands and results outside on-chip memory) / HBM bandwidth, ring bytes sent (`collectives()`) / link |
+# | op by op | `estimate_step`'s step: the program in its scheduled order, transfers hidden where the schedule lets them, over this slice's links as they are (a v5e-8's axes are lines, not rings) |
 
 # %%
 def estimate(compiled, mesh, p_block=P_BLOCK, layers=LAYERS, tokens=BATCH * SEQ, per_token=6):
@@ -294,11 +299,11 @@ else:
 # No estimate counts attention (its projections and `S x S` scores add about a third again), the
 # optimizer update, the embedding or the loss.
 #
-# The compute is the same, 2 TFLOP per chip per block: each strategy divides the same work by 8. Counted
-# op by op, every strategy's matmuls match `6NT` within 1%, FSDP's too, although its `cost_analysis()`
-# reports less. The TPU compiler turned each weight gradient's reduce-scatter into a loop that overlaps
-# pieces of the matmul with the transfer of others (a *collective matmul*, `windowed_dot_general_body_rs`,
-# rs for reduce-scatter). The loop runs twice, and `cost_analysis()` counts its body once.
+# Every strategy divides the same work by 8, 2 TFLOP per chip per block, and its matmuls counted op by op
+# match `6NT` within 1%. FSDP's `cost_analysis()` reports less, because the TPU compiler turned each weight
+# gradient's reduce-scatter into a loop that overlaps pieces of the matmul with the transfer of others (a
+# *collective matmul*, `windowed_dot_general_body_rs`). The loop runs twice, and `cost_analysis()` counts
+# its body once.
 #
 # What each sends differs: DP all-reduces every gradient, FSDP gathers the bf16 weights and reduce-scatters
 # the gradients, TP all-reduces activations, and 2-D and FSDP x TP pay for both over smaller groups. Two
@@ -325,10 +330,9 @@ else:
 #
 # </details>
 #
-# Each strategy's step as one bar on a seconds axis, its terms stacked: matmul FLOPs, HBM time beyond
-# them, and the transfers the step waits for (`draw_step_terms`, in the timeline's greys, because colour
-# means device in this course). At `O0` every collective is synchronous, so all communication is exposed
-# here. Section 3 shows how much of FSDP's hides at the default effort.
+# The bars stack each strategy's terms on one seconds axis: matmul FLOPs, HBM time beyond them, and the
+# transfers the step waits for, which at `O0` are all of them because every collective is synchronous.
+# `draw_step_terms` uses the timeline's greys, because colour means device in this course.
 
 # %%
 if ok:
@@ -405,11 +409,11 @@ else:
 # | FSDP's gathers hide | `t > C/W` (2,550 on a v5p) | `t > (n-1)/n x C/W` | the book rounds the ring's `(n-1)/n` to 1 |
 # | TP's sums hide | `d_ff / M > C/W` | `d_ff / M > (2/3)(M-1)/M x C/W` | the book's block has two matrices, `4 d d_ff t / M` FLOPs per sum, this gated block three (`6`), so here the threshold is 2/3 of the book's |
 #
-# Pooling the whole step's bytes against the whole step's FLOPs gives looser rules, `(2/3) C/W` for FSDP
-# and `(4/9) C/W` for TP, because it lets the forward pass's transfers hide behind the backward pass. Check
-# the per-pass rules on the compiled programs: `estimate_step`'s timeline gives each op's `op_name`, in
-# which `transpose(jvp())` marks the backward pass (FSDP's weight gathers are named after the weights, and
-# belong to the forward pass).
+# Pooling the whole step's bytes against its FLOPs gives looser rules, `(2/3) C/W` for FSDP and `(4/9) C/W`
+# for TP, because it lets forward transfers hide behind the backward pass. `per_pass` checks the per-pass
+# rules on the compiled programs. It splits `estimate_step`'s timeline by each op's `op_name`, where
+# `transpose(jvp())` marks the backward pass (FSDP's weight gathers, named after the weights, belong to the
+# forward pass).
 
 # %%
 RING = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8, "collective-permute": 1.0}  # bytes sent per byte, 8 chips
@@ -446,17 +450,16 @@ else:
     print(why)
 
 # %% [markdown]
-# Each pass meets its rule within 5%: counted with every loop trip and the compiler's third all-reduce,
-# nothing is left unexplained. Hiding also needs the schedule to allow it: a compiled program lists its
+# Each pass meets its rule within 5%, so with every loop trip and the compiler's third all-reduce counted,
+# nothing is left unexplained. Hiding also needs the schedule to allow it. A compiled program lists its
 # instructions in the order the chip runs them, and whatever runs between an asynchronous collective's
-# `...-start` and `...-done` overlaps the transfer. At `O0` nothing runs between them, so read the schedule
-# at the default effort, the one a run gets.
+# `...-start` and `...-done` overlaps the transfer. At `O0` nothing runs there, so read the schedule at the
+# default effort, the one a run gets.
 #
-# Compiling section 2's FSDP block at the default effort takes 10-15 s of CPU, more than this page's
-# budget, so the course compiled it once with `compile_block(..., effort=None)` and stores the program's
-# text, `compiled.as_text()`, in `data/step_time` (`tests/test_15_step_time.py` compiles it again and
-# checks it is the same program). Every tool of the course reads that text as it reads a compiled program.
-# Set `COMPILE_HERE = True` to compile it yourself. `utils.schedule` lists the step in the order it runs,
+# That compile takes 10-15 s of CPU, more than this page's budget. So the course stores the text
+# (`compiled.as_text()`) of `compile_block(..., effort=None)` in `data/step_time`, and
+# `tests/test_15_step_time.py` compiles it again to check it is the same program. The course's tools read
+# that text as they read a compiled program. Set `COMPILE_HERE = True` to compile it yourself. `utils.schedule` lists the step in the order it runs,
 # with the matmuls inside each asynchronous collective's window:
 
 # %%
@@ -487,10 +490,10 @@ else:
 # (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
 # in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
 #
-# Drawn on a time axis, FSDP's step at the default effort: the chip's work in one lane, the transfers
-# over `data` (the FSDP axis here) in another, each op as long as `estimate_step` times it. A transfer is hatched while it runs
-# beside a matmul and black where the chip has to wait for it, so the black is what communication costs
-# this step. Each gradient's reduce-scatter loop is drawn once, framed and marked with its trip count.
+# Drawn on a time axis, FSDP's step at the default effort has one lane for the chip's work and one for
+# the transfers over `data`, each op as long as `estimate_step` times it. A transfer is hatched where it
+# runs beside a matmul and black where the chip waits for it, so the black is what communication costs.
+# Each gradient's reduce-scatter loop is drawn once, framed and marked with its trip count.
 
 # %%
 if ok:
@@ -527,13 +530,12 @@ roof_fig = draw_roofline(fsdp_step, title="one FSDP block's step on a TPU v5e-8:
 roof_fig
 
 # %% [markdown]
-# Where does each strategy stop hiding? Hold the block and the chip fixed and change the tokens per chip
-# `t`. Each pass's matmul time grows with `t`. FSDP's bytes do not, because the weights are the same size
-# at any batch, while TP's grow with `t` too, because it sums activations. With each pass's transfers hidden behind that
-# pass's matmuls where they are shorter, a pass takes `max(matmul time, transfer time)`. The FLOPs and
-# bytes per pass are the compiled programs' (`per_pass` above), scaled to each `t`: FSDP meets its compute
-# floor at the forward rule, `(7/8) C/W` = 1,724 tokens, and TP, whose ratio does not change with `t`,
-# stays on it at every batch (its `d_ff / M` is above `(2/3)(7/8) C/W`).
+# Where does each strategy stop hiding? Hold the block and the chip fixed and vary the tokens per chip
+# `t`. Matmul time grows with `t`. FSDP's bytes do not, because the weights are the same size at any batch,
+# while TP's do, because it sums activations. A pass whose transfers hide behind its matmuls takes
+# `max(matmul time, transfer time)`, here from `per_pass`'s compiled FLOPs and bytes scaled to each `t`.
+# FSDP meets its compute floor at the forward rule, `(7/8) C/W` = 1,724 tokens. TP's ratio does not change
+# with `t`, so it stays on the floor at every batch (its `d_ff / M` is above `(2/3)(7/8) C/W`).
 
 # %%
 if ok:
