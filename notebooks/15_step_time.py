@@ -345,6 +345,7 @@ if ok:
     assert max(compute) / min(compute) < 1.01  # every bar starts with the same matmul time
     by_step = sorted(steps, key=lambda name: steps[name].seconds)
     assert by_step[0] == min(exposed, key=exposed.get) == "2-D"  # the least exposed communication wins
+    assert min(est, key=lambda name: est[name]["sent"]) == "2-D"  # 2-D also sends the fewest bytes
     assert by_step[-1] == max(exposed, key=exposed.get) == "FSDP"
     assert max(LAYERS * s.memory for s in steps.values()) < 0.1  # HBM beyond FLOPs: under a tenth of a second
 else:
