@@ -8,21 +8,20 @@
 # memory or communication bounds a step, and whether communication hides, decides what a strategy costs.
 #
 # **You need:** notebooks 04 (compiling for a TPU topology ahead of time), 07 to 11 (DP, TP, FSDP, 2-D)
-# and 13 (mixed precision, rematerialisation; its TPU compiles); `jax.jit(f).lower(...).compile()`, `compiled.cost_analysis()`,
+# and 13 (mixed precision, rematerialisation and their TPU compiles), `jax.jit(f).lower(...).compile()`, `compiled.cost_analysis()`,
 # `jax.checkpoint` and the course's `collectives()`.
 #
-# You will estimate a training step's time before running it, from the compiled program and three
-# published numbers per chip: compile one layer of an 8-billion-parameter transformer for a v5e slice
-# under five strategies, draw one step on a time axis and on a roofline, find when communication hides,
-# and record a profiler trace. Notebook 16 holds the same estimate against published runs.
+# You will estimate a step's time before running it, from the compiled program and three published
+# numbers per chip, for one layer of an 8-billion-parameter model on a v5e slice under five strategies.
+# Notebook 16 holds the same estimate against published runs.
 #
 # **You will learn**
 # - the roofline: compute, memory and communication time per chip, and what makes a matmul
-#   compute-bound (arithmetic intensity);
+#   compute-bound (arithmetic intensity)
 # - how to read FLOPs, bytes and collectives from `compiled.cost_analysis()` and `collectives()`, and
-#   where the compiler's figures mislead (loops);
+#   where the compiler's figures mislead (loops)
 # - when a collective hides behind compute, the per-device batch below which FSDP's gathers dominate,
-#   and the width below which tensor parallelism's sums do;
+#   and the width below which tensor parallelism's sums do
 # - how to record a trace with `jax.profiler.trace` and find the collectives in it.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -64,6 +63,7 @@ from jax.sharding import PartitionSpec as P
 from spmd_course.utils import (NOT_ANSWERED, CHIPS, collectives, compile_effort, draw_roofline, draw_timeline, estimate_step,
                    quiet, schedule, tpu_compiler_available)
 from spmd_course.utils.published_rows import PROGRAMS
+from spmd_course.utils.step_pictures import draw_step_terms
 
 ok, why = tpu_compiler_available()
 
@@ -79,12 +79,14 @@ def costs(compiled):
 # A step does three kinds of work on each chip: arithmetic, reading and writing its memory (HBM), and
 # sending data to other chips. Each has a peak rate, so each gives a lower bound on the time:
 #
-# - compute: FLOPs / peak FLOP/s;
-# - memory: bytes read and written in HBM / HBM bandwidth;
-# - communication: bytes sent / link bandwidth: ICI between the chips of a slice, the data-centre
-#   network (DCN) between slices.
+# | work | lower bound on its time |
+# |---|---|
+# | compute | FLOPs / peak FLOP/s |
+# | memory | bytes read and written in HBM / HBM bandwidth |
+# | communication | bytes sent / link bandwidth (ICI within a slice, the data-centre network, DCN, between slices) |
 #
-# Perfect overlap gives the largest, none their sum; both assume peak rates. The figures per chip, as
+# If the chip overlapped the three perfectly, a step would take the largest of them, and with no overlap
+# it would take their sum. Both bounds assume peak rates, so both are estimates. The figures per chip, as
 # published (read 2026-11-25):
 #
 # | chip | bf16 peak | HBM bandwidth | ICI, both directions, per chip | DCN per chip | source |
@@ -112,10 +114,36 @@ assert V5E.axis_bandwidth(8, 8) == LINK / 2  # an 8-chip v5e axis has no wraparo
 
 # %% [markdown]
 # These ratios are the chip's **critical intensities**. A v5e does 241 FLOPs in the time it reads one
-# byte of HBM, and 1,970 in the time it sends one byte along a ring (50 GB/s to each of two neighbours). A piece of work whose **arithmetic
-# intensity** (FLOPs per byte moved) is above the first is compute-bound in memory; above the second, in
-# communication too.
+# byte of HBM, and 1,970 in the time it sends one byte along a ring (50 GB/s to each of two neighbours).
+# Work whose **arithmetic intensity** (FLOPs per byte moved) is above the first ratio keeps the chip busier
+# than its memory, and above the second, busier than its links too.
 #
+# The scaling book ([jax-ml.github.io/scaling-book/tpus](https://jax-ml.github.io/scaling-book/tpus/),
+# read 2026-11-28) prints other values for the same ratios. Both divide the peak by W, everything a chip
+# sends along one axis (both directions of its two links), so only the link figure differs:
+#
+# | figure | scaling book | this course | why they differ |
+# |---|---|---|---|
+# | v5e FLOPs per HBM byte | 240 (8.1e11 B/s) | 241 (819 GB/s) | rounding |
+# | v5e C/W on a ring | about 2,190 (W = 9e10) | 1,970 (W = 1e11) | one link, one way: the book's 45 GB/s against Google's 400 GB/s / 4 ports / 2 directions = 50 GB/s |
+# | v5e C/W on a line (no wraparound) | 4,378 (4.5e10) | 3,940 (5e10) | the same 10%, one direction's worth in both |
+# | v5p C/W on a ring | 2,550 (W = 1.8e11) | 2,295 (W = 2e11) | 90 GB/s one way against 1,200 GB/s / 6 ports / 2 directions = 100 GB/s |
+#
+# The gap is 10% on both chips, so it changes no rule below, only where each crossover falls. The course
+# keeps Google's pages as its one source per chip, so every figure traces back to them.
+
+# %%
+BOOK = {"v5e": (1.97e14, 4.5e10), "v5p": (4.59e14, 9e10)}  # the scaling book: bf16 FLOP/s, ICI per link one way
+for name, (c_book, link_book) in BOOK.items():
+    chip = CHIPS[name]
+    theirs, ours = c_book / (2 * link_book), chip.peak_flops / chip.axis_bandwidth(16, 16)
+    print(f"{name}: C/W on a ring {theirs:,.0f} in the scaling book, {ours:,.0f} here "
+          f"(a link sends {link_book / 1e9:.0f} GB/s one way there, {chip.link_bandwidth / 1e9:.0f} GB/s here)")
+    assert chip.axis_bandwidth(16, 16) == 2 * chip.link_bandwidth  # the book's W: both directions of the links
+    assert 0.85 < ours / theirs < 0.95  # only the link figure differs, by 10%
+assert round(PEAK / V5E.axis_bandwidth(8, 8)) == 3940  # a line, the table's third row (the book: 4,378)
+
+# %% [markdown]
 # A bf16 matmul `[B, D] @ [D, F]` does `2BDF` FLOPs and moves `2(BD + DF + BF)` bytes. For `D` and `F`
 # much larger than `B`, its intensity is about `B`: the rows of the batch are what reuse each weight
 # once it is read. The TPU compiler counts the same, for one v5e chip:
@@ -144,26 +172,28 @@ else:
     print(why)
 
 # %% [markdown]
-# The FLOPs agree exactly. The bytes do not: here the TPU compiler's `bytes accessed` is four times one
-# read of each operand and one write of the result, because it counts what each tile of the matmul reads,
-# so the factor changes with the shapes. The `memory` times below therefore come from `estimate_step`
-# instead, which counts each operand and result once, where it lives in HBM. Below about 260 rows (above the
-# ridge's 241, because the weight is read and the result written too) a v5e
-# waits on its memory; above, on its matrix units. Training batches have thousands of tokens per chip, so
-# their matmuls are compute-bound and the question becomes communication.
+# The FLOPs agree exactly. The bytes do not, because the TPU compiler's `bytes accessed` counts what each
+# tile of the matmul reads: here four times one read of each operand and one write of the result, a factor
+# that changes with the shapes. So the `memory` times below come from `estimate_step`, which counts each
+# operand and result once, where it lives in HBM. Below about 260 rows a v5e waits on its memory (260, not
+# the ridge's 241, because the weight is read and the result written too). Training batches have thousands
+# of tokens per chip, so their matmuls are compute-bound and the question becomes communication.
 #
 # ## 2. Five strategies at real size
 #
-# The model: the feed-forward (FF) block of Llama 3 8B (`d = 4096`, `d_ff = 14336`, gated: three
-# matrices, 176 million parameters, 81% of a layer's), bf16, 32 layers. The slice: a v5e-8 (`v5e:2x4`).
-# The batch: 8 sequences of 2,048 tokens. A program that loops over layers misleads `cost_analysis()`,
-# which counts a loop's body once, and the whole step takes minutes to compile. So compile
-# **one block's forward and backward pass** per strategy, and multiply by the layer count. All five are
-# compiled at the compiler's least effort (`O0`, under a second each). At `O0` the compiler schedules every
-# collective synchronously, but it emits the same matmuls and the same collectives as at its default
-# effort, the one `jax.jit` uses on a TPU (the assert after the table checks FLOPs and bytes against
-# formulas that do not depend on the effort), so what this section counts holds. Section 3 needs the
-# default effort's schedule, and reads it from a stored program.
+# | | here |
+# |---|---|
+# | model | the feed-forward (FF) block of Llama 3 8B: `d = 4096`, `d_ff = 14336`, gated (three matrices), 176 million parameters (81% of a layer's), bf16, 32 layers |
+# | slice | a v5e-8 (`v5e:2x4`) |
+# | batch | 8 sequences of 2,048 tokens |
+#
+# A whole step loops over layers, which takes minutes to compile and misleads `cost_analysis()`, because
+# it counts a loop's body once. So compile **one block's forward and backward pass** per strategy, and
+# multiply by the layer count. Each compiles in under a second at the
+# compiler's least effort, `O0`. At `O0` every collective is scheduled synchronously, but the matmuls and
+# collectives are those of the default effort (the one `jax.jit` uses on a TPU), so what this section
+# counts holds: the assert after the table checks FLOPs and bytes against formulas that do not depend on
+# the effort. Section 3 reads the default effort's schedule from a stored program.
 
 # %%
 D, FF, SEQ, LAYERS, BATCH = 4096, 14336, 2048, 32, 8
@@ -219,14 +249,16 @@ else:
     print(why)
 
 # %% [markdown]
-# For each program: its matmul FLOPs per chip beside the count `6 x parameters x tokens` (2 for the
-# forward matmuls, 4 for the backward's two), its HBM traffic (operands and results outside on-chip
-# memory), the ring estimate of what each chip sends
-# (`collectives()`), and the three times on a v5e, all times 32 layers. FLOPs and bytes sent are read op
-# by op with every loop counted by its trips (`estimate_step`, `collectives()`): the compiler's own
-# `cost_analysis()` counts a loop's body once, shown beside them. Last, `estimate_step`'s whole step: the
-# program walked in its scheduled order, each op and collective timed, transfers hidden where the schedule
-# lets them, and this slice's links as they are (a v5e-8's axes are lines, not rings).
+# The table's columns, per chip, for 32 layers on a v5e (`estimate_step` and `collectives()` count every
+# loop by its trips, `cost_analysis()` a loop's body once):
+#
+# | column | what it is |
+# |---|---|
+# | TFLOP/chip | matmul FLOPs, op by op |
+# | 6NT | `6 x parameters x tokens` / chips: 2 for the forward matmuls, 4 for the backward's two |
+# | compiler | `cost_analysis()`'s FLOPs |
+# | compute, memory, comm | FLOPs / peak, HBM traffic (operands and results outside on-chip memory) / HBM bandwidth, ring bytes sent (`collectives()`) / link |
+# | op by op | `estimate_step`'s step: the program in its scheduled order, transfers hidden where the schedule lets them, over this slice's links as they are (a v5e-8's axes are lines, not rings) |
 
 # %%
 def estimate(compiled, mesh, p_block=P_BLOCK, layers=LAYERS, tokens=BATCH * SEQ, per_token=6):
@@ -267,11 +299,11 @@ else:
 # No estimate counts attention (its projections and `S x S` scores add about a third again), the
 # optimizer update, the embedding or the loss.
 #
-# The compute is the same, 2 TFLOP per chip per block: each strategy divides the same work by 8. Counted
-# op by op, every strategy's matmuls match `6NT` within 1%, FSDP's too, although its `cost_analysis()`
-# reports less. The TPU compiler turned each weight gradient's reduce-scatter into a loop that overlaps
-# pieces of the matmul with the transfer of others (a *collective matmul*, `windowed_dot_general_body_rs`,
-# rs for reduce-scatter). The loop runs twice, and `cost_analysis()` counts its body once.
+# Every strategy divides the same work by 8, 2 TFLOP per chip per block, and its matmuls counted op by op
+# match `6NT` within 1%. FSDP's `cost_analysis()` reports less, because the TPU compiler turned each weight
+# gradient's reduce-scatter into a loop that overlaps pieces of the matmul with the transfer of others (a
+# *collective matmul*, `windowed_dot_general_body_rs`). The loop runs twice, and `cost_analysis()` counts
+# its body once.
 #
 # What each sends differs: DP all-reduces every gradient, FSDP gathers the bf16 weights and reduce-scatters
 # the gradients, TP all-reduces activations, and 2-D and FSDP x TP pay for both over smaller groups. Two
@@ -285,6 +317,47 @@ else:
 #
 # With this batch the two come out equal, 704 MB per block, both more than DP's 616 MB: three sums of
 # `[16384, 4096]` happen to weigh what four copies of the block's weights weigh.
+#
+# **Pop quiz.** FSDP and TP send the same 704 MB per block over the same 8 chips. Which of the two does
+# `estimate_step` make wait longer for its transfers?
+#
+# <details><summary>Answer</summary>
+#
+# FSDP, about 1.6 times longer, because its bytes travel differently. The 8-chip axis of a 2x4 slice spans
+# both torus axes, so an all-gather or an all-reduce over it uses the links of both at once, 100 GB/s per
+# chip. FSDP's gradient loop sends its pieces with `collective-permute`s, each to one neighbour over one
+# link, so at 50 GB/s. The cell below asserts it.
+#
+# </details>
+#
+# The bars stack each strategy's terms on one seconds axis: matmul FLOPs, HBM time beyond them, and the
+# transfers the step waits for, which at `O0` are all of them because every collective is synchronous.
+# `draw_step_terms` uses the timeline's greys, because colour means device in this course.
+
+# %%
+if ok:
+    steps = {name: e["step"] for name, e in est.items()}
+    exposed = {name: LAYERS * s.comm_exposed for name, s in steps.items()}
+    print("exposed communication per step: " + ", ".join(f"{name} {t:.2f} s" for name, t in exposed.items()))
+    assert est["FSDP"]["sent"] == est["TP"]["sent"]  # the same bytes ...
+    assert exposed["FSDP"] > 1.5 * exposed["TP"]  # ... but FSDP's permutes use one link: the quiz's answer
+    compute = [s.compute for s in steps.values()]
+    assert max(compute) / min(compute) < 1.01  # every bar starts with the same matmul time
+    by_step = sorted(steps, key=lambda name: steps[name].seconds)
+    assert by_step[0] == min(exposed, key=exposed.get) == "2-D"  # the least exposed communication wins
+    assert min(est, key=lambda name: est[name]["sent"]) == "2-D"  # 2-D also sends the fewest bytes
+    assert by_step[-1] == max(exposed, key=exposed.get) == "FSDP"
+    assert max(LAYERS * s.memory for s in steps.values()) < 0.1  # HBM beyond FLOPs: under a tenth of a second
+else:
+    print(why)
+terms_fig = draw_step_terms(steps, scale=LAYERS, title="five strategies for the FF block on a TPU v5e-8, "
+                            "32 layers at O0, estimated op by op") if ok else None
+terms_fig
+
+# %% [markdown]
+# Every bar starts with the same 350 ms of matmuls, so what follows them decides the order. 2-D is the
+# fastest, because it sends the fewest bytes, over groups of 4 and 2. FSDP is the slowest, because of its
+# single-link permutes. HBM time beyond the FLOPs stays under a tenth of a second in every strategy.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The TPU compiler's exact figures, §2: what each strategy sends per block
@@ -329,11 +402,19 @@ else:
 # block gives 1,792, a margin of 1.6, and 16-way (896) would not hide. So TP axes stay small, and TP is
 # chosen for memory, not bytes.
 #
-# Pooling the whole step's bytes against the whole step's FLOPs gives looser rules, `(2/3) C/W` for FSDP
-# and `(4/9) C/W` for TP, because it lets the forward pass's transfers hide behind the backward pass. Check
-# the per-pass rules on the compiled programs: `estimate_step`'s timeline gives each op's `op_name`, in
-# which `transpose(jvp())` marks the backward pass (FSDP's weight gathers are named after the weights, and
-# belong to the forward pass).
+# The scaling book's rules ([jax-ml.github.io/scaling-book/training](https://jax-ml.github.io/scaling-book/training/))
+# have the same shape with simpler factors:
+#
+# | rule | scaling book | here | why they differ |
+# |---|---|---|---|
+# | FSDP's gathers hide | `t > C/W` (2,550 on a v5p) | `t > (n-1)/n x C/W` | the book rounds the ring's `(n-1)/n` to 1 |
+# | TP's sums hide | `d_ff / M > C/W` | `d_ff / M > (2/3)(M-1)/M x C/W` | the book's block has two matrices, `4 d d_ff t / M` FLOPs per sum, this gated block three (`6`), so here the threshold is 2/3 of the book's |
+#
+# Pooling the whole step's bytes against its FLOPs gives looser rules, `(2/3) C/W` for FSDP and `(4/9) C/W`
+# for TP, because it lets forward transfers hide behind the backward pass. `per_pass` checks the per-pass
+# rules on the compiled programs. It splits `estimate_step`'s timeline by each op's `op_name`, where
+# `transpose(jvp())` marks the backward pass (FSDP's weight gathers, named after the weights, belong to the
+# forward pass).
 
 # %%
 RING = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8, "collective-permute": 1.0}  # bytes sent per byte, 8 chips
@@ -370,17 +451,16 @@ else:
     print(why)
 
 # %% [markdown]
-# Each pass meets its rule within 5%: counted with every loop trip and the compiler's third all-reduce,
-# nothing is left unexplained. Hiding also needs the schedule to allow it: a compiled program lists its
+# Each pass meets its rule within 5%, so with every loop trip and the compiler's third all-reduce counted,
+# nothing is left unexplained. Hiding also needs the schedule to allow it. A compiled program lists its
 # instructions in the order the chip runs them, and whatever runs between an asynchronous collective's
-# `...-start` and `...-done` overlaps the transfer. At `O0` nothing runs between them, so read the schedule
-# at the default effort, the one a run gets.
+# `...-start` and `...-done` overlaps the transfer. At `O0` nothing runs there, so read the schedule at the
+# default effort, the one a run gets.
 #
-# Compiling section 2's FSDP block at the default effort takes 10-15 s of CPU, more than this page's
-# budget, so the course compiled it once with `compile_block(..., effort=None)` and stores the program's
-# text, `compiled.as_text()`, in `data/step_time` (`tests/test_15_step_time.py` compiles it again and
-# checks it is the same program). Every tool of the course reads that text as it reads a compiled program.
-# Set `COMPILE_HERE = True` to compile it yourself. `utils.schedule` lists the step in the order it runs,
+# That compile takes 10-15 s of CPU, more than this page's budget. So the course stores the text
+# (`compiled.as_text()`) of `compile_block(..., effort=None)` in `data/step_time`, and
+# `tests/test_15_step_time.py` compiles it again to check it is the same program. The course's tools read
+# that text as they read a compiled program. Set `COMPILE_HERE = True` to compile it yourself. `utils.schedule` lists the step in the order it runs,
 # with the matmuls inside each asynchronous collective's window:
 
 # %%
@@ -403,18 +483,18 @@ else:
 # %% [markdown]
 # The TPU compiler overlaps FSDP's traffic in its own way: it cuts each weight gradient's reduce-scatter
 # into a ring of `collective-permute`s, each started before a matmul on one piece and finished after it (a
-# *collective matmul*; the loops of section 2). The weights' gathers stay `all-gather`s, started early. A
-# sum needs the matmul that produces it: within one block, DP's gradient all-reduce has no later work of
-# the block left to hide behind (across layers it can overlap the next layer's backward pass), and TP's
-# sums cannot hide by rescheduling either, since each
-# waits for the matmul that produces it and the next matmul waits for it. MaxText's scripts turn on libtpu flags for this
+# *collective matmul*, which makes the loops of section 2). The weights' gathers stay `all-gather`s,
+# started early. A sum is different, because it needs the matmul that produces it. Within one block, DP's
+# gradient all-reduce has no later work left to hide behind, although across layers it can overlap the
+# next layer's backward pass. TP's sums cannot hide by rescheduling either, because each waits for the
+# matmul that produces it and the next matmul waits for it. MaxText's scripts turn on libtpu flags for this
 # (`--xla_tpu_enable_async_collective_fusion`, `--xla_tpu_overlap_compute_collective_tc` and others, set
 # in `LIBTPU_INIT_ARGS`). Read the schedule before assuming a collective hides.
 #
-# Drawn on a time axis, FSDP's step at the default effort: the chip's work in one lane, the transfers
-# over `data` (the FSDP axis here) in another, each op as long as `estimate_step` times it. A transfer is hatched while it runs
-# beside a matmul and black where the chip has to wait for it, so the black is what communication costs
-# this step. Each gradient's reduce-scatter loop is drawn once, framed and marked with its trip count.
+# Drawn on a time axis, FSDP's step at the default effort has one lane for the chip's work and one for
+# the transfers over `data`, each op as long as `estimate_step` times it. A transfer is hatched where it
+# runs beside a matmul and black where the chip waits for it, so the black is what communication costs.
+# Each gradient's reduce-scatter loop is drawn once, framed and marked with its trip count.
 
 # %%
 if ok:
@@ -451,13 +531,12 @@ roof_fig = draw_roofline(fsdp_step, title="one FSDP block's step on a TPU v5e-8:
 roof_fig
 
 # %% [markdown]
-# Where does each strategy stop hiding? Hold the block and the chip fixed and change the tokens per chip
-# `t`. Each pass's matmul time grows with `t`; FSDP's bytes do not (the weights are the same size at any
-# batch), while TP's grow with `t` too (it sums activations). With each pass's transfers hidden behind that
-# pass's matmuls where they are shorter, a pass takes `max(matmul time, transfer time)`. The FLOPs and
-# bytes per pass are the compiled programs' (`per_pass` above), scaled to each `t`: FSDP meets its compute
-# floor at the forward rule, `(7/8) C/W` = 1,724 tokens, and TP, whose ratio does not change with `t`,
-# stays on it at every batch (its `d_ff / M` is above `(2/3)(7/8) C/W`).
+# Where does each strategy stop hiding? Hold the block and the chip fixed and vary the tokens per chip
+# `t`. Matmul time grows with `t`. FSDP's bytes do not, because the weights are the same size at any batch,
+# while TP's do, because it sums activations. A pass whose transfers hide behind its matmuls takes
+# `max(matmul time, transfer time)`, here from `per_pass`'s compiled FLOPs and bytes scaled to each `t`.
+# FSDP meets its compute floor at the forward rule, `(7/8) C/W` = 1,724 tokens. TP's ratio does not change
+# with `t`, so it stays on the floor at every batch (its `d_ff / M` is above `(2/3)(7/8) C/W`).
 
 # %%
 if ok:
@@ -494,8 +573,8 @@ sweep_fig
 # ## 4. A profiler trace
 #
 # `jax.profiler.trace` records what every device ran, when, and for how long. Record two steps of a small
-# data-parallel train step on this kernel's 8 devices into a temporary folder;
-# `create_perfetto_trace=True` also writes `perfetto_trace.json.gz`, plain JSON.
+# data-parallel train step on this kernel's 8 devices into a temporary folder. With
+# `create_perfetto_trace=True` it also writes `perfetto_trace.json.gz`, plain JSON.
 
 # %%
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
@@ -523,12 +602,13 @@ print(f"{len(ops)} operations on the devices' timelines, {len(sums)} of them all
 assert {"perfetto_trace.json.gz"} <= set(written) and any(n.endswith(".xplane.pb") for n in written)
 
 # %% [markdown]
-# The trace holds one timeline per device, with the gradient's all-reduce once per step. Durations on
-# simulated devices mean little; on a TPU or GPU the same call records the accelerator's timeline. To look at it, keep the folder (pass your own path)
+# The trace holds one timeline per device, with the gradient's all-reduce once per step. Durations mean
+# little here, because these devices are simulated on the CPU. On a TPU or GPU the same call records the
+# accelerator's timeline. To look at it, keep the folder (pass your own path)
 # and drop `perfetto_trace.json.gz` on [ui.perfetto.dev](https://ui.perfetto.dev), or open the folder in
 # XProf (`xprof --logdir=FOLDER`, or TensorBoard's profile plugin) for its trace viewer and op profile.
-# Communication that hides shows as a collective beside a matmul; one that does not, as a gap in the
-# compute.
+# Communication that hides shows as a collective beside a matmul, and communication that does not shows
+# as a gap in the compute.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title The CPU compiler's exact figures, §4: the trace's all-reduces
@@ -540,15 +620,17 @@ if CPU:  # another backend's trace names its operations its own way
 # %% [markdown]
 # ## Takeaways
 # - A step takes at least the largest of FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth and bytes sent /
-#   link bandwidth, per chip; at most their sum. Each is an estimate that assumes peak rates.
+#   link bandwidth, per chip, and at most their sum. Each is an estimate that assumes peak rates.
 # - A matmul's intensity is about its rows per weight: a v5e needs about 240 to outrun its HBM, about
 #   2,000 to outrun its links.
 # - Count a loop by its trips: `cost_analysis()` counts a loop's body once, even the loops the compiler
-#   makes itself (FSDP's gradient reduce-scatter). `estimate_step` and `collectives()` count every trip; check
-#   the FLOPs against `6 x parameters x tokens`.
-# - Compare each pass's bytes with that pass's FLOPs: FSDP's gathers hide above about `C/W` tokens per chip;
-#   TP's sums when `d_ff / M` is above about `(2/3) C/W`, whatever the batch: keep TP axes small.
-# - The estimate finds the bound and which term sets it; a profiler trace of the real run finds the rest.
+#   makes itself (FSDP's gradient reduce-scatter). `estimate_step` and `collectives()` count every trip.
+#   Check the FLOPs against `6 x parameters x tokens`.
+# - Compare each pass's bytes with that pass's FLOPs. FSDP's gathers hide above about `C/W` tokens per chip.
+#   TP's sums hide when `d_ff / M` is above about `(2/3) C/W`, whatever the batch, so keep TP axes small.
+# - The same bytes can cost different times: a `collective-permute` uses one link, while an all-gather or
+#   all-reduce over a mesh axis uses every torus link that axis spans.
+# - The estimate finds the bound and which term sets it. A profiler trace of the real run finds the rest.
 #   `jax.profiler.trace(..., create_perfetto_trace=True)` writes a file for ui.perfetto.dev.
 
 # %% [markdown]
@@ -571,7 +653,7 @@ ex.compute_seconds.check(answer_1);
 # **Exercise 2: the crossover batch.** Under data parallelism on a v6e slice, each chip all-reduces
 # every gradient of an `N`-parameter model in bf16 over a ring of 16 chips, during a backward pass that
 # does `4N` FLOPs per token. Above how many tokens per chip does that all-reduce take less time than the
-# backward pass? Use section 1's figures for the v6e (918 TFLOP/s; 200 GB/s sent per chip).
+# backward pass? Use section 1's figures for the v6e (918 TFLOP/s and 200 GB/s sent per chip).
 
 # %%
 answer_2 = NOT_ANSWERED  # tokens per chip

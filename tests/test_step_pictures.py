@@ -1,4 +1,4 @@
-"""spmd_course.utils.step_pictures: the timeline and the roofline of an estimated step.
+"""spmd_course.utils.step_pictures: the timeline, the roofline and the terms of an estimated step.
 
 Most tests draw a hand-made estimate, so each expected box and point is known; one draws a real program
 compiled for 8 CPU devices.
@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from matplotlib.colors import to_rgba
 
-from spmd_course.utils.step_pictures import draw_plans, draw_roofline, draw_timeline, op_label
+from spmd_course.utils.step_pictures import draw_plans, draw_roofline, draw_step_terms, draw_timeline, op_label
 from spmd_course.utils.timing import CHIPS, StepEstimate, TimedOp, estimate_step
 
 V5E = CHIPS["v5e"]
@@ -201,3 +201,48 @@ def test_draw_plans_takes_a_ranking_and_refuses_anything_else():
         draw_plans("plans")
     with pytest.raises(ValueError, match="no plan"):
         draw_plans({**RECORD, "plans": []})
+
+
+def _terms(compute, memory, exposed, hidden=0.0, host=0.0):
+    """A StepEstimate with only its terms set: seconds is their sum, as estimate_step makes it."""
+    return StepEstimate(V5E, compute + memory + exposed + host, compute, memory, exposed, hidden, host, 0.0,
+                        0.0, 0.0, 0.0, ())
+
+
+def test_step_terms_stack_to_each_step_on_one_seconds_axis():
+    fig = draw_step_terms({"DP": _terms(3 * MS, 1 * MS, 2 * MS), "FSDP": _terms(3 * MS, 0.0, 4 * MS, hidden=1 * MS)})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["DP", "FSDP"]
+    assert "step time (ms)" in ax.get_xlabel()
+    compute, exposed = _patches(fig, "term-compute"), _patches(fig, "term-comm_exposed")
+    assert [p.get_width() for p in compute] == pytest.approx([3, 3])  # the same scale for every bar
+    (memory,) = _patches(fig, "term-memory")  # a zero term draws nothing
+    assert (memory.get_x(), memory.get_width()) == pytest.approx((3, 1))
+    assert [v for p in exposed for v in (p.get_x(), p.get_width())] == pytest.approx([4, 2, 3, 4])
+    (hidden,) = _patches(fig, "term-comm_hidden")
+    assert hidden.get_x() == pytest.approx(7) and hidden.get_hatch()  # after the step's end: not part of it
+    totals = [t.get_text().strip() for t in ax.texts if t.get_gid() == "step-total"]
+    assert totals == ["6 ms", "7 ms"]
+    assert to_rgba(exposed[0].get_facecolor()) == to_rgba("black")  # as the timeline draws exposed transfers
+
+
+def test_step_terms_scale_and_greys_only():
+    fig = draw_step_terms({"one layer": _terms(1 * MS, 0.5 * MS, 0.5 * MS, host=0.5 * MS)}, scale=32)
+    assert [p.get_width() for p in _patches(fig, "term-compute")] == pytest.approx([32])
+    assert "x 32" in fig.axes[0].get_xlabel()
+    assert _patches(fig, "term-host_exposed")
+    for patch in fig.axes[0].patches:  # colour means device in the course, so no colour here
+        r, g, b, _ = to_rgba(patch.get_facecolor())
+        assert r == g == b, patch.get_gid()
+
+
+def test_step_terms_refuse_bad_input():
+    with pytest.raises(TypeError, match="a dict"):
+        draw_step_terms([_terms(1, 0, 0)])
+    with pytest.raises(ValueError, match="no estimate"):
+        draw_step_terms({})
+    with pytest.raises(TypeError, match="estimate_step"):
+        draw_step_terms({"DP": 0.5})
+    for bad in (0, -1.0, float("nan"), True, "32"):
+        with pytest.raises(ValueError, match="positive number"):
+            draw_step_terms({"DP": _terms(1, 0, 0)}, scale=bad)

@@ -1,4 +1,4 @@
-"""Pictures of a step's estimated time (:func:`utils.timing.estimate_step`): a timeline and a roofline.
+"""Pictures of a step's estimated time (:func:`utils.timing.estimate_step`): a timeline, a roofline, its terms.
 
 A timeline has a time axis: one lane for the chip's own work and one lane for each set of mesh axes a
 collective runs over (then the host link, and the TPU's HBM-VMEM prefetches), each op a box from its
@@ -14,13 +14,16 @@ these pictures use greys, hatching and words only:
 
 The roofline puts every op that reads HBM at its arithmetic intensity (FLOPs per HBM byte) and the FLOP/s it
 attains, under the chip's two roofs (HBM bandwidth, peak FLOP/s): left of the ridge an op waits on memory.
+
+The terms (:func:`draw_step_terms`) put several estimates side by side, one stacked bar each on one seconds
+axis: matmul FLOPs, HBM beyond them, exposed transfers, in the timeline's greys, so strategies compare at a glance.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -31,7 +34,7 @@ from matplotlib.ticker import FuncFormatter
 from .drawing import _finish
 from .inspecting import format_bytes
 
-__all__ = ["draw_plans", "draw_roofline", "draw_timeline", "op_label"]
+__all__ = ["draw_plans", "draw_roofline", "draw_step_terms", "draw_timeline", "op_label"]
 
 _FORWARD, _BACKWARD, _MEMORY = "0.55", "0.25", "0.85"
 _HIDDEN_HATCH = "////"
@@ -222,6 +225,69 @@ def draw_roofline(estimate: Any, *, title: str | None = None) -> Figure:
     fig.suptitle(title or f"roofline of a {chip.name} chip: {chip.peak_flops / 1e12:.0f} TFLOP/s, "
                  f"{chip.hbm_bandwidth / 1e9:.0f} GB/s of HBM", fontsize=9)
     return _finish(fig)
+
+
+# The terms of StepEstimate.seconds, in the order they are stacked: (attribute, label, face, hatch).
+_TERMS = (("compute", "matmul FLOPs / peak", _FORWARD, ""),
+          ("memory", "bound by HBM bytes, beyond FLOPs", _MEMORY, ""),
+          ("comm_exposed", "transfers the step waits for (exposed)", "black", ""),
+          ("host_exposed", "host transfers, exposed", "white", "...."))
+
+
+def draw_step_terms(estimates: Mapping[str, Any], *, scale: float = 1.0, title: str | None = None) -> Figure:
+    """Draw one stacked bar per estimate on one seconds axis: the terms that add up to its step.
+
+    ``estimates``: a label (a strategy's name) for each :func:`utils.timing.estimate_step` result, drawn top to
+    bottom in the mapping's order. ``scale`` multiplies every term, for example by the layer count when each
+    estimate times one layer. A bar's segments are ``compute``, ``memory``, ``comm_exposed`` and
+    ``host_exposed``, whose sum is the estimate's ``seconds``, so a bar's length is the estimated step. Hidden
+    transfers cost the step nothing, so they are drawn after the bar's end, hatched, where any estimate has
+    some. Raises a TypeError for anything but a mapping of estimates and a ValueError for no estimate or a
+    scale that is not positive.
+    """
+    if not isinstance(estimates, Mapping):
+        raise TypeError("draw_step_terms takes {label: estimate_step(compiled, mesh)}, a dict; got "
+                        f"{type(estimates).__name__}")
+    if not estimates:
+        raise ValueError("no estimate to draw: pass at least one {label: estimate_step(...)}")
+    for label, e in estimates.items():
+        if not all(hasattr(e, name) for name, *_ in _TERMS) or not hasattr(e, "comm_hidden"):
+            raise TypeError(f"estimates[{label!r}] is a {type(e).__name__}, not what utils.timing.estimate_step "
+                            "returns")
+    if isinstance(scale, bool) or not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale multiplies every term (the layer count, say): a positive number; got {scale!r}")
+    longest = max((e.seconds + e.comm_hidden) * scale for e in estimates.values())
+    unit_scale, unit = _unit(longest)
+    legend_rows = 3  # at most five keys, two a row
+    height = 1.1 + 0.45 * len(estimates) + 0.2 * legend_rows
+    fig, ax = plt.subplots(figsize=(7.5, height))
+    shown: dict[str, Patch] = {}
+    for row, e in enumerate(estimates.values()):
+        left = 0.0
+        for name, text, face, hatch in _TERMS:
+            width = getattr(e, name) * scale / unit_scale
+            if width > 0:
+                ax.barh(row, width, left=left, height=0.6, facecolor=face, hatch=hatch, edgecolor="black",
+                        linewidth=0.6, gid=f"term-{name}")
+                shown.setdefault(text, Patch(facecolor=face, hatch=hatch, edgecolor="black", label=text))
+            left += width
+        ax.text(left, row, f" {left:.3g} {unit}", va="center", ha="left", fontsize=7, gid="step-total")
+        hidden = e.comm_hidden * scale / unit_scale
+        if hidden > 0:
+            ax.barh(row, hidden, left=left, height=0.3, facecolor="white", hatch=_HIDDEN_HATCH, edgecolor="0.4",
+                    linewidth=0.6, gid="term-comm_hidden")
+            text = "transfers beside other work (hidden: not in the step)"
+            shown.setdefault(text, Patch(facecolor="white", hatch=_HIDDEN_HATCH, edgecolor="0.4", label=text))
+    ax.set_yticks(range(len(estimates)), list(estimates), fontsize=8)
+    ax.set_ylim(len(estimates) - 0.4, -0.6)
+    ax.set_xlim(0, longest / unit_scale * 1.15)
+    times = f", each estimate x {scale:g}" if scale != 1 else ""
+    ax.set_xlabel(f"step time ({unit}{times}), estimated at the chip's published peak rates", fontsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.legend(handles=list(shown.values()), loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.suptitle(title or "what each estimated step is made of", fontsize=9)
+    return _finish(fig, rect=(0, (0.2 * legend_rows + 0.05) / height, 1, 1))
 
 
 # How each kind of plan is marked on draw_plans' picture: (marker, face, edge, what it means).
