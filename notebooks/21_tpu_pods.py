@@ -721,8 +721,8 @@ if ok:
 # stay for the whole backward pass. The logits and the gathered head are needed only at the loss, at the
 # start of the backward pass, and they are freed before the layers run again, one at a time, each with
 # its own scores. So the estimate of the peak is the lasting parts plus the larger of those two phases.
-# The same count for pure FSDP on `(256, 1)` shows why it needs less: one sequence per chip saves a
-# quarter of the saved layer inputs, although nothing splits its vocabulary, so its gathered head is
+# The same count for pure FSDP on `(256, 1)` shows why it needs less: with one sequence per chip it
+# saves a quarter of the layer inputs, although nothing splits its vocabulary, so its gathered head is
 # four times larger.
 
 # %%
@@ -773,21 +773,22 @@ if ok:
 # | left out or assumed | effect |
 # |---|---|
 # | the layer being recomputed: its gathered bf16 weights (about 100 MiB) and activations such as `f32[4,2048,4096]` | adds, tens to hundreds of MiB |
-# | the gathered embedding table, used at the start of the forward pass | none at the peak, because it is freed by then |
-# | all gradients counted from the start of the backward pass | subtracts, because most are written later |
+# | the gathered embedding table, used at the start of the forward pass | none at the peak, because the backward pass does not need it |
+# | all gradients counted from the start of the backward pass | overstates, because most are written later |
 # | the compiler's schedule: how soon it frees a buffer and reuses the space | either way |
 # | O0 keeps every buffer in HBM (see above) | at the default effort some move to VMEM, so less HBM |
 # | tiles of 8 x 128: every dimension here is a multiple of 128 | none here; with odd shapes, padding adds |
 #
-# That is why the check allows 5% and no less. The table also says which knob moves the figure: the saved
+# That is why the check allows a margin of 5% rather than asking for the exact figure. The table also says which knob moves the figure: the saved
 # inputs are half of it, so fewer tokens per chip helps most, and the logits come next, so a larger
 # `model` axis or a loss computed in chunks helps after that.
 #
 # **Pure FSDP, the plan practitioners run.** This notebook does not compile FSDP `(256, 1)` with
-# rematerialisation, because at this size that one compile takes minutes, against seconds for the
-# `(64, 4)` row, so it would break the notebook's time budget. The estimate above says it needs less HBM.
-# The planner of notebook 25 compiled that plan (`make plans`, stored in `data/plans/plans.json`), for its
-# own model of the same shape and at four times this notebook's batch, so four sequences per chip again:
+# rematerialisation, because at this size that one compile took many minutes when measured, against
+# about 8 seconds of CPU for the `(64, 4)` row, so it would break the notebook's time budget. The
+# estimate above says it needs less HBM. The planner of notebook 25 compiled that plan (`make plans`,
+# stored in `data/plans/plans.json`), for its own model of the same shape and at four times this
+# notebook's batch, so four sequences per chip again:
 
 # %%
 stored_fsdp = stored_plans.load()["course"]["8b-v5e-fsdp"]
@@ -895,6 +896,11 @@ if ok:
 # - An 8B model with float32 master weights and Adam moments (90 GiB of state) fits no chip under data
 #   parallelism. On 256 v5e chips, FSDP x TP with rematerialised layers fits at O0; without
 #   rematerialisation nothing tried fits. Which plan to run is notebook 25's question.
+# - Count HBM by hand beside the compiler: the lasting parts (state and gradients split over the chips,
+#   remat's saved inputs of layers x tokens x `d_model` x 2 B) plus the larger phase (the logits with the
+#   gathered head, or one layer's attention scores). For the 8B FSDP x TP row that gives 4.18 GiB against
+#   the compiler's 4.13 GiB at O0. By the same count pure FSDP needs less at one sequence per chip and more at
+#   four (the planner's compile: 8.4 GiB), because nothing splits its logits.
 
 # %% [markdown]
 # ## Exercises
