@@ -753,7 +753,8 @@ for part in by_hand["FSDP x TP (64, 4)"]:
     print(f"{part:<30}" + "".join(f"{parts[part] / GiB:>20.3f}" for parts in by_hand.values()))
 print(f"{'peak, estimated':<30}" + "".join(f"{peak_by_hand(parts) / GiB:>20.3f}" for parts in by_hand.values()))
 if ok:
-    print(f"{'the compiler, ' + hbm_kind:<30}{mem.footprint / GiB:>20.3f}{'not compiled here':>20}")
+    compiler = "the compiler's HBM" if mem.allocated is not None else "jax 0.10's sum (section 5)"
+    print(f"{compiler:<30}{mem.footprint / GiB:>20.3f}{'not compiled here':>20}")
 tp, pure = by_hand.values()
 assert peak_by_hand(pure) < peak_by_hand(tp)  # pure FSDP needs less: a quarter of the saved inputs
 assert pure["saved layer inputs"] == tp["saved layer inputs"] / 4 and pure["logits"] == tp["logits"]
@@ -766,8 +767,10 @@ if ok:
         assert peak_by_hand(tp) < mem.footprint
 
 # %% [markdown]
-# The estimate comes within a few percent of the compiler's HBM, and the hidden cell at the end of this
-# section finds each of its arrays in the compiled program, at the shape the formula assumes. It is still
+# On jax 0.12 the estimate comes within a few percent of the compiler's HBM. jax 0.10 prints
+# `memory_analysis`'s sum instead (section 5), which lies above both, so there the cell checks only that
+# the estimate is below it. On both lines the hidden cell at the end of this section finds each of the
+# estimate's arrays in the compiled program, at the shape the formula assumes. It is still
 # an estimate, and it misses things in both directions:
 #
 # | left out or assumed | effect |
