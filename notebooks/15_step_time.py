@@ -60,10 +60,9 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_course.utils import (NOT_ANSWERED, CHIPS, collectives, compile_effort, draw_roofline, draw_timeline, estimate_step,
-                   quiet, schedule, tpu_compiler_available)
+from spmd_course.utils import (CHIPS, NOT_ANSWERED, collectives, compile_effort, draw_roofline, draw_step_terms,
+                               draw_timeline, estimate_step, quiet, schedule, tpu_compiler_available)
 from spmd_course.utils.published_rows import PROGRAMS
-from spmd_course.utils.step_pictures import draw_step_terms
 
 ok, why = tpu_compiler_available()
 

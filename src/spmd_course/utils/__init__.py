@@ -4,7 +4,8 @@
 - ``launch``: readying Colab (and Binder's memory note) before the setup cell starts JAX;
 - ``layout``, ``drawing``, ``inspecting``: the geometry, pictures, collectives and memory of a sharding;
 - ``timing``: a step's estimated time, op by op, from the compiled program and a chip's published figures;
-- ``step_pictures``: that estimate drawn as a timeline (a time axis, a lane per mesh axis) and a roofline;
+- ``step_pictures``: that estimate drawn as a timeline (a time axis, a lane per mesh axis), a roofline, and
+  stacked bars of its terms;
 - ``capture``: C++ output kept out of a cell; ``tpu``: whether TPU programs compile here;
 - ``effort``: :func:`compile_effort`, the compiler's effort for the compiles inside a ``with`` block;
 - ``exercises``: self-checking exercises; ``explorer``: text boxes to try layouts in.
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # the one list of exported names: type checkers and editors r
     from .layout import tiles as tiles
     from .layout import type_string as type_string
     from .step_pictures import draw_roofline as draw_roofline
+    from .step_pictures import draw_step_terms as draw_step_terms
     from .step_pictures import draw_timeline as draw_timeline
     from .timing import CHIPS as CHIPS
     from .timing import Chip as Chip
