@@ -825,3 +825,19 @@ def test_same_scale_puts_a_label_beside_a_block_too_narrow_for_it():
 def test_same_scale_rejects_a_non_bool():
     with pytest.raises(TypeError, match="same_scale is True or False"):
         draw_shardings({"w": ((8, 8), _ns(P()))}, same_scale="yes")
+
+
+def test_same_scale_turns_the_labels_of_a_row_of_narrow_blocks():
+    fig = draw_shardings({"w": ((16, 256), _ns(P())), "b": ((64,), _ns(P(("data", "model"))))}, ncols=2,
+                         same_scale=True)
+    strip = [t for t in fig.axes[1].texts if t.get_gid() == "tile-label"]
+    assert len(strip) == 8 and all(t.get_rotation() == 90 for t in strip)  # side by side: turned, not beside
+    assert all(t.get_position()[0] < 1 for t in strip)  # inside the array
+
+
+def test_same_scale_thins_labels_beside_blocks_thinner_than_a_line():
+    fig = draw_shardings({"w": ((16, 512), _ns(P())), "thin": ((16, 8), _ns(P(("data", "model"))))}, ncols=2,
+                         same_scale=True)
+    shown = [t for t in fig.axes[1].texts if t.get_gid() == "tile-label" and t.get_text()]
+    assert 1 <= len(shown) < 8  # 8 blocks of 2 rows: fewer labels than blocks, none on top of another
+    assert len(tile_labels(fig)) == 1 + 8  # every block still names its devices in its label

@@ -276,14 +276,28 @@ def _points_per_unit(ax: Axes) -> tuple[float, float]:
     return 72 * box.width * fig_w / max(abs(x1 - x0), 1e-9), 72 * box.height * fig_h / max(abs(y1 - y0), 1e-9)
 
 
+def _narrow_places(blocks: Sequence[tuple[float, float, float, float, Sequence[str]]]) -> list[str]:
+    """Where each label goes on one scale, for blocks ``(y centre, height, width pt, height pt, lines)``
+    (centre and height in data units): ``'inside'`` where its first line fits, else ``'beside'`` the array
+    when the narrow blocks are stacked in a column (their labels cannot collide there), else ``'turned'``
+    90 degrees inside the block (a row of narrow blocks, such as a 1-D strip): there a label may run past
+    a short block's top and bottom, but not into its neighbours' labels.
+    """
+    narrow = [_best_font(lines[:1], w, h) < _MIN_FONT for _, _, w, h, lines in blocks]
+    spans = sorted((yc - hh / 2, yc + hh / 2) for (yc, hh, *_), n in zip(blocks, narrow, strict=True) if n)
+    stacked = all(b[0] >= a[1] - 1e-9 for a, b in itertools.pairwise(spans))
+    return ["inside" if not n else "beside" if stacked else "turned" for n in narrow]
+
+
 def _finish(fig: Figure, title: str | None = None, *, tight: bool = True, **layout: Any) -> Figure:
     """Title ``fig`` (unless None), lay it out, then draw the cards and size the labels ``_draw_tiles`` queued.
 
     One font size serves every label of a panel: the largest that fits every block (at least ``_MIN_FONT``);
     each label takes as many rows as fit at that size, and a block too small for it shows its first lines.
     ``tight=False`` keeps axes placed by hand where they are (one scale across panels). An axes that set
-    ``_course_outside`` (an x in its data units) takes the labels of blocks too narrow for even their first
-    line beside the array at that x, so a thin block is not hidden under its label.
+    ``_course_outside`` (an x in its data units) places the labels of blocks too narrow for even their first
+    line as :func:`_narrow_places` says: beside the array at that x (where blocks are thinner than a line,
+    only as many labels as fit without overlapping, the others blank), or turned 90 degrees inside the block.
     """
     if title is not None:
         fig.suptitle(title, fontsize=10)
@@ -300,13 +314,25 @@ def _finish(fig: Figure, title: str | None = None, *, tight: bool = True, **layo
             _draw_deck(ax, x0, y0, w, h, colours, ppu)
         sized = [(text, lines, w * ppu[0], h * ppu[1]) for text, lines, w, h in labels]
         if outside_x is not None:
-            narrow = [_best_font(lines[:1], w, h) < _MIN_FONT for _, lines, w, h in sized]
-            beside = [item for item, out in zip(sized, narrow, strict=True) if out]
-            sized = [item for item, out in zip(sized, narrow, strict=True) if not out]
+            where = _narrow_places([(text.get_position()[1], h / ppu[1], w, h, lines) for text, lines, w, h in sized])
+            beside = [item for item, at in zip(sized, where, strict=True) if at == "beside"]
+            for text, lines, w, h in (item for item, at in zip(sized, where, strict=True) if at == "turned"):
+                while len(lines) > 1 and _fit("\n".join(lines), h, w) < _MIN_FONT:
+                    lines = lines[:-1]
+                text.set_text("\n".join(lines))
+                text.set_rotation(90)
+                text.set_fontsize(_MIN_FONT)
+            sized = [item for item, at in zip(sized, where, strict=True) if at == "inside"]
             room = (ax.get_xlim()[1] - outside_x) * ppu[0]
-            for text, lines, _, h in beside:
+            free_from = -math.inf  # points down the axes below which the next label beside may start
+            for text, lines, _, h in sorted(beside, key=lambda item: item[0].get_position()[1]):
                 while len(lines) > 1 and _fit("\n".join(lines), room, max(h, 2.5 * _MIN_FONT)) < _MIN_FONT:
                     lines = lines[:-1]
+                centre, half = text.get_position()[1] * ppu[1], 0.65 * _MIN_FONT * len(lines)
+                if centre - half < free_from:  # blocks thinner than a line: label every few, not on top of another
+                    lines = []
+                else:
+                    free_from = centre + half
                 text.set_text("\n".join(lines))
                 text.set_x(outside_x)
                 text.set_horizontalalignment("left")
@@ -599,8 +625,9 @@ def _draw_on_one_scale(views: list[tuple], ncols: int, title: str | None) -> Fig
             views, spans, strict=True):
         unit_w = across * scale if across else _STRIP_IN  # inches of the unit square, across and down
         unit_h = down * scale if down else _STRIP_IN * (rows if rows > 1 else 1)
-        narrow = any(_best_font(lines[:1], 72 * unit_w * (w + xp), 72 * unit_h * (h + yp)) < _MIN_FONT
-                     for (_, lines), (_, w, xp, _, h, yp) in zip(labelled, ends, strict=True))
+        narrow = "beside" in _narrow_places([(y0 + (h + yp) / 2, h + yp, 72 * unit_w * (w + xp), 72 * unit_h * (h + yp),
+                                              lines) for (_, lines), (_, w, xp, y0, h, yp) in zip(labelled, ends,
+                                                                                                  strict=True)])
         heading = _panel_title(name, shape, sh, dtype, panel_label)
         text_w = 0.6 * 9 / 72 * max(map(len, heading.split("\n")))  # the title's width in inches, roughly
         box_w = unit_w * (xspan + 0.02) + (_BESIDE_IN if narrow else 0.0)
@@ -613,7 +640,7 @@ def _draw_on_one_scale(views: list[tuple], ncols: int, title: str | None) -> Fig
     top = 0.5 if title else 0.1
     for k, row in enumerate(rows_of):
         left = 0.0
-        for i, (unit_w, unit_h, xspan, yspan, narrow, heading, box_w, cell_w) in enumerate(row):
+        for i, (unit_w, unit_h, xspan, yspan, _, heading, box_w, cell_w) in enumerate(row):
             name, shape, dtype, sh, r, c, panel_label, labelled = views[k * ncols + i]
             box_h = unit_h * (yspan + 0.02)
             y = fig_h - top - sum(heights[:k]) - _TOP_IN - box_h
@@ -623,8 +650,7 @@ def _draw_on_one_scale(views: list[tuple], ncols: int, title: str | None) -> Fig
             ax.set_aspect("auto")
             ax.set_xlim(-0.01, box_w / unit_w - 0.01)  # the array, then the room beside it
             ax.set_ylim(yspan + 0.01, -0.01)
-            if narrow:
-                ax.__dict__["_course_outside"] = xspan + 0.06 / unit_w
+            ax.__dict__["_course_outside"] = xspan + 0.06 / unit_w  # labels of narrow blocks: see _narrow_places
             ax.set_title(heading, fontsize=9, loc="left")
             left += _LEFT_IN + cell_w + _GAP_IN
     return _finish(fig, title or None, tight=False)
