@@ -185,6 +185,8 @@ assert_close(sums, X.sum(axis=0))
 # every device of the axis (section 9 shows why that matters). **`psum_scatter`** sums like `psum`, but
 # each device keeps only its slice of the sum: here the four `(4, 4)` row blocks of each column half are
 # added up, and each device keeps one row of the `(4, 8)` result, `X.reshape(4, 4, 8).sum(0)` in NumPy.
+# The picture at the end of the next cell draws `x` and both results on one scale, so the `(4, 8)` sum
+# is a quarter of the `(16, 8)` input, as it holds a quarter of the numbers.
 
 # %%
 gather = jax.shard_map(lambda b: jax.lax.all_gather(b, "data", tiled=True, to="invarying"),
@@ -215,7 +217,8 @@ print("all_gather without tiled: each device's", stacked_shape["in the body"], "
 assert stacked_shape["in the body"] == (4, 4, 4)  # 4 blocks of (4, 4), one per device along data
 np.testing.assert_array_equal(stacked, X.reshape(4, 4, 8))  # block d at index d: the rows of device d
 
-draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered})
+draw_shardings({"1: x": x, "2: all_gather over data": gathered, "3: psum_scatter over data": scattered},
+               same_scale=True)
 
 # %% [markdown]
 # `psum_scatter` hands every backend's compiler a reduce-scatter (`lower(x).as_text()` shows it), and the

@@ -80,15 +80,20 @@ from spmd_course.utils import (
 # - an MLP `64 -> 256 -> 10` made of two `nnx.Linear` layers with a ReLU between them;
 # - softmax cross-entropy, Adam with learning rate `1e-2`, and a train step compiled with `nnx.jit`.
 #
-# The four strategies differ in what they split. The picture places the batch `x` and the first kernel
-# `w1` as each strategy does, on the same 8 devices, one row per strategy:
+# The four strategies differ in what they split, and so in what must move between devices at every
+# step. A device that holds part of the batch computes a part of each gradient, so the parts are summed
+# over the axis that splits the batch. A device that holds part of a kernel computes a part of the layer's
+# output, so those parts are summed over the axis that splits the kernel. The last column names the
+# collective that the compiled step runs for that reason, and the notebook whose asserts find it in the
+# program. The picture places the batch `x` and the first kernel `w1` as each strategy does, on the same
+# 8 devices, one row per strategy:
 #
-# | strategy | notebook | the batch `x` | the kernel `w1` |
-# |---|---|---|---|
-# | data parallelism (DP) | this one | split 8 ways | whole on every device |
-# | tensor parallelism (TP) | 08 | whole on every device | split 8 ways |
-# | 2-D parallelism | 09 | split 4 ways | split 2 ways |
-# | fully sharded data parallelism (FSDP) | 10 | split 8 ways | split 8 ways, gathered whole before use |
+# | strategy | notebook | the batch `x` | the kernel `w1` | what moves per step (collective, axis) |
+# |---|---|---|---|---|
+# | data parallelism (DP) | this one | split 8 ways | whole on every device | all-reduce of every gradient over `data` (§4) |
+# | tensor parallelism (TP) | 08 | whole on every device | split 8 ways | all-reduce of the `f32[64,10]` outputs over `model` (08 §2) |
+# | 2-D parallelism | 09 | split 4 ways | split 2 ways | all-reduce of outputs over `model`, and of gradients over `data` (09 §4) |
+# | fully sharded data parallelism (FSDP) | 10 | split 8 ways | split 8 ways, gathered whole before use | all-gather of each kernel over `fsdp`, then the gradients summed over `fsdp`, each device keeping its block (11 §2) |
 
 # %%
 strategies = {  # name (notebook): mesh shape and axes, spec of x, spec of w1
@@ -211,6 +216,8 @@ fig
 # are the same numbers, and place its parameters and the optimizer's Adam state on the mesh,
 # replicated. `nnx.state(...)` is a pytree of arrays, so one `jax.device_put` with the single sharding
 # `replicated` places every leaf, and `nnx.update` puts the placed arrays back into the objects.
+# The picture draws the four parameters on one scale, so their sizes compare: `linear1/kernel`
+# `(64, 256)` is wide, `linear2/kernel` `(256, 10)` a thin column, and each bias a strip.
 
 # %%
 model = MLP(nnx.Rngs(0))
@@ -229,7 +236,7 @@ assert shard_table(kernel1).shard_shapes == {(64, 256)}  # the whole kernel on e
 assert shard_table(kernel1).total_bytes == 8 * kernel1.nbytes  # 8 copies
 for placed, initial in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), init_params, strict=True):
     np.testing.assert_array_equal(np.asarray(placed), initial)  # same starting point as the reference
-draw_shardings(nnx.state(model), ncols=4)
+draw_shardings(nnx.state(model), ncols=4, same_scale=True)
 
 # %% [markdown]
 # ## 3. Why the gradient needs an all-reduce

@@ -117,7 +117,8 @@ reference = MLP(nnx.Rngs(0))  # stays on one device: the answer every sharded ru
 # `create` builds a model already in its layout: the constructor runs inside `nnx.jit`, and
 # `with_sharding_constraint` pins each new parameter where the layout says, so each device computes only
 # its own blocks and none ever holds the whole model (notebook 10 measures what that saves). Notebook 09
-# imports it.
+# imports it. The picture after it draws the four parameters on one scale (07 §2 draws them the same way,
+# replicated), so the split `(64, 256)` kernel is as wide as 07's whole one, cut into 8 column blocks.
 
 # %%
 megatron = {
@@ -149,7 +150,7 @@ def create(make, layout, mesh):
 model_tp = create(lambda: MLP(nnx.Rngs(0)), megatron, mesh)
 for name, leaf in nnx.to_flat_state(nnx.state(model_tp)):
     print(f"{'/'.join(name):<16}{type_string(leaf[...]):<22}{leaf[...].sharding.shard_shape(leaf.shape)}")
-draw_shardings(nnx.state(model_tp), ncols=4)
+draw_shardings(nnx.state(model_tp), ncols=4, same_scale=True)
 
 # %% [markdown]
 # The batch is replicated: every device gets all 64 examples. Compile the forward pass and list the

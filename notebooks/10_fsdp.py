@@ -220,12 +220,14 @@ assert [type_string(a) for a in stored.values()] == ["f32[64@fsdp,256]"] * 3 + [
 assert shard_table(model.linear1.kernel[...]).shard_shapes == {(8, 256)}
 for made, initial in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), init_params, strict=True):
     np.testing.assert_array_equal(np.asarray(made), initial)  # the same numbers as the eager reference
-draw_shardings(nnx.state(model), ncols=4)
+draw_shardings(nnx.state(model), ncols=4, same_scale=True)
 
 # %% [markdown]
 # The init program takes no arguments and allocates, per device, less than the parameters alone
 # (75.0 KiB): no device ever held the whole model. Its random numbers are the reference's, bit for bit:
 # with `jax_threefry_partitionable` (on by default) they do not depend on how the array is split.
+# The picture draws the parameters on the one scale 07 and 08 use, so the same `(64, 256)` kernel has the
+# same size in all three: here it is cut into 8 row blocks, in 08 into 8 column blocks.
 #
 # > **Three ways to create a sharded model.** Build it eagerly, then `jax.device_put` the state
 # > (notebook 07): fine when one device holds the whole model. Run the constructor in `nnx.jit` with

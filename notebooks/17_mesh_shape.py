@@ -60,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_course.utils import (NOT_ANSWERED, collectives, compile_with_log, draw_shardings, draw_timeline, estimate_step, format_bytes,
                    memory_per_device, quiet, schedule, shard_table, tpu_compiler_available, type_string)
+from spmd_course.utils.drawing import device_color
 from spmd_course.utils.published_rows import PROGRAMS
 
 assert jax.device_count() == 64 == SETUP.count
@@ -179,11 +180,16 @@ print("compiled:", ", ".join(f"{name} {shape}" for name, (shape, _) in LAYOUTS.i
 # %% [markdown]
 # The MLP's first matrix (`f32[512, 2048]`, names `('embed', 'mlp')`) under each layout. On the
 # `(8, 8)` mesh the 2-D table cuts it along `model` only, so each of its 8 blocks sits on the 8
-# devices of a mesh column. FSDP x TP also cuts it along `data`, into 64 blocks, one per device:
+# devices of a mesh column. FSDP x TP also cuts it along `data`, into 64 blocks, one per device.
+# The two panels sit one above the other, so each block is wide enough for its label. The course's
+# palette has 44 colours, so past 44 devices colours repeat: device 44 has device 0's colour, and
+# the block's label, not its colour, names its device.
 
 # %%
 kernel = {name: states[name][0]["blocks"][0]["mlp"]["up"]["kernel"].get_value() for name in LAYOUTS}
-fig = draw_shardings({name: kernel[name] for name in ("2-D", "FSDP x TP")}, ncols=2)
+fig = draw_shardings({name: kernel[name] for name in ("2-D", "FSDP x TP")}, ncols=1)
+colours = [device_color(d) for d in range(64)]
+assert len(set(colours)) == 44 and colours[44] == colours[0]  # 44 colours: devices 44-63 reuse those of 0-19
 blocks = {}
 for name in LAYOUTS:
     table = shard_table(kernel[name])
@@ -252,6 +258,11 @@ if CPU:  # the CPU compiler's exact buffer sizes
 
 # %% [markdown]
 # ## 4. Communication per step
+#
+# The chart's bars are grey and hatched, not coloured, because colour means a device in this course and
+# these bars are layouts. The memory axis is logarithmic because the layouts' state spans more than
+# ten times (pure FSDP holds a 64th of the whole), so small bars would vanish on a linear axis. The communication axis is linear because
+# its bars span less than that, so their heights compare directly.
 
 # %%
 comm = {name: collectives(compiled[name]) for name in LAYOUTS}
@@ -264,14 +275,19 @@ activations = {name: [op for op in comm[name].ops if op.shapes[0][:2] == (BATCH 
 
 fig, (ax_mem, ax_comm) = plt.subplots(1, 2, figsize=(11, 3.2))
 x = np.arange(len(LAYOUTS))
-ax_mem.bar(x - 0.2, [held[n] / MiB for n in LAYOUTS], 0.4, label="state")
-ax_mem.bar(x + 0.2, [footprint[n] / MiB for n in LAYOUTS], 0.4, label=f"footprint ({jax.default_backend()} compiler)")
-ax_comm.bar(x, [comm[n].estimated_bytes / MiB for n in LAYOUTS], 0.6, color="tab:green")
-ax_mem.set(ylabel="MiB per device (log scale)", title="memory per device", yscale="log")
-ax_comm.set(ylabel="MiB sent per device per step", title="communication (ring estimate)")
+sent = {n: comm[n].estimated_bytes for n in LAYOUTS}
+assert max(held.values()) / min(held.values()) > 10  # the state alone spans over 10x: a log axis
+print(f"ring estimates span {max(sent.values()) / min(sent.values()):.1f}x, state {max(held.values()) / min(held.values()):.1f}x")
+assert max(sent.values()) / min(sent.values()) < 10  # communication spans less: a linear axis
+ax_mem.bar(x - 0.2, [held[n] / MiB for n in LAYOUTS], 0.4, label="state", color="0.35")
+ax_mem.bar(x + 0.2, [footprint[n] / MiB for n in LAYOUTS], 0.4, label=f"footprint ({jax.default_backend()} compiler)",
+           color="white", edgecolor="0.2", hatch="//")
+ax_comm.bar(x, [sent[n] / MiB for n in LAYOUTS], 0.6, color="0.6", edgecolor="0.2")
+ax_mem.set(ylabel="MiB per device (log scale: spans >10x)", title="memory per device", yscale="log")
+ax_comm.set(ylabel="MiB sent per device per step (linear)", title="communication (ring estimate)")
 for ax in (ax_mem, ax_comm):
     ax.set_xticks(x, list(LAYOUTS))
-ax_mem.legend()
+ax_mem.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=2, fontsize=8)  # below: off the bars
 fig.tight_layout()
 plt.close(fig)
 fig

@@ -786,3 +786,58 @@ def test_draw_rings_refuses_own_partials_of_a_ring_it_does_not_draw():
         draw_rings({"rs": frames}, ids, own_partials=["other"])
     with pytest.raises(ValueError, match="list of ring titles"):
         draw_rings({"rs": frames}, ids, own_partials="rs")  # a bare string is not a list of titles
+
+
+def _inches_per_element(ax, shape):
+    """(across, down) inches per element of the array outline drawn in ``ax`` (gid 'array')."""
+    outline = next(p for p in ax.patches if p.get_gid() == "array")
+    (x0, y0), (x1, y1) = ax.transData.transform([(outline.get_x(), outline.get_y()),
+                                                 (outline.get_x() + outline.get_width(),
+                                                  outline.get_y() + outline.get_height())])
+    dpi = ax.figure.dpi
+    return abs(x1 - x0) / dpi / shape[-1], abs(y1 - y0) / dpi / shape[-2] if len(shape) > 1 else None
+
+
+def test_draw_shardings_same_scale_draws_every_array_at_one_scale():
+    arrays = {"w1": ((64, 256), _ns(P(None, "model"))), "b1": ((256,), _ns(P("model"))),
+              "w2": ((256, 10), _ns(P("model", None))), "x": ((16, 8), _ns(P("data", "model")))}
+    fig = draw_shardings(arrays, ncols=4, same_scale=True)
+    fig.canvas.draw()
+    scales = [_inches_per_element(ax, shape) for ax, (shape, _) in zip(fig.axes, arrays.values(), strict=True)]
+    across = [a for a, _ in scales]
+    down = [d for _, d in scales if d is not None]
+    assert max(across + down) / min(across + down) < 1.01  # one element, one size, in every panel and direction
+    default = draw_shardings(arrays, ncols=4)
+    default.canvas.draw()
+    alone = [_inches_per_element(ax, shape)[0] for ax, (shape, _) in zip(default.axes, arrays.values(), strict=True)]
+    assert max(alone) / min(alone) > 2  # the default sizes each panel alone: the check above can fail
+
+
+def test_same_scale_puts_a_label_beside_a_block_too_narrow_for_it():
+    fig = draw_shardings({"w1": ((64, 256), _ns(P())), "w2": ((256, 10), _ns(P("model")))}, ncols=2,
+                         same_scale=True)
+    wide, narrow = ([t for t in ax.texts if t.get_gid() == "tile-label"] for ax in fig.axes)
+    assert all(t.get_position()[0] < 1 and t.get_horizontalalignment() == "center" for t in wide)
+    assert all(t.get_position()[0] > 1 and t.get_horizontalalignment() == "left" for t in narrow)
+    assert len(tile_labels(fig)) == 1 + 2  # every block keeps its label
+
+
+def test_same_scale_rejects_a_non_bool():
+    with pytest.raises(TypeError, match="same_scale is True or False"):
+        draw_shardings({"w": ((8, 8), _ns(P()))}, same_scale="yes")
+
+
+def test_same_scale_turns_the_labels_of_a_row_of_narrow_blocks():
+    fig = draw_shardings({"w": ((16, 256), _ns(P())), "b": ((64,), _ns(P(("data", "model"))))}, ncols=2,
+                         same_scale=True)
+    strip = [t for t in fig.axes[1].texts if t.get_gid() == "tile-label"]
+    assert len(strip) == 8 and all(t.get_rotation() == 90 for t in strip)  # side by side: turned, not beside
+    assert all(t.get_position()[0] < 1 for t in strip)  # inside the array
+
+
+def test_same_scale_thins_labels_beside_blocks_thinner_than_a_line():
+    fig = draw_shardings({"w": ((16, 512), _ns(P())), "thin": ((16, 8), _ns(P(("data", "model"))))}, ncols=2,
+                         same_scale=True)
+    shown = [t for t in fig.axes[1].texts if t.get_gid() == "tile-label" and t.get_text()]
+    assert 1 <= len(shown) < 8  # 8 blocks of 2 rows: fewer labels than blocks, none on top of another
+    assert len(tile_labels(fig)) == 1 + 8  # every block still names its devices in its label

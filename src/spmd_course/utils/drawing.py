@@ -276,24 +276,67 @@ def _points_per_unit(ax: Axes) -> tuple[float, float]:
     return 72 * box.width * fig_w / max(abs(x1 - x0), 1e-9), 72 * box.height * fig_h / max(abs(y1 - y0), 1e-9)
 
 
-def _finish(fig: Figure, title: str | None = None, **layout: Any) -> Figure:
+def _narrow_places(blocks: Sequence[tuple[float, float, float, float, Sequence[str]]]) -> list[str]:
+    """Where each label goes on one scale, for blocks ``(y centre, height, width pt, height pt, lines)``
+    (centre and height in data units): ``'inside'`` where its first line fits, else ``'beside'`` the array
+    when the narrow blocks are stacked in a column (their labels cannot collide there), else ``'turned'``
+    90 degrees inside the block (a row of narrow blocks, such as a 1-D strip): there a label may run past
+    a short block's top and bottom, but not into its neighbours' labels.
+    """
+    narrow = [_best_font(lines[:1], w, h) < _MIN_FONT for _, _, w, h, lines in blocks]
+    spans = sorted((yc - hh / 2, yc + hh / 2) for (yc, hh, *_), n in zip(blocks, narrow, strict=True) if n)
+    stacked = all(b[0] >= a[1] - 1e-9 for a, b in itertools.pairwise(spans))
+    return ["inside" if not n else "beside" if stacked else "turned" for n in narrow]
+
+
+def _finish(fig: Figure, title: str | None = None, *, tight: bool = True, **layout: Any) -> Figure:
     """Title ``fig`` (unless None), lay it out, then draw the cards and size the labels ``_draw_tiles`` queued.
 
     One font size serves every label of a panel: the largest that fits every block (at least ``_MIN_FONT``);
     each label takes as many rows as fit at that size, and a block too small for it shows its first lines.
+    ``tight=False`` keeps axes placed by hand where they are (one scale across panels). An axes that set
+    ``_course_outside`` (an x in its data units) places the labels of blocks too narrow for even their first
+    line as :func:`_narrow_places` says: beside the array at that x (where blocks are thinner than a line,
+    only as many labels as fit without overlapping, the others blank), or turned 90 degrees inside the block.
     """
     if title is not None:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(**layout)
+    if tight:
+        fig.tight_layout(**layout)
     for ax in fig.axes:
         queued = ax.__dict__.pop("_course_decks", [])
         labels = ax.__dict__.pop("_course_labels", [])
+        outside_x = ax.__dict__.pop("_course_outside", None)
         if not (queued or labels):
             continue
         ppu = _points_per_unit(ax)
         for x0, y0, w, h, colours in queued:
             _draw_deck(ax, x0, y0, w, h, colours, ppu)
         sized = [(text, lines, w * ppu[0], h * ppu[1]) for text, lines, w, h in labels]
+        if outside_x is not None:
+            where = _narrow_places([(text.get_position()[1], h / ppu[1], w, h, lines) for text, lines, w, h in sized])
+            beside = [item for item, at in zip(sized, where, strict=True) if at == "beside"]
+            for text, lines, w, h in (item for item, at in zip(sized, where, strict=True) if at == "turned"):
+                while len(lines) > 1 and _fit("\n".join(lines), h, w) < _MIN_FONT:
+                    lines = lines[:-1]
+                text.set_text("\n".join(lines))
+                text.set_rotation(90)
+                text.set_fontsize(_MIN_FONT)
+            sized = [item for item, at in zip(sized, where, strict=True) if at == "inside"]
+            room = (ax.get_xlim()[1] - outside_x) * ppu[0]
+            free_from = -math.inf  # points down the axes below which the next label beside may start
+            for text, lines, _, h in sorted(beside, key=lambda item: item[0].get_position()[1]):
+                while len(lines) > 1 and _fit("\n".join(lines), room, max(h, 2.5 * _MIN_FONT)) < _MIN_FONT:
+                    lines = lines[:-1]
+                centre, half = text.get_position()[1] * ppu[1], 0.65 * _MIN_FONT * len(lines)
+                if centre - half < free_from:  # blocks thinner than a line: label every few, not on top of another
+                    lines = []
+                else:
+                    free_from = centre + half
+                text.set_text("\n".join(lines))
+                text.set_x(outside_x)
+                text.set_horizontalalignment("left")
+                text.set_fontsize(_MIN_FONT)
         size = max(min([min(_best_font(lines, w, h), _MAX_FONT) for _, lines, w, h in sized] or [_MAX_FONT]), _MIN_FONT)
         for text, lines, w, h in sized:
             while len(lines) > 1 and _best_font(lines, w, h) < size:  # too small a block: its first lines only
@@ -494,16 +537,23 @@ def _named_leaves(arrays: Any) -> list[tuple[str, Any, Any]]:
 
 
 def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, show_bytes: bool = True,
-                   contents: Callable[[np.ndarray], str] | None = None) -> Figure:
+                   contents: Callable[[np.ndarray], str] | None = None, same_scale: bool = False) -> Figure:
     """Draw several arrays side by side, one panel each, named and typed.
 
     ``arrays`` is a dict of name -> array (or name -> (shape, sharding)), or a pytree of arrays such as
     ``nnx.state(model)`` (titles are the paths, e.g. ``linear1/kernel``). N-D arrays show their last two
     dimensions. Arrays of one shape are drawn alike whatever their layout. ``contents`` is as in
     :func:`draw_sharding`.
+
+    By default each panel is sized so its own labels are legible. ``same_scale=True`` draws every array on
+    one scale instead (one element is as wide and as tall in every panel, so a (4, 8) array is a quarter
+    of a (16, 8) one) because comparing arrays needs one scale. A 1-D array is then a strip of fixed height,
+    and a block too narrow for its label has the label beside the array.
     """
     if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
         raise ValueError(f"ncols must be a whole number >= 1; got {ncols!r}")
+    if not isinstance(same_scale, bool):
+        raise TypeError(f"same_scale is True or False; got {same_scale!r}")
     items = _named_leaves(arrays)
     ncols = min(ncols, len(items))
     nrows = math.ceil(len(items) / ncols)
@@ -518,9 +568,14 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
         extra = _contents_lines(x, panel_tiles, contents, repr(name))
         itemsize = np.dtype(dtype).itemsize
         labelled = [(t, _tile_lines(t, itemsize, show_bytes, extra.get(i, ()))) for i, t in enumerate(panel_tiles)]
+        if same_scale:
+            views.append((name, shape, dtype, sh, r, c, panel_label, labelled))
+            continue
         size = _size(shape, labelled, r, c, (9.0, 6.0) if ncols == 1 else (4.5, 4.0) if ncols == 2 else (3.6, 3.0), 2.6)
         key = tuple(shape[d] if d is not None else None for d in (r, c))
         views.append((key, name, shape, dtype, sh, r, c, panel_label, labelled, size))
+    if same_scale:
+        return _draw_on_one_scale(views, ncols, title)
     ratios: dict[tuple, float] = {}  # one drawn shape, one aspect: the furthest from true (in 1-D the tallest strip)
     for key, _, shape, _, _, r, c, *_, (_, _, ratio) in views:
         true = _aspect(shape, r, c) or 1e-9
@@ -535,6 +590,70 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
     for ax in list(axes.flat)[len(items):]:
         ax.remove()
     return _finish(fig, title or None)
+
+
+_ONE_SCALE_MOST = (4.0, 3.2)  # inches: on one scale, the widest array is at most this wide, the tallest this tall
+_STRIP_IN = 0.4  # inches: the height of a 1-D array's strip (and the side of a scalar) on one scale
+_BESIDE_IN = 1.0  # inches: room right of an array whose narrowest block cannot hold its label
+_TOP_IN, _BOTTOM_IN, _LEFT_IN, _GAP_IN = 0.8, 0.55, 0.45, 0.3  # inches around each panel: title, x label, y label
+
+
+def _panel_title(name: str, shape: tuple[int, ...], sh: Any, dtype: Any, panel_label: str) -> str:
+    extra = f"\n(first block of {panel_label.split(' = ')[0]})" if panel_label else ""
+    return f"{name}\n{type_string(shape, sh, dtype=dtype)}{extra}"
+
+
+def _draw_on_one_scale(views: list[tuple], ncols: int, title: str | None) -> Figure:
+    """:func:`draw_shardings` with ``same_scale=True``: every panel at one number of inches per element.
+
+    The scale fits the widest array in ``_ONE_SCALE_MOST[0]`` inches and the tallest in ``_ONE_SCALE_MOST[1]``.
+    Axes are placed by hand, in inches, so no layout engine rescales one panel more than another.
+    """
+    spans = []
+    for _, shape, _, _, r, c, _, labelled in views:
+        place, per_row, rows = _placer(shape, [t for t, _ in labelled], r, c)
+        ends = [place(t) for t, _ in labelled]
+        xspan = max(1.0, *(x0 + w + xp for x0, w, xp, *_ in ends))
+        yspan = max(1.0, *(y0 + h + yp for *_, y0, h, yp in ends))
+        across = per_row or (shape[c] if c is not None else 0)
+        spans.append((across, shape[r] if r is not None else None, rows, xspan, yspan, ends))
+    widest = max(max(a, 1) for a, *_ in spans)
+    tallest = max([d for _, d, *_ in spans if d] or [1])
+    scale = min(_ONE_SCALE_MOST[0] / widest, _ONE_SCALE_MOST[1] / tallest)  # inches per element
+    cells = []
+    for (name, shape, dtype, sh, _, _, panel_label, labelled), (across, down, rows, xspan, yspan, ends) in zip(
+            views, spans, strict=True):
+        unit_w = across * scale if across else _STRIP_IN  # inches of the unit square, across and down
+        unit_h = down * scale if down else _STRIP_IN * (rows if rows > 1 else 1)
+        narrow = "beside" in _narrow_places([(y0 + (h + yp) / 2, h + yp, 72 * unit_w * (w + xp), 72 * unit_h * (h + yp),
+                                              lines) for (_, lines), (_, w, xp, y0, h, yp) in zip(labelled, ends,
+                                                                                                  strict=True)])
+        heading = _panel_title(name, shape, sh, dtype, panel_label)
+        text_w = 0.6 * 9 / 72 * max(map(len, heading.split("\n")))  # the title's width in inches, roughly
+        box_w = unit_w * (xspan + 0.02) + (_BESIDE_IN if narrow else 0.0)
+        cells.append((unit_w, unit_h, xspan, yspan, narrow, heading, box_w, max(box_w, text_w)))
+    rows_of = [cells[i:i + ncols] for i in range(0, len(cells), ncols)]
+    heights = [max(u_h * (ys + 0.02) for _, u_h, _, ys, *_ in row) + _TOP_IN + _BOTTOM_IN for row in rows_of]
+    widths = [sum(_LEFT_IN + cell_w + _GAP_IN for *_, cell_w in row) for row in rows_of]
+    fig_w, fig_h = max(max(widths), 4.5), sum(heights) + (0.5 if title else 0.1)
+    fig = plt.figure(figsize=(fig_w, fig_h))
+    top = 0.5 if title else 0.1
+    for k, row in enumerate(rows_of):
+        left = 0.0
+        for i, (unit_w, unit_h, xspan, yspan, _, heading, box_w, cell_w) in enumerate(row):
+            name, shape, dtype, sh, r, c, panel_label, labelled = views[k * ncols + i]
+            box_h = unit_h * (yspan + 0.02)
+            y = fig_h - top - sum(heights[:k]) - _TOP_IN - box_h
+            ax = fig.add_axes((
+                (left + _LEFT_IN) / fig_w, y / fig_h, box_w / fig_w, box_h / fig_h))
+            _draw_tiles(ax, shape, sh, labelled, r, c, unit_h / unit_w)
+            ax.set_aspect("auto")
+            ax.set_xlim(-0.01, box_w / unit_w - 0.01)  # the array, then the room beside it
+            ax.set_ylim(yspan + 0.01, -0.01)
+            ax.__dict__["_course_outside"] = xspan + 0.06 / unit_w  # labels of narrow blocks: see _narrow_places
+            ax.set_title(heading, fontsize=9, loc="left")
+            left += _LEFT_IN + cell_w + _GAP_IN
+    return _finish(fig, title or None, tight=False)
 
 
 def draw_permute(mesh: Any, axis_name: str, perm: Sequence[tuple[int, int]], *, title: str | None = None) -> Figure:
