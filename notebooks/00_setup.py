@@ -3,7 +3,7 @@
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/spmd-course/spmd-sharding-course/blob/main/notebooks/00_setup.ipynb) [![Launch Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/spmd-course/spmd-sharding-course/main?urlpath=lab/tree/notebooks/00_setup.ipynb)
 #
-# A model's weights soon outgrow one device's memory; cut into blocks, one per device, they fit, but
+# When a model's weights outgrow one device's memory, cut into blocks, one per device, they fit, but
 # then you must know which device holds which block and what each costs. Cut 8 ways, a `(128, 512)` float32 array
 # of 256 KiB leaves a 32 KiB block on each device, and the 8 blocks add up to the array with nothing copied.
 #
@@ -14,11 +14,11 @@
 #
 # **You will learn**
 # - how `P('data', 'model')` on a `(4, 2)` mesh cuts a `(128, 512)` array into `(32, 256)` blocks,
-#   read as the type `f32[128@data,512@model]`, as a shard table, and as a picture;
-# - how many bytes each device holds, and how to check that nothing is copied;
-# - that a jitted elementwise function on a sharded array keeps its layout and moves no data;
+#   read as the type `f32[128@data,512@model]`, as a shard table, and as a picture
+# - how many bytes each device holds, and how to check that nothing is copied
+# - that a jitted elementwise function on a sharded array keeps its layout and moves no data
 # - what the setup cell at the top of every notebook does, and how the course starts on Colab, on
-#   Binder and on your own machine;
+#   Binder and on your own machine
 # - what happens when you ask for another device count too late, and how to recover.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_course.utils import collectives, draw_mesh, draw_sharding, shard_table, type_string
 
-# Explicit axes only so that jax.typeof prints the layout in section 2; notebook 01 explains axis types.
+# Explicit axes only so that jax.typeof prints the layout in section 2 (notebook 01 explains axis types).
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
 x = jax.device_put(jnp.arange(128 * 512, dtype=jnp.float32).reshape(128, 512),
                    NamedSharding(mesh, P("data", "model")))
@@ -77,7 +77,8 @@ assert all(s.data.shape == (32, 256) for s in x.addressable_shards)
 
 # %% [markdown]
 # Then the mesh itself (notebook 01 is all about meshes). Each cell is a device, in its own colour, at its
-# `data` and `model` position; the blocks in the picture above wear the same colours:
+# `data` and `model` position. The blocks in the picture above wear the same colours, so you can
+# match each block to its device:
 
 # %%
 print(mesh)
@@ -140,8 +141,8 @@ np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(x)[32:64, 256:5
 # setup cell does. JAX creates its devices **once**, at the first JAX operation (`jnp.ones`,
 # `jax.devices()`, a `jit` call, ...). Where a machine has no 8 accelerators, JAX can split the CPU into
 # N *simulated* devices, if told before that first operation. Each is a separate XLA device with its own
-# buffers, and collectives between them really copy memory. Only speed is missing; this course is about
-# **layouts**.
+# buffers, and collectives between them really copy memory. Only speed is missing, and that is no loss
+# here because this course is about **layouts**.
 #
 # `setup_devices(8)` makes that choice:
 #
@@ -255,7 +256,8 @@ else:
 #   in every notebook: 8 real accelerators where they exist, else 8 simulated CPU devices through
 #   `jax.config.update("jax_num_cpu_devices", 8)`.
 # - Asking for another device count after JAX started raises an error (`XLA_FLAGS` set too late is
-#   silently ignored); restart the kernel.
+#   silently ignored), so restart the kernel.
+
 
 # %% [markdown]
 # ## Exercises

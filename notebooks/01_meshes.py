@@ -7,7 +7,7 @@
 # can form a row of 8, a `(4, 2)` grid that gives a `(128, 512)` array `(32, 256)` blocks, or a
 # `(2, 2, 2)` cube that keeps 2 copies of each block.
 #
-# **You need:** notebook 00 (a sharded array read as its type, shard table and picture); `jax.numpy`
+# **You need:** notebook 00 (a sharded array read as its type, shard table and picture), plus `jax.numpy`
 # and `jax.jit` on one device.
 #
 # The answer is the **mesh**: the devices arranged as a grid with named axes such as `data` and `model`.
@@ -15,12 +15,12 @@
 #
 # **You will learn**
 # - how a mesh names the devices: `mesh.shape`, `mesh.axis_names`, `mesh.devices`, each device's
-#   coordinates, and which devices take part in a collective over an axis;
+#   coordinates, and which devices take part in a collective over an axis
 # - the Auto, Explicit and Manual axis types, and that `jax.make_mesh` defaults to Explicit while
-#   `Mesh(...)` defaults to Auto;
+#   `Mesh(...)` defaults to Auto
 # - what the order of devices in a mesh changes (which links a collective uses) and what it does not
-#   (the results), and which board layout JAX's TPU order assumes;
-# - `jax.set_mesh`, as a context manager and as a global setting, and what replaced `with mesh:`;
+#   (the results), and which board layout JAX's TPU order assumes
+# - `jax.set_mesh`, as a context manager and as a global setting, and what replaced `with mesh:`
 # - which mesh shapes 8 devices allow.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -62,13 +62,13 @@ from spmd_course.utils import NOT_ANSWERED, collectives, draw_mesh, draw_shardin
 #
 # A mesh moves no data. It says how to see the devices: as a grid, each axis with a name. Shardings refer
 # to those names (`P('data')`: "split over the `data` axis"), never to device numbers.
-# `jax.make_mesh(shape, names, axis_types=...)` builds one; section 2 explains `axis_types`.
+# `jax.make_mesh(shape, names, axis_types=...)` builds one, and section 2 explains `axis_types`.
 #
 # Eight devices in a row on one axis, `data`, is the layout of pure data parallelism. The same devices
 # as a `(4, 2)` grid give two axes: `data` runs down (4 positions), `model` across (2 positions).
 # `mesh.devices` is a numpy array of devices of that shape, so a device's coordinates are its index in
 # it: `mesh.devices[1, 0]` is the device at `data=1, model=0`. On 8 devices every shape takes them in one
-# sequence and fills the grid row by row; on CPU the sequence is id order, on a TPU board it is not
+# sequence and fills the grid row by row. On CPU the sequence is id order, but on a TPU board it is not
 # (section 3), so the checks below read the ids off the mesh.
 
 # %%
@@ -86,7 +86,7 @@ draw_mesh(mesh_2d)
 
 # %% [markdown]
 # Each axis groups the devices. The devices that share a `data` coordinate and differ only in `model`
-# form a **row**; an operation "over `model`" (a sum across the `model` shards, an all-gather of a
+# form a **row**. An operation "over `model`" (a sum across the `model` shards, an all-gather of a
 # `model`-split weight) happens inside each row, the four rows at once. A collective over `data`
 # happens inside each **column**. Read the groups off `device_ids`:
 
@@ -100,8 +100,8 @@ assert model_groups == [ids[0:2], ids[2:4], ids[4:6], ids[6:8]]  # consecutive p
 assert data_groups == [ids[0::2], ids[1::2]]  # every second device
 
 # %% [markdown]
-# **Three axes.** `(2, 2, 2)` adds a `pipeline` axis. The picture has one panel per `data` position;
-# inside each, `model` runs down and `pipeline` across.
+# **Three axes.** `(2, 2, 2)` adds a `pipeline` axis. The picture has one panel per `data` position,
+# and inside each, `model` runs down and `pipeline` across.
 
 # %%
 mesh_3d = jax.make_mesh((2, 2, 2), ("data", "model", "pipeline"), axis_types=(AxisType.Explicit,) * 3)
@@ -121,7 +121,7 @@ draw_mesh(mesh_3d)
 # | `Explicit` | JAX while tracing: the layout is part of the value's **type** | notebook 05 |
 # | `Manual` | you: inside `jax.shard_map` your function sees one device's block | notebook 06 |
 #
-# You choose Auto or Explicit when you build a mesh; `jax.shard_map` makes axes Manual inside it.
+# You choose Auto or Explicit when you build a mesh, while `jax.shard_map` makes axes Manual inside it.
 # Notebook 05 compares Auto and Explicit and says when to use which.
 
 # %% [markdown]
@@ -162,7 +162,7 @@ assert (str(jax.typeof(xa)), str(jax.typeof(xe))) == ("float32[16,8]", "float32[
 # %% [markdown]
 # This course uses both, on purpose. Notebooks 00 to 03 place and read layouts on **Explicit** meshes,
 # where the type shows them. From notebook 04 on, the compute notebooks mostly use **Auto** meshes,
-# because they are about what the compiler decides; notebooks 05, 06 and 14 use Explicit ones too. Every mesh
+# because they are about what the compiler decides. Notebooks 05, 06 and 14 use Explicit ones too. Every mesh
 # passes `axis_types`.
 #
 # ## 3. Device order: which device sits where (optional on a first reading)
@@ -282,12 +282,13 @@ np.testing.assert_array_equal(compiled_id(b_id), np.asarray(big).sum(axis=0))
 # %% [markdown]
 # ## 4. The current mesh: `jax.set_mesh`
 #
-# A `NamedSharding` names its mesh; a bare `P('data')` does not, so JAX needs to know which mesh you
+# A `NamedSharding` names its mesh, but a bare `P('data')` does not, so JAX needs to know which mesh you
 # mean. `jax.set_mesh(mesh)` sets the current mesh, in two forms:
 #
-# - `with jax.set_mesh(mesh):` for a block; the previous mesh is back when it ends;
-# - `jax.set_mesh(mesh)` alone, for the rest of the program (a script's or notebook's top);
-#   `jax.set_mesh(None)` clears it.
+# | form | holds for | ends when |
+# |---|---|---|
+# | `with jax.set_mesh(mesh):` | a block | the block ends (the previous mesh is back) |
+# | `jax.set_mesh(mesh)` alone | the rest of the program (a script's or notebook's top) | `jax.set_mesh(None)` clears it |
 #
 # Under a current mesh a bare spec works wherever a sharding is expected (`jax.device_put`,
 # `with_sharding_constraint`, `jax.reshard`, `jit`'s shardings). Without one, JAX refuses:
@@ -432,15 +433,16 @@ assert sum(outcome == "works" for outcome in spellings.values()) == 1  # the oth
 #   index is each device's coordinates. Shardings name axes, never devices. Pass the shape positionally.
 # - A collective over an axis runs among the devices along it, so device order decides which links it
 #   uses. On 8 TPU v5e chips `jax.make_mesh` uses a fixed ring order that assumes a 4 × 2 tray (one link
-#   per step there; on libtpu's 2 × 4 description, 1 and 2 links in turn). Reordering moves blocks, never
-#   results.
+#   per step there, but 1 and 2 links in turn on libtpu's 2 × 4 description). Reordering moves blocks,
+#   never results.
 # - `jax.make_mesh` gives **Explicit** axes by default, `Mesh(...)` gives **Auto**: always pass
-#   `axis_types`. On Explicit axes the layout is in the type (`float32[16@data,8]`); notebook 05 says when
-#   to use which, notebook 06 covers the Manual axes of `jax.shard_map`.
-# - `jax.set_mesh(mesh)` (a block, or global until `jax.set_mesh(None)`) makes bare `P(...)` work;
-#   `with mesh:` is deprecated, `jax.sharding.use_mesh` removed.
-# - A mesh may not need more devices than exist; `jax.make_mesh` silently uses only the first devices of
-#   a smaller shape.
+#   `axis_types`. On Explicit axes the layout is in the type (`float32[16@data,8]`). Notebook 05 says when
+#   to use which, and notebook 06 covers the Manual axes of `jax.shard_map`.
+# - `jax.set_mesh(mesh)` (a block, or global until `jax.set_mesh(None)`) makes bare `P(...)` work.
+#   `with mesh:` is deprecated and `jax.sharding.use_mesh` removed.
+# - A mesh may not need more devices than exist, and `jax.make_mesh` silently uses only the first devices
+#   of a smaller shape.
+
 
 # %% [markdown]
 # ## Exercises

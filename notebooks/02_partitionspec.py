@@ -8,7 +8,7 @@
 # split gives each 512 KiB.
 #
 # **You need:** notebooks 00 (a sharded array's type, shard table and picture) and 01 (the `(4, 2)`
-# mesh with axes `data` and `model`, Auto and Explicit axes, `jax.set_mesh`); `jax.numpy` and
+# mesh with axes `data` and `model`, Auto and Explicit axes, `jax.set_mesh`), plus `jax.numpy` and
 # `jax.jit`.
 #
 # A `PartitionSpec` is a short list with one entry per array dimension that names the mesh axes cutting
@@ -17,13 +17,13 @@
 #
 # **You will learn**
 # - to read a spec dimension by dimension: `P('data', 'model')` on a `(4, 2)` mesh turns a `(128, 512)`
-#   array into `(32, 256)` blocks; an omitted dimension stays whole;
-# - that a mesh axis the spec does not name makes copies, and what they cost;
+#   array into `(32, 256)` blocks, and an omitted dimension stays whole
+# - that a mesh axis the spec does not name makes copies, and what they cost
 # - how `P(('data', 'model'))` splits one dimension 8 ways, and why `P(('model', 'data'))` gives the same
-#   block shapes to *other* devices;
-# - the errors for a repeated axis, an unknown axis and a spec longer than the array;
-# - to create an array already sharded with `out_sharding=`;
-# - what JAX and XLA do with a dimension that does not divide, on both JAX lines of this course;
+#   block shapes to *other* devices
+# - the errors for a repeated axis, an unknown axis and a spec longer than the array
+# - to create an array already sharded with `out_sharding=`
+# - what JAX and XLA do with a dimension that does not divide, on both JAX lines of this course
 # - why `P('data', None) != P('data')`, and how to compare shardings with `is_equivalent_to`.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -88,7 +88,7 @@ draw_mesh(mesh)
 # | `P()` | whole | whole | `(128, 512)` |
 #
 # The rule: a dimension's block length is its length divided by the product of the sizes of the mesh
-# axes in its entry; missing entries at the end mean `None`. `sharding.shard_shape(shape)` does that
+# axes in its entry. Missing entries at the end mean `None`. `sharding.shard_shape(shape)` does that
 # arithmetic, and `jax.device_put` puts real blocks on the devices. Check all four both ways:
 
 # %%
@@ -177,8 +177,8 @@ assert not s_dm.is_equivalent_to(s_md, 2)
 # %% [markdown]
 # ## 4. The rules of a spec
 #
-# A spec alone is a plain Python object that knows no mesh; the rules are checked when it meets a mesh
-# or an array:
+# A spec alone is a plain Python object that knows no mesh, so the rules are checked only when it meets a
+# mesh or an array:
 #
 # 1. **A mesh axis splits at most one dimension.** `P('data', 'data')` fails with `DuplicateSpecError`.
 #    To use both axes on one dimension, write a tuple: `P(('data', 'model'))`.
@@ -206,7 +206,7 @@ assert list(raised.values()) == ["DuplicateSpecError", "ValueError", "ValueError
 #
 # `jax.device_put(x, sharding)` moves an existing array. To *create* one in its layout, the array
 # constructors (`jnp.zeros`, `jnp.ones`, `jnp.arange`, `jax.random.normal`, ...) take `out_sharding=` on
-# Explicit axes; under `jax.set_mesh` a bare spec is enough. Left out, the array is a full copy on
+# Explicit axes, and under `jax.set_mesh` a bare spec is enough. Left out, the array is a full copy on
 # every device of the mesh. Compiling (not running) the creation of a 4 MiB array shows what each device
 # writes:
 
@@ -262,7 +262,7 @@ attempts = {
 refused = []
 for where, attempt in attempts.items():
     try:
-        with quiet():  # jax 0.12 prints a stray source line before raising; keep it out of the output
+        with quiet():  # jax 0.12 prints a stray source line before raising, so keep it out of the output
             attempt()
     except ValueError as err:
         refused.append(type(err).__name__)
@@ -367,9 +367,10 @@ assert wide.sharding.shard_shape(wide.shape) == (10, 128)
 # > assert y.sharding.spec == P("data", None)
 # > ```
 # > A test that checks the layout of a `jit` result by comparing specs. The spec of a result is
-# > *inferred*, and its written form need not match what you asked for. On the Auto mesh, a constraint to `P('data', None)` comes back as `P('data',)`; on the
-# > Explicit mesh, an input placed with `P('data')` comes out as `P('data', None)`. The layouts are
-# > exactly the ones requested; the comparisons fail:
+# > *inferred*, and its written form need not match what you asked for. On the Auto mesh, a constraint
+# > to `P('data', None)` comes back as `P('data',)`. On the Explicit mesh, an input placed with
+# > `P('data')` comes out as `P('data', None)`. The layouts are exactly the ones requested, yet the
+# > comparisons fail:
 
 # %%
 y_auto = jax.jit(lambda a: jax.lax.with_sharding_constraint(a * 2, NamedSharding(auto_mesh, P("data", None))))(x)
@@ -417,7 +418,7 @@ explore()
 #   the axis size, a tuple of axes splits it by the product. Missing trailing entries mean `None`.
 #   `sharding.shard_shape(shape)` does the arithmetic.
 # - A mesh axis the spec does not name copies the blocks across it (`P('data')` on `(4, 2)`: each block
-#   on 2 devices, 2x the memory; `P()`: 8x).
+#   on 2 devices, 2x the memory, and `P()` 8x).
 # - In a tuple the first axis is the major one: `P(('data', 'model'))` and `P(('model', 'data'))` give the
 #   same block shapes to different devices.
 # - A repeated axis, an unknown axis and a spec longer than the array are errors.
@@ -432,8 +433,9 @@ explore()
 # ## Exercises
 #
 # Each exercise checks itself: replace `NOT_ANSWERED`, run the cell, read the verdict. Run
-# `ex.<name>.reveal()` for the reference answer. All three use the `(4, 2)` mesh above; `draw_mesh(mesh)`
-# shows which device sits where.
+# `ex.<name>.reveal()` for the reference answer. All three use the `(4, 2)` mesh above, and
+# `draw_mesh(mesh)` shows which device sits where.
+#
 #
 # **Exercise 1.** Write a spec that gives each of the 8 devices a different `(16, 512)` block of the
 # `(128, 512)` array `x`.

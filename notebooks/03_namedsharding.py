@@ -9,20 +9,20 @@
 # 8-device mesh when replicated, and 256 KiB when fully sharded.
 #
 # **You need:** notebooks 00 (shard table, `type_string`, `draw_sharding`), 01 (meshes and their axis
-# types) and 02 (`PartitionSpec`); `jax.numpy` and pytrees (`jax.tree.map`).
+# types) and 02 (`PartitionSpec`), plus `jax.numpy` and pytrees (`jax.tree.map`).
 #
 # A `NamedSharding` pairs a mesh with a `PartitionSpec`, and it is what `jax.device_put` needs to place
 # an array, or a whole pytree of them, on the devices.
 #
 # **You will learn**
 # - what `NamedSharding(mesh, spec)` knows before any array exists: `shard_shape`, `device_set`,
-#   `is_fully_replicated`;
+#   `is_fully_replicated`
 # - how `jax.device_put` places an array, what it leaves untouched, and where a NumPy source is
-#   shared instead of copied;
-# - how to read `x.addressable_shards` (device, index, replica id, shape) next to the global view;
+#   shared instead of copied
+# - how to read `x.addressable_shards` (device, index, replica id, shape) next to the global view
 # - where `jax.debug.visualize_array_sharding` stops (3-D arrays, bytes, testability) and how
-#   `draw_sharding` carries on;
-# - how many bytes the whole mesh holds for a replicated, a partly replicated and a fully sharded array;
+#   `draw_sharding` carries on
+# - how many bytes the whole mesh holds for a replicated, a partly replicated and a fully sharded array
 # - how to shard a pytree with one sharding, a prefix tree, `jax.tree.map` or a `tree_map_with_path`
 #   rule, and why a rule must test the dimension it splits.
 
@@ -72,7 +72,7 @@ print("block of (128, 512):", rows.shard_shape((128, 512)))
 print("block of (64, 10):  ", rows.shard_shape((64, 10)))
 print("fully replicated?   ", rows.is_fully_replicated)
 
-assert rows.shard_shape((128, 512)) == (32, 512)  # 128 rows / 4 'data' devices; columns whole
+assert rows.shard_shape((128, 512)) == (32, 512)  # 128 rows / 4 'data' devices, columns whole
 assert rows.shard_shape((64, 10)) == (16, 10)
 assert rows.num_devices == 8
 assert not rows.is_fully_replicated  # 'model' is unused: pairs of devices share a block, but not all 8
@@ -212,7 +212,8 @@ draw_sharding(x)
 
 # %% [markdown]
 # The axis type (notebook 01) does not change where `device_put` puts the data. On a mesh with Auto axes
-# the same spec gives the same blocks on the same devices; only `jax.typeof` leaves the sharding out:
+# the same spec gives the same blocks on the same devices. Only `jax.typeof` differs, because an Auto
+# axis is not part of the type, so the sharding is left out of it:
 
 # %%
 mesh_auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
@@ -317,7 +318,7 @@ assert shard_table(placed["8 copies"]).total_bytes == 8 * x_single.nbytes == 2 *
 assert shard_table(placed["1 copy"]).total_bytes == x_single.nbytes  # fully sharded: the array once
 
 # %% [markdown]
-# At a larger scale: a 400 MB model replicated on 8 devices takes 3.2 GB of the mesh's memory; fully
+# At a larger scale, a 400 MB model replicated on 8 devices takes 3.2 GB of the mesh's memory, while fully
 # sharded it takes 400 MB, 50 MB per device. In the pictures each block is a deck of cards, one card per
 # copy: the replicated array is one block with 8.
 
@@ -415,7 +416,7 @@ assert head_errors == [ValueError]
 # %% [markdown]
 # The fix separates deciding from moving, and tests the dimension it splits. The rule returns a sharding:
 # a leaf named `kernel` is split when it is big enough and its last dimension divides evenly over
-# `model`; everything else is replicated. Then one `device_put` moves the tree. Matching the last key
+# `model`, and everything else is replicated. Then one `device_put` moves the tree. Matching the last key
 # (`path[-1].key == 'kernel'`) is also stricter than searching the joined path string.
 
 # %%
@@ -435,7 +436,8 @@ assert params_sharded["head"]["kernel"].sharding.is_fully_replicated  # (512, 1)
 
 # %% [markdown]
 # `draw_shardings` takes the whole pytree and names each panel by its path. Per device, the sharded
-# kernels cost half their size; the head and the biases are full copies.
+# kernels cost half their size, because they are split over the 2 `model` positions, while the head and
+# the biases are full copies.
 
 # %%
 per_device = sum(shard_table(a).bytes_per_device[0] for a in jax.tree.leaves(params_sharded))
@@ -448,7 +450,7 @@ draw_shardings(params_sharded, ncols=3)
 # ## 7. A mesh in context: `jax.set_mesh` and a bare `P`
 #
 # Everything above passed a full `NamedSharding`, which carries its mesh. Where you would rather write
-# only the spec, set the mesh first with `jax.set_mesh`; without it, `device_put` does not know which mesh
+# only the spec, set the mesh first with `jax.set_mesh`. Without it, `device_put` does not know which mesh
 # `P('data', None)` refers to:
 
 # %%
@@ -474,8 +476,8 @@ assert tree["params"]["dense1"]["kernel"].sharding.is_fully_replicated
 # - `NamedSharding(mesh, spec)` is a description: it answers `shard_shape`, `device_set` (a set: sort it)
 #   and `is_fully_replicated` before any array exists, and rejects a spec that names an axis the mesh
 #   lacks.
-# - `jax.device_put(x, sharding)` returns a new array and leaves `x` as it was; onto the sharding `x`
-#   already has it returns `x` itself. On CPU a NumPy source can be shared, so do not write into it
+# - `jax.device_put(x, sharding)` returns a new array and leaves `x` as it was, except onto the sharding
+#   `x` already has, where it returns `x` itself. On CPU a NumPy source can be shared, so do not write into it
 #   afterwards.
 # - Read a layout from both ends: `addressable_shards` / `shard_table` per device (index, replica id,
 #   shape, bytes) and the global shape, type and picture. Replica ids follow mesh order. `draw_sharding`
@@ -511,7 +513,8 @@ ex.first_replicas.check(answer_2);
 # %% [markdown]
 # **Exercise 3.** Write `rule(path, leaf)` for `jax.tree_util.tree_map_with_path` that returns a
 # `PartitionSpec`: every 2-D leaf whose name (last key) is `kernel` is split along its **last** dimension
-# over `'model'`; everything else (biases, norms, a 2-D `embedding` table) is replicated, `P()`. The
+# over `'model'`. Everything else (biases, norms, a 2-D `embedding` table) is replicated, `P()`. The
+#
 # checker applies your rule to its own pytree on a `(4, 2)` mesh and places it with `jax.device_put`.
 
 # %%

@@ -9,17 +9,16 @@
 # compiles the plausible ones for the real slice and ranks them by estimated step time.
 #
 # **You need:** notebooks 13 (training memory and remat), 15 (a step's estimated time), 17 (mesh
-# shapes) and 21 (compiling ahead of time for TPU slices); `utils.train_step`'s full-size training step.
+# shapes) and 21 (compiling ahead of time for TPU slices), plus `utils.train_step`'s full-size training step.
 #
-# You plan an 8B-class and a 70B-class Llama-style model on a v5e-256 and on a v5p slice, read the ranked
-# tables and their pictures, find out why the top plan wins, and plan a Flax NNX module of your own.
-# Notebook 26 holds MaxText's published plans against the planner.
+# You plan an 8B-class and a 70B-class Llama-style model on a v5e-256 and on a v5p slice, then a Flax NNX
+# module of your own. Notebook 26 holds MaxText's published plans against the planner.
 #
 # **You will learn**
-# - how to call the planner on a model, a slice and a global batch, and read its ranking;
-# - which plans a formula can refuse without compiling, and why the compiler still has the last word;
-# - why a plan wins: the term that bounds its step, and the term the runner-up loses on;
-# - how to plan a model of your own without opening a notebook.
+# - how to call the planner on a model, a slice and a global batch, and read its ranked table and picture
+# - which plans a formula can refuse without compiling, and why the compiler still has the last word
+# - why a plan wins: the term that bounds its step, and the term the runner-up loses on
+# - how to plan a model of your own without opening a notebook
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
 # @title Setup: 8 devices (the same cell opens every notebook; notebook 00 explains it)
@@ -61,11 +60,16 @@ print(why)
 # %% [markdown]
 # ## 1. The question, and what a formula settles
 #
-# A plan says three things. The **mesh** splits a slice's chips over three axes, `data` (whole copies of
-# the weights), `fsdp` (weights split, gathered when used; notebook 10) and `tensor` (each matmul split,
-# its output summed; notebook 08). The **remat policy** says what the forward pass keeps for the backward
-# pass (notebook 13). The **micro-batch** is how many sequences a chip runs at once; gradient
-# accumulation makes up the rest of the global batch.
+# A plan says three things: how its **mesh** splits a slice's chips over three axes, its **remat policy**
+# and its **micro-batch**.
+#
+# | part of a plan | what it decides | notebook |
+# |---|---|---|
+# | mesh axis `data` | whole copies of the weights | |
+# | mesh axis `fsdp` | weights split, gathered when used | 10 |
+# | mesh axis `tensor` | each matmul split, its output summed | 08 |
+# | remat policy | what the forward pass keeps for the backward pass | 13 |
+# | micro-batch | how many sequences a chip runs at once (gradient accumulation makes up the rest of the global batch) | |
 #
 # The model is Llama 3 8B's shape: 32 layers of width 4,096, 32 query heads sharing 8 key/value heads, a
 # gated feed-forward 14,336 wide and a vocabulary of 128,256. Its sequences are 2,048 tokens, four a chip
@@ -86,10 +90,10 @@ assert dp.status == "refused" and state_bytes(LLAMA3_8B, 256, 1, 1) == 12 * LLAM
 assert all(p.status in ("refused", "pruned") for p in paper if p.candidate.remat == "none")  # every activation kept
 
 # %% [markdown]
-# More than half the candidates are out before any compile. Data parallelism keeps the whole state on
-# every chip: 12 bytes a parameter for float32 weights and AdamW's two moments is 90 GiB, nearly six chips.
-# Without remat every layer's activations wait for the backward pass, and no split of 256 chips holds
-# them. What is left ("not compiled" here) is what the planner would compile, cheapest paper estimate first.
+# More than half the candidates are out before any compile. Data parallelism is refused because it keeps
+# the whole state on every chip: 12 bytes a parameter for float32 weights and AdamW's two moments is
+# 90 GiB, nearly six chips. Every plan without remat is out too, because every layer's activations then
+# wait for the backward pass and no split of 256 chips holds them. What is left ("not compiled" here) is what the planner would compile, cheapest paper estimate first.
 
 # %% [markdown]
 # > **A snippet that misleads: `16 * n_params / n_chips`.** The usual first budget counts weights,
@@ -116,7 +120,7 @@ assert 3 * 4 * LLAMA3_8B.vocab_size * 4 * LLAMA3_8B.seq_len > CHIPS["v5e"].hbm_b
 # nothing allocated), its HBM read from the compiler and its step timed by notebook 15's model. A
 # full-size compile of this model for 256 chips takes tens of seconds of CPU, so this notebook compiles
 # live only a small model (10 million parameters) on a v5e-8, with one compile, at the least compiler
-# effort (`effort="O0"`, which places nothing in VMEM, so its HBM figures are upper bounds; notebook 21).
+# effort (`effort="O0"`). O0 places nothing in VMEM, so its HBM figures are upper bounds (notebook 21).
 # The call is the one the stored tables came from.
 
 # %%
@@ -131,7 +135,7 @@ if ok:
     assert best.fits and best.total_hbm_bytes <= CHIPS["v5e"].hbm_bytes  # the compiler's HBM, within the chip
     assert [p.step_seconds for p in live.fitting] == sorted(p.step_seconds for p in live.fitting)  # ranked by time
     assert sum(p.compiled for p in live) == 1 and f"bound by {best.bound}" in live.why
-    assert {p.status for p in live} == {"fits", "skipped", "not compiled"}  # one compile; the rest say why not
+    assert {p.status for p in live} == {"fits", "skipped", "not compiled"}  # one compile, and the rest say why not
 else:
     print(why)
 
@@ -145,38 +149,42 @@ else:
 # %% [markdown]
 # ## 3. Llama 3 8B on a v5e-256
 #
-# The same call at full size, searched over every mesh with ten compiles, is stored (`make plans` wrote
-# it; the line under the table says with which versions: on the jax 0.10 line too they are jax 0.12.0.1's
-# with libtpu 0.0.50.1, since only section 2 compiles here). Here is its table and every candidate on one
-# picture: HBM per chip against the step, the chip's HBM as a dashed line. A plan the compiler timed sits
-# at its estimated step; one it never compiled sits at the formula's HBM and paper estimate.
+# The same call at full size, searched over every mesh with ten compiles, is stored. `make plans` wrote
+# it, and the line under the table says with which versions. On the jax 0.10 line too they are
+# jax 0.12.0.1's with libtpu 0.0.50.1, because only section 2 compiles here. Here is its table and every
+# candidate on one picture: HBM per chip against the step, the chip's HBM as a dashed line. A plan the
+# compiler timed sits at its estimated step, while one it never compiled sits at the formula's HBM and
+# paper estimate.
 
 # %%
 v5e_8b = STORED["course"]["8b-v5e"]
 table = v5e_8b["table"].splitlines()
-print("\n".join(table[:16]))  # the heading and the first 14 plans; the rest by status:
+print("\n".join(table[:16]))  # the heading and the first 14 plans, then the rest by status:
 print(f"... {len(table) - 16} more:", dict(collections.Counter(p["status"] for p in v5e_8b["plans"][14:])))
 print(stored_plans.provenance(v5e_8b))
 draw_plans(v5e_8b, title="Llama 3 8B on a v5e-256, 2M tokens a step: every plan (stored, effort O0)")
 
 # %% [markdown]
 # **Why the top plan wins.** Every plan the search compiled runs all four of a chip's sequences in one
-# micro-step, with remat `offload` or `full`. That is the order the paper estimate chose, because it charges
-# what each micro-step repeats: the weights gathered again, the float32 gradients reduce-scattered again, the
+# micro-step, with remat `offload` or `full`. The paper estimate chose that order because it charges what
+# each micro-step repeats: the weights gathered again, the float32 gradients reduce-scattered again, the
 # weights and the optimizer's arrays read again from HBM. Four micro-steps of one sequence pay all of that
-# four times, and on paper that costs more than recomputing the forward pass. The winner, `4 x 64 x 1` with
-# remat `offload`, is bound by compute, about two thirds of its step. It recomputes nothing, because the
-# matmul outputs the backward pass needs go to the host's memory and come back, and the time model finds that
-# trip hidden behind compute (an estimate at the PCIe rate, not a measurement). The runner-up, `2 x 128 x 1`
-# with the same remat, ties it (within 0.5%), so the data axis barely matters here. The plans with
-# `tensor = 2` lose 10 to 23%, most of it on exposed communication. All ten plans the search compiled fit, and the
-# compiler needs less HBM than the formula for every one: 55 to 73% of it. The formula counts the float32
-# logits over a 128,256-token vocabulary three times (logits, log-softmax, one-hot targets), 11.7 GiB at four
-# sequences a chip, and the compiler never holds that much. So here the formula is cautious: it prunes the
-# `8 x 32 x 1` plans at 17.5 GiB. At the 55-73% the compiler needed on the plans beside them they would fit, but
-# that is an inference: they were never compiled. The compiler has the last word, and its word is the HBM it
-# allocates: on TPU, `memory_analysis()`'s sum of arguments and temporaries is larger than that, so a plan
-# judged by the sum can be refused although it fits (notebook 16, section 4).
+# four times, and on paper that costs more than recomputing the forward pass.
+#
+# | plan | its step | why |
+# |---|---|---|
+# | `4 x 64 x 1`, remat `offload` (the winner) | bound by compute, about two thirds of it | it recomputes nothing, because the matmul outputs the backward pass needs go to the host's memory and come back, and the time model finds that trip hidden behind compute (an estimate at the PCIe rate, not a measurement) |
+# | `2 x 128 x 1`, remat `offload` (the runner-up) | ties the winner (within 0.5%) | the data axis barely matters here |
+# | the plans with `tensor = 2` | 10 to 23% slower | most of the loss is exposed communication |
+#
+# All ten plans the search compiled fit, and the compiler needs less HBM than the formula for every one:
+# 55 to 73% of it. The formula is cautious because it counts the float32 logits over a 128,256-token
+# vocabulary three times (logits, log-softmax, one-hot targets), 11.7 GiB at four sequences a chip, and the
+# compiler never holds that much. So the formula prunes the `8 x 32 x 1` plans at 17.5 GiB. At the 55-73%
+# the compiler needed on the plans beside them they would fit, but that is an inference, because they were
+# never compiled. The compiler has the last word, and its word is the HBM it allocates. On TPU,
+# `memory_analysis()`'s sum of arguments and temporaries is larger than that, so a plan judged by the sum
+# can be refused although it fits (notebook 16, section 4).
 #
 # The printout below is the planner's own explanation, then the checks on the stored figures.
 
@@ -212,7 +220,7 @@ assert len(pruned) == 2 and all(p["formula_bytes"] > v5e_8b["hbm_bytes"] for p i
 # the same figures. It is about 10% slower than the top plan, and the whole difference is compute: remat
 # `full` runs the forward pass again, where `offload` fetches what it saved from the host. The paper
 # estimate used to charge nothing for a micro-step's repeated traffic, so a search with ten compiles spent
-# them all on remat `minimal` in four micro-steps of one sequence and never reached this plan; the best of
+# them all on remat `minimal` in four micro-steps of one sequence and never reached this plan. The best of
 # those took 3.79 s, 10% slower than MaxText's.
 
 # %%
@@ -297,15 +305,19 @@ for key, entry in entries.items():
 # micro-step, so little is recomputed and every weight is gathered once a step. Its chips run about three
 # times the tokens of a v5e chip under MaxText's plan (a v5p computes 2.3 times faster).
 #
-# The 70B's search shows where the paper estimate still errs. Its four compiles went to remat `full` with
-# four sequences in one micro-step, and its top plan takes 25.4 s. `make plans` also compiled remat
-# `minimal` with one sequence in each of four micro-steps alone (`70b-v5p-minimal`), and that plan takes
-# 22.8 s, 10% less. The paper estimate put it 10% behind, because for `full` it counts too little: with
-# 4,096-token sequences and dot-product attention, recomputing the forward pass also recomputes scores
-# over 4,096 x 4,096 positions, and moves them through HBM again. For `full` the guess is 0.8 of the
-# compiled estimate, for `minimal` within 2% of it. With the faster plan, the 70B on the v5p runs about a
-# tenth of the 8B's tokens a chip, near the ratio of their parameters (6 x parameters FLOPs a token), and
-# both v5p winners are bound by compute. The cell checks these statements on the stored figures.
+# The 70B's search shows where the paper estimate still errs. Its four compiles went to remat `full`, and
+# `make plans` also compiled remat `minimal` alone (`70b-v5p-minimal`):
+#
+# | 70B plan on the v5p | compiled estimate | paper estimate against it |
+# |---|---|---|
+# | remat `full`, four sequences in one micro-step (the search's top) | 25.4 s | 0.8 of it |
+# | remat `minimal`, one sequence in each of four micro-steps | 22.8 s, 10% less | within 2% |
+#
+# The paper estimate put `minimal` 10% behind, because for `full` it counts too little. With 4,096-token
+# sequences and dot-product attention, recomputing the forward pass also recomputes scores over
+# 4,096 x 4,096 positions, and moves them through HBM again. With the faster plan, the 70B on the v5p runs
+# about a tenth of the 8B's tokens a chip, near the ratio of their parameters (6 x parameters FLOPs a
+# token), and both v5p winners are bound by compute. The cell checks these statements on the stored figures.
 
 # %%
 def top_of(entry):
@@ -335,12 +347,16 @@ assert v5p_70b is minimal_70b and 0.8 < ratio / params < 1.25 and v5p_8b["bound"
 # %% [markdown]
 # **The 70B model on a v5e-256 fits nothing the search compiled, but the nearest miss is close.** Its
 # state is only 4.3 GiB a chip (16 bytes x 69 billion / 256), and the formula let eight plans through at
-# 11.5 GiB. The compiler refused all four it was given. The nearest, pure FSDP with remat `offload` and one
-# sequence a micro-step, compiles to 15.33 GiB, inside the chip's 15.75 GiB, but its two micro-steps need
-# a float32 gradient accumulator of 1.0 GiB a chip beside the program (16.34 GiB in all). The other three,
-# with tensor parallelism, need 16.3 to 16.5 GiB before the accumulator. The compiler needs 3.8 to 5 GiB
-# more than the formula, because the formula counts no temporaries inside a layer. The likeliest large one
-# is attention's: the course's builder runs it without a flash kernel, so one layer's backward pass works
+# 11.5 GiB. The compiler refused all four it was given, against the chip's 15.75 GiB:
+#
+# | compiled plan | the compiler's HBM a chip |
+# |---|---|
+# | pure FSDP, remat `offload`, one sequence a micro-step (the nearest) | 15.33 GiB, inside the chip, but its two micro-steps need a float32 gradient accumulator of 1.0 GiB a chip beside the program (16.34 GiB in all) |
+# | the other three, with tensor parallelism | 16.3 to 16.5 GiB before the accumulator |
+#
+# The compiler needs 3.8 to 5 GiB more than the formula, because the formula counts no temporaries inside
+# a layer. The likeliest large one
+# is attention's. The course's builder runs it without a flash kernel, so one layer's backward pass works
 # on scores over 4,096 x 4,096 positions for 64 heads (6 GiB a sequence, if it were held whole in bf16 and
 # float32). So the answer is a change of the question: a flash kernel (MaxText's never holds the scores),
 # shorter sequences, a global batch that needs no accumulation, or chips with more HBM. The cell checks the
@@ -368,8 +384,15 @@ assert all(3.8 < (p["hbm_bytes"] - p["formula_bytes"]) / GiB < 5.1 for p in comp
 # that builds an NNX module. It builds it with `nnx.eval_shape`, so no parameter is allocated and a 70B
 # module costs no memory. The module says how each weight may be split with Flax's logical axis names
 # (`nnx.with_partitioning(init, ("embed", "mlp"))`), and the planner maps those names onto each candidate
-# mesh the way MaxText's rules do: `embed` on `fsdp`; `mlp`, `heads` and `vocab` on `tensor`. The module must
-# take tokens and return logits; the step around it is the same cross-entropy and AdamW as above.
+# mesh the way MaxText's rules do:
+#
+# | logical name | mesh axis |
+# |---|---|
+# | `embed` | `fsdp` |
+# | `mlp`, `heads`, `vocab` | `tensor` |
+#
+# The module must take tokens and return logits, because the step around it is the same cross-entropy and
+# AdamW as above.
 #
 # Remat is not searched, because the planner cannot wrap layers it cannot see: the module is compiled as
 # written (with its own `nnx.remat` if it has one), and its rows say so. The activations depend on code the
@@ -417,7 +440,7 @@ assert meshes[1, 1, 8].formula_bytes < meshes[8, 1, 1].formula_bytes / 4  # and 
 
 # %% [markdown]
 # The formula column shows the names at work. Under `fsdp` (or `tensor`) every named weight is split eight
-# ways, so a chip holds about an eighth of the data-parallel plan's state; the norm's scale has no name, so
+# ways, so a chip holds about an eighth of the data-parallel plan's state. The norm's scale has no name, so
 # every chip keeps it whole. With `max_compiles=0` nothing was compiled, so every row waits as "not compiled".
 # The same call with `max_compiles=2, effort="O0"` compiles the two cheapest plans for the v5e-8 in about 4 s
 # of CPU and ranks them by the time model, exactly as for a `DecoderConfig` (the course's tests do it, so this
@@ -438,14 +461,14 @@ assert meshes[1, 1, 8].formula_bytes < meshes[8, 1, 1].formula_bytes / 4  # and 
 #   and with one sequence a chip the gathers no longer hide.
 # - A search compiles in the order of a paper estimate, so name the plan you would otherwise run. The
 #   estimate counts what each micro-step repeats, so for the 8B model the search compiles the plan MaxText
-#   runs (pure FSDP, remat `full`, one micro-step) and finds remat `offload` about 10% faster; for the 70B
+#   runs (pure FSDP, remat `full`, one micro-step) and finds remat `offload` about 10% faster. For the 70B
 #   on a v5p it still misses a plan 10% faster than its top one.
 # - One layer's temporaries and an accumulator can decide a plan: a 70B model with materialised 4,096 x
 #   4,096 attention scores fits no plan the v5e-256 search compiled, although its state is 4.3 GiB a chip.
 # - Your own Flax NNX module plans the same way: `plan_module(make, seq_len=..., vocab_size=..., ...)` builds
 #   it abstractly, splits its weights by their logical axis names, and compiles it as written (remat is the
 #   module's own).
-# - Context, expert and pipeline axes are opt-in (`axes=(*AXES, "context")`, `"expert"`, `"stage"`;
+# - Context, expert and pipeline axes are opt-in (`axes=(*AXES, "context")`, `"expert"`, `"stage"`, in
 #   notebooks 18-20). A `stage` plan is an estimate built from one compiled stage, and its table row names
 #   GPipe's bubble.
 
@@ -468,7 +491,8 @@ ex.state_per_chip.check(answer_1);
 
 # %% [markdown]
 # **Exercise 2: plan a model of your own.** Choose a model of at least a billion parameters (a
-# `DecoderConfig`), a chip and slice, and a global batch in tokens; then choose its plan. The checker holds
+# `DecoderConfig`), a chip and slice, and a global batch in tokens, then choose its plan.
+#  The checker holds
 # your plan against the planner's formula, without compiling: the plan must exist for your model and slice,
 # fit by the formula, and come within 25% of the best paper estimate among the plans that fit. Then compile
 # it, and a few neighbours, with `plan(..., meshes=[...], remats=[...], max_compiles=3, effort="O0")`: that

@@ -15,9 +15,9 @@
 # another plan where it does, and how far to trust that preference.
 #
 # **You will learn**
-# - how to hold a published plan against a search, restricted so that the published plan is a candidate;
-# - how to read a plan's place and the planner's reason, term by term;
-# - why the planner's MFU is a ceiling for its plan, not a prediction;
+# - how to hold a published plan against a search, restricted so that the published plan is a candidate
+# - how to read a plan's place and the planner's reason, term by term
+# - why the planner's MFU is a ceiling for its plan, not a prediction
 # - where the time model's known misses temper the planner's preferences.
 
 # %% colab={"cellView": "form"} jupyter={"source_hidden": true} tags=["hide-input"]
@@ -87,36 +87,38 @@ assert set(STORED["published"]) | set(STORED["not_run"]) == {row.name for row in
 # ## 3. What the table shows
 #
 # How to read it. "Place" is the published plan's rank among the searched plans that fit, or why it is
-# not ranked; the line under each row is the planner's reason. Three things show.
+# not ranked, and the line under each row is the planner's reason.
 #
-# - **Every published plan fits here, and the planner ranks it, with its reason.** The planner ranks
-#   MaxText's plan first for the 16B rows on one, two and 32 v5e-256 slices and the 32B rows on one and
-#   two: pure FSDP, remat `full`, all of a chip's sequences in one micro-step, with the gradient sum over
-#   DCN across slices. For the v5e 64B rows it finds FSDP x 4-way tensor and the published pure FSDP tied
-#   (within 0.1%).
-# - **Where it prefers another plan, it says on which term.** For the v5e 128B rows it prefers pure FSDP to
-#   the published 16 x 16 FSDP x tensor plan by 5 to 9%, on memory. For the v5p rows, all run with remat
-#   `minimal` and tensor parallelism, it ranks the published plan third, behind pure FSDP with the same
-#   remat and micro-batch: 14 to 18% faster for the 128B rows and 26 to 34% for the 32B and 64B rows, on
-#   exposed communication. Take those with care: notebook 16 found that the time model leaves too much
-#   tensor-parallel communication exposed on the v5e 128B rows, which it estimates 20 to 29% slow.
-# - **The formula no longer prunes a plan MaxText ran.** It used to count, beside each layer's input, the
-#   two `d_model`-wide outputs of the attention and feed-forward blocks, which put the v5p 32B row at 99.6
-#   GiB, over the chip's 95.73 GiB. The compiler keeps one `d_model`-wide array a layer (notebook 16,
-#   section 4, reads the buffers of that row's program), and without the two the formula gives 79.6 GiB
-#   against the 90.0 GiB the compiler allocates. On the 14 published programs the formula is now 0.76 to
-#   1.08 of the compiler's allocation, so it prunes with a margin: a plan it prunes needs more HBM than the
-#   chip has by its own count, which mostly falls short of the compiler's.
+# **Every published plan fits here, and the planner ranks it, with its reason.** Where it prefers another
+# plan, the reason says on which term:
+#
+# | rows | the published plan | the planner's verdict |
+# |---|---|---|
+# | v5e 16B on one, two and 32 v5e-256 slices, v5e 32B on one and two | pure FSDP, remat `full`, all of a chip's sequences in one micro-step, the gradient sum over DCN across slices | first |
+# | v5e 64B | pure FSDP | tied with FSDP x 4-way tensor (within 0.1%) |
+# | v5e 128B | 16 x 16 FSDP x tensor | pure FSDP is 5 to 9% faster, on memory |
+# | v5p | remat `minimal`, with tensor parallelism (all of them) | third, behind pure FSDP with the same remat and micro-batch: 14 to 18% faster for the 128B rows and 26 to 34% for the 32B and 64B rows, on exposed communication |
+#
+# Take the v5p preferences with care, because notebook 16 found that the time model leaves too much
+# tensor-parallel communication exposed on the v5e 128B rows, which it estimates 20 to 29% slow.
+#
+# **The formula no longer prunes a plan MaxText ran.** It used to count, beside each layer's input, the
+# two `d_model`-wide outputs of the attention and feed-forward blocks, which put the v5p 32B row at 99.6
+# GiB, over the chip's 95.73 GiB. The compiler keeps one `d_model`-wide array a layer (notebook 16,
+# section 4, reads the buffers of that row's program), and without the two the formula gives 79.6 GiB
+# against the 90.0 GiB the compiler allocates. On the 14 published programs the formula is now 0.76 to
+# 1.08 of the compiler's allocation, so it prunes with a margin: a plan it prunes needs more HBM than the
+# chip has by its own count, which mostly falls short of the compiler's.
 #
 # Every fit here is judged by the HBM the compiler allocates. On TPU `memory_analysis()`'s sum of
 # arguments and temporaries is larger (notebook 16, section 4), and judged by that sum several of these
 # published plans would seem not to fit on chips where MaxText ran them.
 #
 # The MFU column is the planner's top plan under the FLOP formula of the row's date, timed by the roofline
-# alone (O0), so it is a ceiling for that plan rather than a prediction; notebook 16 times the published
+# alone (O0), so it is a ceiling for that plan rather than a prediction. Notebook 16 times the published
 # programs at the default effort and lands within 15% of the implied step for 11 of the 14 rows. Rows
-# listed as not run are what the machine that ran `make plans` could not finish; `make plans ONLY="<row>"`
-# runs one.
+# listed as not run are what the machine that ran `make plans` could not finish, and
+# `make plans ONLY="<row>"` runs one.
 
 # %%
 ranked = {name: e for name, e in STORED["published"].items() if e["published_fitting_place"]}
@@ -148,7 +150,7 @@ assert all("exposed communication" in STORED["published"][n]["reason"] for n in 
 # - Where it prefers another plan, the reason names the term: memory for the v5e 128B rows (5 to 9%),
 #   exposed communication for the v5p rows (14 to 34%). Weigh the second against the time model's known
 #   miss: it leaves tensor-parallel transfers exposed that MaxText's runs hid.
-# - The planner's MFU is computed on an O0 roofline estimate, so it is a ceiling for its plan; notebook 16
+# - The planner's MFU is computed on an O0 roofline estimate, so it is a ceiling for its plan. Notebook 16
 #   shows how far the default-effort estimate lands from the published steps.
 
 # %% [markdown]
@@ -171,8 +173,9 @@ ex.published_slowdown.check(answer_1);
 # %% [markdown]
 # **Exercise 2: on which term.** Each plan's `"parts"` splits its estimated step into `compute`, `memory`,
 # `exposed communication` and `host transfers`. For the same row, on which part does the published plan
-# lose the most time against the top plan, and by how many seconds? Compute it from the parts; do not copy
-# the reason string.
+# lose the most time against the top plan, and by how many seconds? Compute it from the parts rather than
+# copying the reason string.
+
 
 # %%
 answer_2 = NOT_ANSWERED  # a pair: (the part's name, seconds)
