@@ -341,7 +341,7 @@ assert (searched_70b["remat"], minimal_70b["remat"]) == ("full", "minimal") and 
 assert 0.08 < 1 - minimal_70b["step_seconds"] / searched_70b["step_seconds"] < 0.12  # 10% less than the search's top
 assert in_search["formula_seconds"] > searched_70b["formula_seconds"]  # yet behind it on paper
 assert searched_70b["formula_seconds"] / searched_70b["step_seconds"] < 0.85  # full: the guess counts too little
-assert abs(minimal_70b["formula_seconds"] / minimal_70b["step_seconds"] - 1) < 0.03  # minimal: within 3%
+assert abs(minimal_70b["formula_seconds"] / minimal_70b["step_seconds"] - 1) < 0.02  # minimal: within 2%, as the table says
 assert v5p_70b is minimal_70b and 0.8 < ratio / params < 1.25 and v5p_8b["bound"] == v5p_70b["bound"] == "compute"
 
 # %% [markdown]
