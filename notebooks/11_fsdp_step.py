@@ -52,6 +52,7 @@ SETUP = setup_devices(8)
 CPU, RTOL = SETUP.cpu, SETUP.rtol  # compiler facts marked CPU are the CPU compiler's; RTOL: float32 tolerance
 
 # %%
+import itertools
 import re
 from functools import partial
 
@@ -375,12 +376,7 @@ cpu_kinds = [s.kind for s in schedule(compiled_fsdp, mesh)]
 
 def in_words(kinds):
     """A scheduled order as a sentence: runs of the same op counted, e.g. '2 all-gathers, then 1 matmul'."""
-    runs = []
-    for kind in kinds:
-        if runs and runs[-1][0] == kind:
-            runs[-1][1] += 1
-        else:
-            runs.append([kind, 1])
+    runs = [(kind, len(list(run))) for kind, run in itertools.groupby(kinds)]
     return ", then ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in runs)
 
 

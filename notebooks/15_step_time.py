@@ -340,6 +340,13 @@ if ok:
     print("exposed communication per step: " + ", ".join(f"{name} {t:.2f} s" for name, t in exposed.items()))
     assert est["FSDP"]["sent"] == est["TP"]["sent"]  # the same bytes ...
     assert exposed["FSDP"] > 1.5 * exposed["TP"]  # ... but FSDP's permutes use one link: the quiz's answer
+    fsdp_permutes = [op for op in steps["FSDP"].timeline if op.kind == "collective-permute"]
+    assert fsdp_permutes and not any(op.kind == "collective-permute" for op in steps["TP"].timeline)
+    assert sum(op.exposed * op.trips for op in fsdp_permutes) > 0.5 * steps["FSDP"].comm_exposed  # the permutes wait
+    rate = {op.kind: op.bytes / op.seconds for op in steps["FSDP"].timeline  # bytes moved per second, per op
+            if op.kind in ("collective-permute", "all-gather") and op.seconds > 0}
+    assert np.isclose(rate["collective-permute"], V5E.link_bandwidth)  # one link: 50 GB/s
+    assert rate["collective-permute"] < 0.6 * rate["all-gather"]  # a gather over the axis uses both torus axes
     compute = [s.compute for s in steps.values()]
     assert max(compute) / min(compute) < 1.01  # every bar starts with the same matmul time
     by_step = sorted(steps, key=lambda name: steps[name].seconds)

@@ -248,7 +248,7 @@ else:
 # - A published row gives TFLOP/s per chip and MFU, not a step time. Its step is **implied**: the row's
 #   own FLOP count over its TFLOP/s.
 # - Compare a row on the model that was measured, read from the source's history at the row's date, and
-#   under the FLOP formula of that date: MaxText's formula changed four times between 2023 and 2025.
+#   under the FLOP formula of that date: MaxText used four FLOP formulas between June 2023 and today (section 1's table).
 # - MFU counts the model's FLOPs; the chip also runs what remat recomputes, so its HFU is higher: with
 #   full remat the chip runs each layer's forward pass twice.
 # - Timed op by op, with the compiler's cycle counts where they exceed the roofline and every loop trip

@@ -29,7 +29,7 @@ from spmd_course.exercises import (
     ex03_namedsharding,
     ex04_propagation_resharding,
 )
-from spmd_course.utils.exercises import NOT_ANSWERED, Exercise, Outcome, Verdict, plain
+from spmd_course.utils.exercises import NOT_ANSWERED, Exercise, Outcome, Verdict, near, plain, positive_number
 from spmd_course.utils.inspecting import collectives
 
 
@@ -444,3 +444,19 @@ def test_ex04_the_byte_estimate_counts_float32_whatever_the_gather_dtype(tpu_dev
     (op,) = collectives(jax.jit(lambda x, w: x @ w).lower(x, w).compile()).ops
     assert re.match(r"bf16\[256,512\]", op.result_type)  # the TPU gathers w as bfloat16 ...
     assert op.shapes[0] == (256, 512) and op.group_size == 8  # ... with the shape and group the checker reads
+
+
+def test_positive_number_takes_numbers_the_ways_learners_write_them():
+    assert positive_number(np.float32(1.5), "the seconds") == 1.5 and positive_number(16384, "tokens") == 16384.0
+    for wrong, says in ((True, "give the seconds as a number"), ("2", "give the seconds as a number"),
+                        (None, "give the seconds as a number"), (0, "the seconds is positive"),
+                        (-3.0, "the seconds is positive")):
+        with pytest.raises(AssertionError, match=says):
+            positive_number(wrong, "the seconds")
+
+
+def test_near_is_relative_to_the_second_number():
+    assert near(100.5, 100) and not near(102, 100) and near(101.5, 100, 0.02)
+    assert near(-1.0, -1.005) and not near(0.5, 1.0, 0.4)
+    with pytest.raises(ValueError, match="must not be 0"):
+        near(1.0, 0.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spmd_course.utils.exercises import Exercise, plain
+from spmd_course.utils.exercises import Exercise, near, positive_number
 from spmd_course.utils.timing import CHIPS
 
 # Exercise 1: 1.3e9 parameters, 64 x 2,048 tokens over 8 GPUs, float32 without tensor cores (67 TFLOP/s)
@@ -10,30 +10,19 @@ _N, _TOKENS, _GPUS, _F32, _BF16 = 1.3e9, 64 * 2048, 8, 67e12, CHIPS["H100"].peak
 _COMPUTE = 6 * _N * _TOKENS / _GPUS / _F32  # about 1.91 s
 
 
-def _number(answer: object, what: str) -> float:
-    answer = plain(answer)
-    assert isinstance(answer, (int, float)) and not isinstance(answer, bool), f"give {what} as a number; got {answer!r}"
-    assert answer > 0, f"{what} is positive; got {answer!r}"
-    return float(answer)
-
-
-def _near(a: float, b: float, tolerance: float) -> bool:
-    return abs(a / b - 1) <= tolerance
-
-
 def _check_compute_seconds(answer: object) -> None:
-    s = _number(answer, "the seconds")
-    assert not _near(s, 2 * _N * _TOKENS / _GPUS / _F32, 0.03), (
+    s = positive_number(answer, "the seconds")
+    assert not near(s, 2 * _N * _TOKENS / _GPUS / _F32, 0.03), (
         "that is the forward pass alone (2 FLOPs per parameter per token): the backward pass does twice as much"
     )
-    assert not _near(s, 4 * _N * _TOKENS / _GPUS / _F32, 0.03), (
+    assert not near(s, 4 * _N * _TOKENS / _GPUS / _F32, 0.03), (
         "the backward pass computes two gradients per matmul (inputs and weights): 4 FLOPs, not 2, so 6 in all"
     )
-    assert not _near(s, _COMPUTE * _F32 / _BF16, 0.03), (
+    assert not near(s, _COMPUTE * _F32 / _BF16, 0.03), (
         "989 TFLOP/s is the bf16 tensor-core peak; this step runs in float32 without tensor cores, at 67"
     )
-    assert not _near(s, _COMPUTE * _GPUS, 0.03), "each GPU computes its own 1/8 of the batch: divide by 8"
-    assert _near(s, _COMPUTE, 0.03), (
+    assert not near(s, _COMPUTE * _GPUS, 0.03), "each GPU computes its own 1/8 of the batch: divide by 8"
+    assert near(s, _COMPUTE, 0.03), (
         f"{s:.3g} s is not it: 6 x parameters x tokens per GPU, divided by the peak FLOP/s"
     )
 
@@ -63,22 +52,22 @@ _CROSSOVER = 2 * (_RING - 1) / _RING * 2 / 4 * _C / _W  # bytes per parameter se
 
 
 def _check_crossover_tokens(answer: object) -> None:
-    t = _number(answer, "the tokens per chip")
-    assert not _near(t, _CROSSOVER / 2, 0.03), (
+    t = positive_number(answer, "the tokens per chip")
+    assert not near(t, _CROSSOVER / 2, 0.03), (
         "half the answer: a ring all-reduce is a reduce-scatter and then an all-gather, so each chip sends (n-1)/n "
         "of the bytes twice; and W is what one chip sends along one axis, ICI / ports = 200 GB/s, not 400"
     )
-    assert not _near(t, _CROSSOVER * 16 / 15, 0.03), (
+    assert not near(t, _CROSSOVER * 16 / 15, 0.03), (
         "close: a ring of 16 sends (n-1)/n = 15/16 of the array in each of its two phases, not all of it"
     )
-    assert not _near(t, _CROSSOVER * 4 / 6, 0.03), (
+    assert not near(t, _CROSSOVER * 4 / 6, 0.03), (
         "the all-reduce overlaps the backward pass, 4N FLOPs per token, not 6N"
     )
-    assert not _near(t, _CROSSOVER * 2, 0.03), (
+    assert not near(t, _CROSSOVER * 2, 0.03), (
         "twice the answer: the gradients are bf16 here, 2 bytes each, not 4; and W is ICI / ports = 200 GB/s along "
         "a ring (both directions of its two links), not 100"
     )
-    assert _near(t, _CROSSOVER, 0.03), (
+    assert near(t, _CROSSOVER, 0.03), (
         f"{t:,.0f} is not it: bytes sent = 2 x 15/16 x 2N; time = bytes / W; the backward pass = 4N x tokens / C"
     )
 
@@ -104,7 +93,7 @@ _PERMUTES = _GRADIENTS * (_PER_TRIP * _TRIPS + _AFTER)  # 27
 
 
 def _check_loop_permutes(answer: object) -> None:
-    n = _number(answer, "the number of collective-permutes")
+    n = positive_number(answer, "the number of collective-permutes")
     assert n == int(n), f"count whole collective-permutes; got {n!r}"
     assert n != _GRADIENTS * (_PER_TRIP + _AFTER), (
         "that counts each loop's body once: a loop body runs once per trip, so multiply its permutes by `trips`"

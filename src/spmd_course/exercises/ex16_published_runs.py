@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from spmd_course.exercises.ex15_step_time import _near, _number
-from spmd_course.utils.exercises import Exercise, plain
+from spmd_course.utils.exercises import Exercise, near, plain, positive_number
 from spmd_course.utils.timing import CHIPS
 
 # Exercise 1: 150 TFLOP/s per chip published, 7e9 parameters, 4 x 2,048 tokens per chip, 6NT FLOPs per chip
@@ -13,18 +12,18 @@ _IMPLIED = 6 * _N * _T / _PUBLISHED  # about 2.29 s
 
 
 def _check_implied_step(answer: object) -> None:
-    s = _number(answer, "the step time")
-    assert not _near(s, 6 * _N * _T / _PEAK, 0.02), (
+    s = positive_number(answer, "the step time")
+    assert not near(s, 6 * _N * _T / _PEAK, 0.02), (
         "that divides by the chip's peak: the row ran at 150 TFLOP/s, so its step took the FLOPs over 150e12"
     )
-    assert not _near(s, 2 * _N * _T / _PUBLISHED, 0.02), (
+    assert not near(s, 2 * _N * _T / _PUBLISHED, 0.02), (
         "2 N T is the forward pass alone: a training step does 6 N T (forward 2, backward 4)"
     )
-    assert not _near(s, 6 * _N * 2048 / _PUBLISHED, 0.02), "each chip holds 4 sequences: T = 4 x 2,048 tokens"
-    assert not _near(s, _IMPLIED * _PEAK / _PUBLISHED, 0.02), (
+    assert not near(s, 6 * _N * 2048 / _PUBLISHED, 0.02), "each chip holds 4 sequences: T = 4 x 2,048 tokens"
+    assert not near(s, _IMPLIED * _PEAK / _PUBLISHED, 0.02), (
         "that divides by the MFU as well: the FLOPs over the published rate already give the step"
     )
-    assert _near(s, _IMPLIED, 0.02), f"{s:.3g} s is not it: the row's FLOPs per chip over its TFLOP/s per chip"
+    assert near(s, _IMPLIED, 0.02), f"{s:.3g} s is not it: the row's FLOPs per chip over its TFLOP/s per chip"
 
 
 implied_step = Exercise(
@@ -52,13 +51,13 @@ def _check_hardware_utilisation(answer: object) -> None:
     assert not (isinstance(answer, (int, float)) and not isinstance(answer, bool) and 1 < answer <= 100), (
         f"give a fraction, not a percentage: {answer!r}% is {answer / 100!r}"
     )
-    u = _number(answer, "the HFU")
-    assert not _near(u, _MFU, 0.01), "that is the MFU: the chip also runs the recomputed forward pass"
-    assert not _near(u, _MFU * 6 / 8, 0.01), (
+    u = positive_number(answer, "the HFU")
+    assert not near(u, _MFU, 0.01), "that is the MFU: the chip also runs the recomputed forward pass"
+    assert not near(u, _MFU * 6 / 8, 0.01), (
         "the chip runs more FLOPs than the model counts, in the same step, so its utilisation is higher, not lower"
     )
     assert u <= 1, f"{u!r} is above 1: no chip runs faster than its peak"
-    assert _near(u, _HFU, 0.01), f"{u!r} is not it: the same step, 8 N T FLOPs instead of 6 N T"
+    assert near(u, _HFU, 0.01), f"{u!r} is not it: the same step, 8 N T FLOPs instead of 6 N T"
 
 
 hardware_utilisation = Exercise(

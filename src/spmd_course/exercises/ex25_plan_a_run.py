@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from spmd_course.utils.exercises import Exercise, plain
+from spmd_course.utils.exercises import Exercise, near, plain, positive_number
 from spmd_course.utils.planner import find, plan, state_bytes
 from spmd_course.utils.stored_plans import LLAMA3_8B
 from spmd_course.utils.timing import CHIPS
@@ -22,29 +22,18 @@ _N = LLAMA3_8B.num_params()  # 8,030,261,248
 _STATE = state_bytes(LLAMA3_8B, 1, 256, 1) * 4 // 3  # parameters and two moments (12 bytes) + gradients (4)
 
 
-def _number(answer: object, what: str) -> float:
-    answer = plain(answer)
-    assert isinstance(answer, (int, float)) and not isinstance(answer, bool), f"give {what} as a number; got {answer!r}"
-    assert answer > 0, f"{what} is positive; got {answer!r}"
-    return float(answer)
-
-
-def _near(a: float, b: float, tolerance: float = 0.01) -> bool:
-    return abs(a / b - 1) <= tolerance
-
-
 def _check_state_per_chip(answer: object) -> None:
-    b = _number(answer, "the bytes per chip")
-    assert not _near(b, 12 * _N / 256), (
+    b = positive_number(answer, "the bytes per chip")
+    assert not near(b, 12 * _N / 256), (
         "that is the parameters and AdamW's two moments (12 bytes a parameter); the float32 gradients take 4 more"
     )
-    assert not _near(b, 16 * _N), "that is the whole model's state on one chip: FSDP splits it over the 256 chips"
-    assert not _near(b, 16 * _N / 64), "64 is the FSDP axis of (1, 64, 4); this plan is (1, 256, 1): 256 ways"
-    assert not _near(b, 2 * _N / 256), "bf16 weights alone: the master copy is float32, with two moments and a gradient"
-    assert not _near(b, 16 * _N / 256 / 2**30, 0.05) and not _near(b, 16 * _N / 256 / 1e9, 0.05), (
+    assert not near(b, 16 * _N), "that is the whole model's state on one chip: FSDP splits it over the 256 chips"
+    assert not near(b, 16 * _N / 64), "64 is the FSDP axis of (1, 64, 4); this plan is (1, 256, 1): 256 ways"
+    assert not near(b, 2 * _N / 256), "bf16 weights alone: the master copy is float32, with two moments and a gradient"
+    assert not near(b, 16 * _N / 256 / 2**30, 0.05) and not near(b, 16 * _N / 256 / 1e9, 0.05), (
         "give bytes, not GiB or GB"
     )
-    assert _near(b, _STATE), f"{b:,.0f} is not it: 16 bytes a parameter (4 + 4 + 4 + 4), split 256 ways"
+    assert near(b, _STATE), f"{b:,.0f} is not it: 16 bytes a parameter (4 + 4 + 4 + 4), split 256 ways"
 
 
 state_per_chip = Exercise(

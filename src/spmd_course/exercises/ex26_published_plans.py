@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from spmd_course.exercises.ex15_step_time import _near, _number
 from spmd_course.utils import stored_plans
-from spmd_course.utils.exercises import Exercise, plain
+from spmd_course.utils.exercises import Exercise, near, plain, positive_number
 
 _ROW = "v5e 128B 1x v5e-256"
 _PARTS = ("compute", "memory", "exposed communication", "host transfers")
@@ -26,15 +25,15 @@ def _slowdown() -> float:
 def _check_published_slowdown(answer: object) -> None:
     answer = plain(answer)
     top, published = _plans()
-    x = _number(answer, "the fraction")
-    assert not _near(x, published["step_seconds"] / top["step_seconds"], 0.005), (
+    x = positive_number(answer, "the fraction")
+    assert not near(x, published["step_seconds"] / top["step_seconds"], 0.005), (
         "that is the ratio of the two steps; subtract 1 for how much longer"
     )
     assert not 1 < x < 100, f"give a fraction, not a percentage: {x!r}% is {x / 100!r}"
-    assert not _near(x, 1 - top["step_seconds"] / published["step_seconds"], 0.005), (
+    assert not near(x, 1 - top["step_seconds"] / published["step_seconds"], 0.005), (
         "that is the top plan's saving as a fraction of the published step: divide by the top plan's step instead"
     )
-    assert _near(x, _SLOWDOWN, 0.01), (
+    assert near(x, _SLOWDOWN, 0.01), (
         f"{x!r} is not it: (published step - top step) / top step, from the two plans' step_seconds"
     )
 
@@ -75,8 +74,8 @@ def _check_losing_term(answer: object) -> None:
         "two plans part by part"
     )
     assert name == right_name, f"the published plan does not lose most on {name}: subtract the top plan's parts"
-    seconds = _number(seconds, "the seconds")
-    assert _near(seconds, right_seconds, 0.02), (
+    seconds = positive_number(seconds, "the seconds")
+    assert near(seconds, right_seconds, 0.02), (
         f"{seconds!r} s is not the difference: the published plan's {name} minus the top plan's"
     )
 

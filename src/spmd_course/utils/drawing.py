@@ -585,8 +585,7 @@ def draw_shardings(arrays: Any, *, ncols: int = 3, title: str | None = None, sho
     fig, axes = plt.subplots(nrows, ncols, figsize=(cell_w * ncols, cell_h * nrows + 0.4), squeeze=False)
     for ax, (key, name, shape, dtype, sh, r, c, panel_label, labelled, _) in zip(axes.flat, views, strict=False):
         _draw_tiles(ax, shape, sh, labelled, r, c, ratios[key])
-        extra = f"\n(first block of {panel_label.split(' = ')[0]})" if panel_label else ""
-        ax.set_title(f"{name}\n{type_string(shape, sh, dtype=dtype)}{extra}", fontsize=9)
+        ax.set_title(_panel_title(name, shape, sh, dtype, panel_label), fontsize=9)
     for ax in list(axes.flat)[len(items):]:
         ax.remove()
     return _finish(fig, title or None)
@@ -599,6 +598,7 @@ _TOP_IN, _BOTTOM_IN, _LEFT_IN, _GAP_IN = 0.8, 0.55, 0.45, 0.3  # inches around e
 
 
 def _panel_title(name: str, shape: tuple[int, ...], sh: Any, dtype: Any, panel_label: str) -> str:
+    """A panel's heading: the array's name, its type, and for an N-D array which block of its leading dims is shown."""
     extra = f"\n(first block of {panel_label.split(' = ')[0]})" if panel_label else ""
     return f"{name}\n{type_string(shape, sh, dtype=dtype)}{extra}"
 

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-__all__ = ["NOT_ANSWERED", "Exercise", "Outcome", "Verdict", "answer_errors", "plain"]
+__all__ = ["NOT_ANSWERED", "Exercise", "Outcome", "Verdict", "answer_errors", "near", "plain", "positive_number"]
 
 
 class Verdict(enum.StrEnum):
@@ -79,6 +79,27 @@ def plain(answer: object) -> object:
     if isinstance(answer, dict):
         return {plain(key): plain(value) for key, value in answer.items()}
     return answer
+
+
+def positive_number(answer: object, what: str) -> float:
+    """``answer`` as a float, for a checker that wants a positive quantity (seconds, bytes, a fraction).
+
+    Raises the ``AssertionError`` a learner reads (naming ``what``) for anything but a real number above 0;
+    ``np.float32(1.9)`` and ``16384`` are numbers, ``True`` and ``"2"`` are not.
+    """
+    answer = plain(answer)
+    assert isinstance(answer, int | float) and not isinstance(answer, bool), f"give {what} as a number; got {answer!r}"
+    assert answer > 0, f"{what} is positive; got {answer!r}"
+    return float(answer)
+
+
+def near(a: float, b: float, tolerance: float = 0.01) -> bool:
+    """Whether ``a`` is within ``tolerance`` of ``b``, relative to ``b`` (0.02: within 2%; by default 1%).
+
+    Checkers use it to tell a right number from a near miss. ``b`` must not be 0 (a ValueError)."""
+    if b == 0:
+        raise ValueError("near compares relative to b, so b must not be 0")
+    return abs(a / b - 1) <= tolerance
 
 
 @contextlib.contextmanager
