@@ -141,9 +141,15 @@ def test_the_paper_guess_charges_what_each_choice_costs():
         return guess_seconds(TINY, c, chip, model_flops=model_flops)
 
     assert guess() > flops / chip.peak_flops  # memory and the gradient reduce-scatter come on top of compute
-    assert guess(remat="full") - guess() == pytest.approx(  # the forward again, and the weights read again
+    scores = 2 * TINY.seq_len * TINY.num_heads * TINY.seq_len * TINY.num_layers * 2  # a micro-step's S x S, bf16
+    assert guess(remat="full") - guess() == pytest.approx(  # the forward again, the weights and the scores again
         0.22 * flops / chip.peak_flops + 2 * TINY.matmul_params() / chip.hbm_bandwidth
-        + 2 * (activation_bytes(TINY, "full", 2) - activation_bytes(TINY, "none", 2)) / chip.hbm_bandwidth)
+        + 2 * (activation_bytes(TINY, "full", 2) - activation_bytes(TINY, "none", 2)) / chip.hbm_bandwidth
+        + (16 - 6) * scores / chip.hbm_bandwidth)
+    flash = guess_seconds(TINY, Candidate(1, 8, 1, 1, "full", 2, 1), chip, model_flops=flops, attention="flash")
+    assert guess(remat="full") - flash == pytest.approx(  # flash attention never writes the scores to HBM
+        (16 * scores + 2 * (activation_bytes(TINY, "full", 2) - activation_bytes(TINY, "full", 2, attention="flash")))
+        / chip.hbm_bandwidth)
     assert guess(fsdp=4, tensor=2) > guess()  # tensor parallelism's all-reduces are exposed
     assert guess(data=8, fsdp=1) > guess()  # so is the data-parallel gradient all-reduce
     assert guess(slices=2) > guess()  # and its part over DCN
@@ -154,14 +160,16 @@ def test_the_paper_guess_charges_what_each_choice_costs():
 
 def test_the_paper_guess_on_one_chip_is_compute_plus_memory():
     """One chip, no collectives: the guess is the FLOPs at peak plus one micro-step's HBM reads and writes
-    (weights three times, saved activations twice, elementwise passes, AdamW's four float32 arrays) at the
+    (weights three times, saved activations twice, the attention scores' other passes, elementwise passes,
+    AdamW's four float32 arrays) at the
     chip's bandwidth; with two micro-steps the memory term is paid twice (a term that does not cancel)."""
     chip, flops = CHIPS["v5p"], 1e12
     m, params = TINY, TINY.matmul_params()
 
     def memory(batch: int) -> float:
         tokens = batch * m.seq_len
-        return (3 * params * 2 + 2 * activation_bytes(m, "none", batch)
+        scores = 6 * tokens * m.num_heads * m.seq_len * m.num_layers * 2  # the softmax's passes beyond those saved
+        return (3 * params * 2 + 2 * activation_bytes(m, "none", batch) + scores
                 + tokens * m.num_layers * (12 * m.d_model + 3 * m.d_ff) * 2 + 32 * params) / chip.hbm_bandwidth
 
     one = guess_seconds(m, Candidate(1, 1, 1, 1, "none", 2, 1), chip, model_flops=flops)
@@ -499,7 +507,7 @@ def test_a_stage_plans_formula_is_its_stage_plus_gpipes_micro_batches_in_flight(
     half = dataclasses.replace(DEEP, num_layers=2)
     state = state_bytes(half, 1, 4, 1)
     assert state < state_bytes(DEEP, 1, 4, 1)
-    logits = 128 * 3 * 4 * DEEP.vocab_size
+    logits = 128 * 8 * DEEP.vocab_size  # float32 logits and their gradient
     layers = activation_bytes(half, "full", 1) - logits
     assert p.formula_bytes == state + state // 3 + state // 3 + activation_bytes(half, "full", 1) + 3 * layers
 
@@ -577,7 +585,7 @@ def test_a_stage_plan_compiles_one_stage_and_is_timed_as_a_pipeline(monkeypatch)
     for p in ranking:
         c = p.candidate
         assert c.stage == 2 and c.per_device_batch * c.accumulation == 4
-        layers = activation_bytes(half, "full", c.per_device_batch) - c.per_device_batch * 128 * 3 * 4 * 512
+        layers = activation_bytes(half, "full", c.per_device_batch) - c.per_device_batch * 128 * 8 * 512
         assert p.in_flight_bytes == (c.accumulation - 1) * layers > 0
         assert p.total_hbm_bytes == p.hbm_bytes + p.accumulator_bytes + p.in_flight_bytes
         e = estimate_pipeline(p.estimate.seconds, stages=2, micro_batches=c.accumulation,

@@ -297,6 +297,21 @@ def test_compute_bound_matmul_agrees_with_estimated_cycles_within_5_percent(tpu_
 
 # --- bad input ------------------------------------------------------------------------------------------
 
+def test_two_slices_are_read_slice_by_slice_whatever_the_first_axis():
+    """A 2-slice mesh whose outer axis is data 2 (DCN) x 2 (ICI) = 4, as the planner builds it for data inside a
+    slice, is timed; a mesh that interleaves the slices' devices cannot map partition ids to devices, and says so."""
+    from types import SimpleNamespace
+
+    def mesh(slice_of):
+        devices = np.array([SimpleNamespace(id=i, slice_index=slice_of(i)) for i in range(16)]).reshape(4, 4)
+        return SimpleNamespace(devices=devices, shape={"data": 4, "fsdp": 4}, size=16)
+
+    estimate = estimate_step(_ASYNC, mesh(lambda i: i // 8), chip="v5e")
+    assert estimate.seconds > 0
+    with pytest.raises(ValueError, match="does not order its devices slice by slice: make the slices its outermost"):
+        estimate_step(_ASYNC, mesh(lambda i: i % 2), chip="v5e")
+
+
 def test_bad_input_gets_clear_errors():
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     with pytest.raises(TypeError, match="pass the compiled program, not the function"):

@@ -5,10 +5,10 @@ effort, O0, for an 8B model on 256 chips), so notebook 25 compiles one lesson li
 from ``data/plans/plans.json``, which this script writes (never by hand). Two kinds of entry:
 
 - ``course``: an 8B-class and a 70B-class Llama-style model, each on a v5e-256 and a v5p-256 slice
-  (:data:`COURSE`), searched over every mesh the model divides, at most 10 compiles for the first and 4 for
-  the others (the compiles are ordered by the planner's paper estimate), MaxText's own plan for the 8B
-  model on the v5e-256 compiled alone, and the 70B's remat ``minimal`` in four micro-steps on the v5p
-  compiled alone (a plan the 70B search's paper estimate leaves uncompiled);
+  (:data:`COURSE`), searched over every mesh the model divides, at most 10 compiles for the first, 8 for
+  the 70B on the v5p and 4 for the others (the compiles are ordered by the planner's paper estimate);
+  MaxText's own plan for the 8B model on the v5e-256 compiled alone, and the 70B's remat ``full`` in one
+  micro-step on the v5p compiled alone (plans the searches' paper estimate leaves uncompiled);
 - ``published``: each of MaxText's published rows (:data:`utils.published_rows.ROWS`): the planner is given
   the row's model, slice and global batch only, and searches two meshes (the published one and one other:
   pure FSDP where the row used tensor parallelism, FSDP x 4-way tensor otherwise) and two remat policies
@@ -48,14 +48,16 @@ PUBLISHED_COMPILES = 4
 COURSE = {  # key -> (model, chip, topology, global batch in tokens, at most this many compiles[, meshes, remats])
     "8b-v5e": (LLAMA3_8B, "v5e", "v5e:16x16", 2**21, 10),  # the notebook's walk-through: the widest search
     # MaxText's plan for this model (pure FSDP, full remat, every sequence of a chip at once), which the search
-    # above may leave uncompiled: its paper estimate charges full remat's recomputation and nothing for micro-steps
+    # above leaves uncompiled: its paper estimate charges full remat's recomputation, so offload comes first
     "8b-v5e-fsdp": (LLAMA3_8B, "v5e", "v5e:16x16", 2**21, 1, [(1, 256, 1)], ["full"]),
     "70b-v5e": (LLAMA2_70B, "v5e", "v5e:16x16", 2**21, 4),
     "8b-v5p": (LLAMA3_8B, "v5p", "v5p:4x4x8", 2**21, 4),
-    "70b-v5p": (LLAMA2_70B, "v5p", "v5p:4x4x8", 2**21, 4),
-    # the 70B's remat minimal in four micro-steps, which the search above leaves uncompiled: its paper estimate
-    # under-counts full remat on 4,096-token dot-product attention (the scores recomputed and their traffic)
-    "70b-v5p-minimal": (LLAMA2_70B, "v5p", "v5p:4x4x8", 2**21, 1, [(2, 64, 1)], ["minimal"]),
+    # eight compiles: the paper estimate puts the tensor-parallel meshes first, because it counts too little for
+    # them on a v5p (0.75-0.93 of the compiled estimate), so the pure-FSDP plans come after them
+    "70b-v5p": (LLAMA2_70B, "v5p", "v5p:4x4x8", 2**21, 8),
+    # the 70B with MaxText's usual remat, full, and all four sequences of a chip in one micro-step, which the
+    # search above leaves uncompiled: what the search's minimal remat in four micro-steps is held against
+    "70b-v5p-full": (LLAMA2_70B, "v5p", "v5p:4x4x8", 2**21, 1, [(2, 64, 1)], ["full"]),
 }
 
 

@@ -33,10 +33,10 @@ The search, in four steps:
    weight's sharding) plus float32 gradients (4 more) plus the activations the remat policy saves
    (:func:`activation_bytes`). A candidate whose parameters and moments alone exceed the chip's HBM is
    ``refused`` without compiling; one whose formula total exceeds it is ``pruned`` (an estimate: the
-   compiler is not asked). The formula runs 0.6-1.1 of the compiler's HBM on the plans compiled so far,
-   mostly below, so it prunes little that the compiler would fit; the one plan it over-counts by more is
-   the 8B model's full remat, whose float32 logits over a 128k vocabulary it counts whole (1.7:
-   :func:`activation_bytes` says where).
+   compiler is not asked). The formula runs 0.57-1.23 of the compiler's HBM on the plans compiled so far,
+   mostly below, so it prunes little that the compiler would fit; it over-counts only the 8B model's plans
+   with remat ``full`` or tensor parallelism (1.18-1.23), whose float32 logits over a 128k vocabulary the
+   compiler frees sooner (:func:`activation_bytes` says where).
 3. **Compile.** The plausible candidates, in the order of a paper estimate of their step
    (:func:`guess_seconds`), up to ``max_compiles``: the
    compiler's HBM decides ``fits``: on TPU the bytes it allocates (``memory_per_device(compiled).footprint``,
@@ -112,11 +112,19 @@ AXES_CHOICES = _WITHOUT_STAGE + tuple((*a, "stage") for a in _WITHOUT_STAGE)
 """The ``axes`` that :func:`plan` and :func:`candidates` search: MaxText's three, with a context axis, an expert
 axis, or both; each of those with a pipeline's ``stage`` axis last (an estimate: see the module's text)."""
 _OOM = re.compile(r"memory required for [^(]*\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
+_LOGITS_BYTES = 8  # a token's float32 logits and their gradient, per vocabulary entry (activation_bytes)
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # The share of a step's model FLOPs each remat policy adds by recomputing in the backward pass, for ordering
 # compiles only: full recomputes the forward (2 of 6 on paper; the compiled programs in data/plans count 1.20-1.28
 # of the model FLOPs against 1.035 without remat, so 0.22); minimal and offload the attention dots (1.01-1.08).
 _RECOMPUTE = {"none": 0.0, "save_dots": 0.0, "minimal": 0.05, "offload": 0.05, "full": 0.22}
+# How many times dot-product attention's scores (S a head a token, in the activation dtype) pass through HBM in a
+# micro-step beyond what the saved activations count, for ordering compiles only. Fitted to the compiled plans in
+# data/plans (effort O0, where nothing is fused, so the scale, mask, max, exp, sum and divide of the softmax and
+# their gradients each read and write the scores): 16 with full remat, which runs the forward twice, and 6 with
+# minimal or offload, where the mean error of the paper estimate over the 67 compiled plans is least. none and
+# save_dots are given minimal's 6, an inference: none of their plans fit in the stored searches to check it.
+_SCORE_PASSES = {"none": 6, "save_dots": 6, "minimal": 6, "offload": 6, "full": 16}
 
 
 @dataclass(frozen=True)
@@ -347,7 +355,7 @@ def _stage_model(model: DecoderConfig, stage: int) -> DecoderConfig:
 def _layer_activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *, attention: str,
                             context: int) -> int:
     """:func:`activation_bytes` without the logits: what a layer stack keeps for its backward pass."""
-    logits = per_device_batch * model.seq_len // context * 3 * 4 * model.vocab_size
+    logits = per_device_batch * model.seq_len // context * _LOGITS_BYTES * model.vocab_size
     return activation_bytes(model, remat, per_device_batch, attention=attention, context=context) - logits
 
 
@@ -387,8 +395,8 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
     that are not ``d_model`` wide (q, k, v and the feed-forward's hidden matrices); ``save_dots`` also the
     attention scores and their product with v; ``none`` also the softmax (float32 and the activation dtype),
     norms and activation function outputs. The scores are S per head per token with ``attention="dot"`` and
-    none with ``"flash"``. Plus the float32 logits, their log-softmax and the one-hot targets (3 x 4 bytes x
-    vocabulary per token).
+    none with ``"flash"``. Plus the loss's two float32 arrays of vocabulary width a token: the logits and, in the
+    backward pass, their gradient (8 bytes x vocabulary per token).
 
     The two ``d_model``-wide outputs (attention's output projection and the feed-forward's last matrix) are
     not counted beside the layer's input, because the compiler keeps one ``d_model``-wide array a layer, not
@@ -398,15 +406,19 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
     split 4 ways) beside q, k, v and the hidden ``bf16[32, 32, 2048, 8192]``; counting them had put that row
     at 99.6 GiB where the compiler allocates 90.0 GiB, and pruned it and the v5p 64B row.
 
+    The logits were counted three times until 2026-11-28 (logits, log-softmax, one-hot targets: 12 bytes).
+    The compiler never holds that much: on the 8B model's 128,256-token vocabulary, four sequences a chip, the
+    plans compiled in ``data/plans`` needed 0.55-0.73 of that formula, and it pruned the ``8 x 32 x 1`` plans
+    at 17.5 GiB. Counted as two arrays, ``8 x 32 x 1`` with remat ``offload`` is 13.6 GiB by the formula and
+    12.9 GiB by the compiler, and it fits.
+
     How far off (the planner's formula, :func:`state_bytes` + gradients + this, against the compiler's HBM):
-    0.76-1.08 of the allocation on MaxText's 14 published rows at the default effort, and 0.59-1.09 on the 71 plans
-    compiled at O0 in ``data/plans`` before this count (2026-11-28). Above that where the float32 logits dominate:
-    the 8B model's 128,256-token vocabulary at 4 sequences a chip is 12 GiB by this count (logits, log-softmax,
-    one-hot targets), which the compiler does not keep whole, so its full and offload plans need 0.55-0.73 of the
-    formula, and the formula prunes its ``8 x 32 x 1`` plans (17.5 GiB), which at the 0.55-0.73 seen on their
-    neighbours would fit (an inference: they were not compiled). Elsewhere it is mostly a lower estimate (no working
-    space of the recomputed layer, no compiler copies), and a plan it lets through may still be refused by the
-    compiler, which :func:`plan` then records.
+    0.70-0.93 of the allocation on MaxText's 14 published rows at the default effort, and 0.57-1.23 on the 76
+    plans compiled at O0 in ``data/plans``. Above 1 only on the 8B's plans with remat ``full`` or tensor
+    parallelism (1.18-1.23), where the compiler frees the logits sooner. Elsewhere it is a lower estimate (no
+    working space of the recomputed layer, no compiler copies), and a plan it lets through may still be
+    refused by the compiler, which :func:`plan` then records: the 8B's remat ``minimal`` in two micro-steps on
+    the v5e-256 is 14.0 GiB by the formula and 16.8 GiB by the compiler.
     """
     m, t = model, per_device_batch * model.seq_len // context
     a = _bytes(m.dtype)
@@ -418,11 +430,11 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
     per_token = {"full": layer_input, "offload": layer_input, "minimal": layer_input + projections,
                  "save_dots": layer_input + projections + dots,
                  "none": layer_input + projections + dots + rest}[remat]
-    logits = 3 * 4 * m.vocab_size
-    return t * (m.num_layers * per_token * a + logits)
+    return t * (m.num_layers * per_token * a + _LOGITS_BYTES * m.vocab_size)
 
 
-def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops: float) -> float:
+def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops: float,
+                  attention: str = "dot") -> float:
     """A paper estimate of a candidate's step, only to decide which candidates to compile first.
 
     A sum of terms, each counted per micro-step and multiplied by the ``k`` micro-steps of gradient
@@ -446,25 +458,33 @@ def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops
     - **memory** at the chip's HBM bandwidth (:data:`utils.timing.CHIPS`), a micro-step's reads and writes:
       the chip's bf16 weights read three times (forward, backward for the inputs' and the weights' gradients)
       and once more with remat ``full``; the saved activations (:func:`activation_bytes`) written and read
-      back; 12 ``d_model``-wide and 3 ``d_ff``-wide elementwise passes a token a layer (norms, residual adds,
-      the gate); AdamW's four float32 arrays read and written.
+      back; with dot-product attention, the scores' other passes through HBM (S a head a token, ``_SCORE_PASSES``
+      times: 16 with remat ``full``, which computes them twice before the backward pass, 6 otherwise; flash
+      attention never writes them); 12 ``d_model``-wide and 3 ``d_ff``-wide elementwise passes a token a layer
+      (norms, residual adds, the gate); AdamW's four float32 arrays read and written.
 
     ``model_flops``: per chip per step. Calibrated against the compiled estimates stored in ``data/plans``
-    (:func:`utils.timing.estimate_step` on 67 compiled plans, O0, roofline): the mean error is 8% (it was 23% before
-    the memory term, the exposed reduce-scatter and the per-micro-step all-reduces were counted, with the guess 0.76
-    of the estimate at the median), and the rank correlation inside an entry is 0.88 for the 8B search on v5e-256
-    (0.76 before). On the plans it then chose to compile (``make plans`` again) the mean error is 8.4%. It
-    under-counts remat ``full`` on long dot-product attention: recomputing the forward also recomputes the scores
-    and moves them through HBM again (the 70B at 4,096 tokens on v5p: 0.80 of the compiled estimate for ``full``,
-    0.98 for ``minimal``), so there its search can miss a faster plan. It is still far cruder than
-    :func:`utils.timing.estimate_step`, which ranks the compiled plans; it never decreases with more micro-steps, so
-    a mesh and remat's largest micro-batch is compiled first. A stage axis of ``P``: one stage's guess on one
-    micro-batch (its ``1 / M`` of the FLOPs) plus two sends of its activations over one link, times GPipe's ``M + P
-    - 1`` iterations (so there more micro-batches can be faster).
+    (:func:`utils.timing.estimate_step`, O0, roofline). On the 67 plans compiled before the scores were counted
+    (2026-11-28) the mean error is 6.1%, and two plans of one search are ordered as their compiled estimates
+    are in 81% of the pairs; it was 8.4% and 71% before, and 23% before the memory term, the exposed
+    reduce-scatter and the per-micro-step all-reduces were counted. Without the scores it under-counted remat
+    ``full`` on long dot-product attention (the 70B at 4,096 tokens on the v5p: 0.80 of the compiled estimate,
+    against 0.99 for ``minimal``), so the 70B's search compiled ``full`` first and missed ``minimal`` in four
+    micro-steps, 10% faster; now it is 0.96 and 1.05, and the search finds ``minimal``. On the 68 plans it then
+    chose to compile (``make plans`` again) the mean error is 6.8%. Its largest misses are tensor parallelism
+    on a v5p, which it counts too fast (the 70B's ``1 x 32 x 4``: 0.75; the published v5p rows' ``tensor=4``
+    and ``8``: 0.85-0.93), and on a v5e's ``1 x 64 x 4`` too slow (1.04-1.19), so a search can spend compiles
+    on tensor plans that then rank low. It is still far cruder than :func:`utils.timing.estimate_step`, which
+    ranks the compiled plans; it never decreases with more micro-steps, so a mesh and remat's largest
+    micro-batch is compiled first. ``attention``: the plan's, ``"dot"`` or ``"flash"`` (:func:`plan`'s). A
+    stage axis of ``P``: one stage's guess on one micro-batch (its ``1 / M`` of the FLOPs) plus two sends of its
+    activations over one link, times GPipe's ``M + P - 1`` iterations (so there more micro-batches can be
+    faster).
     """
     if c.stage > 1:
         one = Candidate(c.data, c.fsdp, c.tensor, c.slices, c.remat, c.per_device_batch, 1, c.context, c.expert)
-        stage = guess_seconds(_stage_model(model, c.stage), one, chip, model_flops=model_flops / c.accumulation)
+        stage = guess_seconds(_stage_model(model, c.stage), one, chip, model_flops=model_flops / c.accumulation,
+                              attention=attention)
         return (c.accumulation + c.stage - 1) * (stage + 2 * _cut_bytes(model, c) / chip.link_bandwidth)
     k, params = c.accumulation, model.matmul_params()
     a = _bytes(model.dtype)
@@ -494,10 +514,13 @@ def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops
     experts = k * (kv_passes + 2) * (c.expert - 1) / 4 * routed * a * model.num_layers / ring
     tokens = c.per_device_batch * model.seq_len // c.context
     weights = (3 + (c.remat == "full")) * params / c.tensor * a  # forward, backward twice, recompute once
-    kept = 2 * activation_bytes(model, c.remat, c.per_device_batch, context=c.context)  # written, read back
+    kept = 2 * activation_bytes(model, c.remat, c.per_device_batch, context=c.context, attention=attention)
+    # a chip scores its tensor group's tensor x per_device_batch sequences over num_heads / tensor heads
+    scores = 0 if attention == "flash" else tokens * model.num_heads * model.seq_len * model.num_layers * a
+    scores *= _SCORE_PASSES[c.remat]  # the softmax's passes over the S x S scores, unfused at O0
     elementwise = tokens * model.num_layers * (12 * model.d_model + 3 * model.d_ff) * a  # norms, adds, gates
     optimizer = 2 * 16 * params / (c.fsdp * c.tensor)  # AdamW reads and writes 4 float32 arrays, every micro-step
-    memory = k * (weights + kept + elementwise + optimizer) / chip.hbm_bandwidth
+    memory = k * (weights + kept + scores + elementwise + optimizer) / chip.hbm_bandwidth
     return max(compute, gathers, host) + memory + reduce_scatter + tensor + context + experts + data + dcn
 
 
@@ -814,7 +837,7 @@ def plan(model: DecoderConfig, *, chip: str | Chip, topology: str, num_slices: i
             m, c.remat, c.per_device_batch, attention=attention, context=c.context)
         formula = state + grads + accumulator + in_flight[c] + activation_bytes(
             m, c.remat, c.per_device_batch, context=c.context, attention=attention)
-        guess = guess_seconds(model, c, hw, model_flops=model_flops)
+        guess = guess_seconds(model, c, hw, model_flops=model_flops, attention=attention)
         if state > hbm:
             plans[c] = Plan(c, "refused", formula, guess, note=f"parameters and moments alone {state / GiB:.2f} GiB")
         elif formula > hbm:

@@ -626,9 +626,11 @@ def estimate_step(compiled: Any, mesh: Any, *, chip: str | Chip | None = None,
     chip = chip if isinstance(chip, Chip) else chip_of(mesh)
     n = int(m.group(1)) if (m := re.search(r"num_partitions=(\d+)", text)) else 1
     program = _Program(text, mesh, chip, use_cycles)
-    if program.nslices > 1 and next(iter(program.sizes.values())) != program.nslices:
-        raise ValueError(f"the mesh spans {program.nslices} slices: make its first axis the slices (size "
-                         f"{program.nslices}), so that each slice's partition ids are its devices in mesh order")
+    per_slice = len(program.slices) // program.nslices
+    if any(len(set(program.slices[i:i + per_slice])) > 1 for i in range(0, len(program.slices), per_slice)):
+        raise ValueError(f"the mesh spans {program.nslices} slices but does not order its devices slice by slice: "
+                         "make the slices its outermost axis (jax.experimental.mesh_utils.create_hybrid_device_mesh "
+                         "does), so that each slice's partition ids are its devices in mesh order")
     if n * program.nslices != mesh.size:
         raise ValueError(f"the program runs on {n} devices (num_partitions) per slice, the mesh {dict(mesh.shape)} "
                          f"on {mesh.size} in {program.nslices} slice(s): pass the mesh the program was compiled with")
