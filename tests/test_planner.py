@@ -161,8 +161,8 @@ def test_the_paper_guess_charges_what_each_choice_costs():
 def test_the_paper_guess_on_one_chip_is_compute_plus_memory():
     """One chip, no collectives: the guess is the FLOPs at peak plus one micro-step's HBM reads and writes
     (weights three times, saved activations twice, the attention scores' other passes, elementwise passes,
-    AdamW's four float32 arrays) at the
-    chip's bandwidth; with two micro-steps the memory term is paid twice (a term that does not cancel)."""
+    AdamW's four float32 arrays) at the chip's bandwidth; with two micro-steps the memory term is paid twice
+    (a term that does not cancel)."""
     chip, flops = CHIPS["v5p"], 1e12
     m, params = TINY, TINY.matmul_params()
 

@@ -35,8 +35,8 @@ The search, in four steps:
    ``refused`` without compiling; one whose formula total exceeds it is ``pruned`` (an estimate: the
    compiler is not asked). The formula runs 0.57-1.23 of the compiler's HBM on the plans compiled so far,
    mostly below, so it prunes little that the compiler would fit; it over-counts only the 8B model's plans
-   with remat ``full`` or tensor parallelism (1.18-1.23), whose float32 logits over a 128k vocabulary the
-   compiler frees sooner (:func:`activation_bytes` says where).
+   with remat ``full`` or tensor parallelism (1.18-1.23), where the compiler does not hold the float32 logits
+   over a 128k vocabulary and their gradient whole at once (:func:`activation_bytes` says where).
 3. **Compile.** The plausible candidates, in the order of a paper estimate of their step
    (:func:`guess_seconds`), up to ``max_compiles``: the
    compiler's HBM decides ``fits``: on TPU the bytes it allocates (``memory_per_device(compiled).footprint``,
@@ -415,10 +415,10 @@ def activation_bytes(model: DecoderConfig, remat: str, per_device_batch: int, *,
     How far off (the planner's formula, :func:`state_bytes` + gradients + this, against the compiler's HBM):
     0.70-0.93 of the allocation on MaxText's 14 published rows at the default effort, and 0.57-1.23 on the 76
     plans compiled at O0 in ``data/plans``. Above 1 only on the 8B's plans with remat ``full`` or tensor
-    parallelism (1.18-1.23), where the compiler frees the logits sooner. Elsewhere it is a lower estimate (no
-    working space of the recomputed layer, no compiler copies), and a plan it lets through may still be
-    refused by the compiler, which :func:`plan` then records: the 8B's remat ``minimal`` in two micro-steps on
-    the v5e-256 is 14.0 GiB by the formula and 16.8 GiB by the compiler.
+    parallelism (1.18-1.23), so there the compiler does not hold both arrays whole at once. Elsewhere it is a
+    lower estimate (no working space of the recomputed layer, no compiler copies), and a plan it lets through
+    may still be refused by the compiler, which :func:`plan` then records: the 8B's remat ``minimal`` in two
+    micro-steps on the v5e-256 is 14.0 GiB by the formula and 16.8 GiB by the compiler.
     """
     m, t = model, per_device_batch * model.seq_len // context
     a = _bytes(m.dtype)
