@@ -44,7 +44,7 @@ help:
 	@echo "make PYTHON=python3.11 test   any target on the Python 3.11 line (jax 0.10.2)"
 	@echo "make test-units     the fast tests in tests/ (make test without the notebooks)"
 	@echo "make published-rows MaxText's published rows compiled again at full size and checked against data/published_rows (minutes a row; UPDATE=1 stores them)"
-	@echo "make plans          the planner's rankings notebooks 25 and 26 read, compiled again at full size into data/plans (an hour or more; ONLY=name for one)"
+	@echo "make plans          the planner's rankings notebooks 25 and 26 read, compiled again at full size into data/plans (about 20 minutes of CPU; ONLY=name for one)"
 	@echo "make test-notebooks every notebook through nbmake (make test without tests/)"
 	@echo "make env            build or re-sync the environment (spmd_course, the course's package, installed editable);  make lint   ruff"
 	@echo "make sync           pair notebooks with their .py sources, strip outputs, write src/spmd_course/models.py;  make strip"

@@ -18,7 +18,7 @@ from ``data/plans/plans.json``, which this script writes (never by hand). Two ki
 
 Usage::
 
-    python tools/plans.py                     # everything (an hour or more of CPU), written as it goes
+    python tools/plans.py                     # everything (about 20 minutes of CPU), written as it goes
     python tools/plans.py --only 8b-v5e       # one entry (a course key or a published row's name)
     python tools/plans.py --check             # recompute, compare with the stored entries, write nothing
     python tools/plans.py --store b.json --only 'v5e 16B 1x v5e-256'   # a second process, its own file

@@ -120,10 +120,10 @@ _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _RECOMPUTE = {"none": 0.0, "save_dots": 0.0, "minimal": 0.05, "offload": 0.05, "full": 0.22}
 # How many times dot-product attention's scores (S a head a token, in the activation dtype) pass through HBM in a
 # micro-step beyond what the saved activations count, for ordering compiles only. Fitted to the compiled plans in
-# data/plans (effort O0, where nothing is fused, so the scale, mask, max, exp, sum and divide of the softmax and
-# their gradients each read and write the scores): 16 with full remat, which runs the forward twice, and 6 with
-# minimal or offload, where the mean error of the paper estimate over the 67 compiled plans is least. none and
-# save_dots are given minimal's 6, an inference: none of their plans fit in the stored searches to check it.
+# data/plans (effort O0, which keeps nothing in VMEM, so the softmax's fused steps and their gradients each read
+# and write the scores in HBM): 16 with full remat, which runs the forward twice, and 6 with minimal or offload,
+# where the mean error of the paper estimate over the 67 compiled plans is least. none and save_dots are given
+# minimal's 6, an inference: none of their plans fit in the stored searches to check it.
 _SCORE_PASSES = {"none": 6, "save_dots": 6, "minimal": 6, "offload": 6, "full": 16}
 
 
@@ -517,7 +517,7 @@ def guess_seconds(model: DecoderConfig, c: Candidate, chip: Chip, *, model_flops
     kept = 2 * activation_bytes(model, c.remat, c.per_device_batch, context=c.context, attention=attention)
     # a chip scores its tensor group's tensor x per_device_batch sequences over num_heads / tensor heads
     scores = 0 if attention == "flash" else tokens * model.num_heads * model.seq_len * model.num_layers * a
-    scores *= _SCORE_PASSES[c.remat]  # the softmax's passes over the S x S scores, unfused at O0
+    scores *= _SCORE_PASSES[c.remat]  # the softmax's passes over the S x S scores through HBM at O0
     elementwise = tokens * model.num_layers * (12 * model.d_model + 3 * model.d_ff) * a  # norms, adds, gates
     optimizer = 2 * 16 * params / (c.fsdp * c.tensor)  # AdamW reads and writes 4 float32 arrays, every micro-step
     memory = k * (weights + kept + scores + elementwise + optimizer) / chip.hbm_bandwidth

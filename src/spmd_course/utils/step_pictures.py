@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from .drawing import _finish
+from .drawing import _bare, _finish
 from .inspecting import format_bytes
 
 __all__ = ["draw_plans", "draw_roofline", "draw_step_terms", "draw_timeline", "op_label"]
@@ -162,8 +162,7 @@ def draw_timeline(estimate: Any, *, title: str | None = None, window: tuple[floa
     ax.set_yticks(range(len(lanes)), [_lane_title(lane) for lane in lanes], fontsize=8)
     ax.set_xlabel(f"time in the step ({unit}{', from ' + format(t0 / scale, '.3g') if t0 else ''}), estimated at "
                   "the chip's published peak rates", fontsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _bare(ax, ("top", "right"))
     keys = [("matmul, forward pass", _FORWARD, ""), ("matmul, backward pass", _BACKWARD, ""),
             ("bound by HBM bytes", _MEMORY, ""), ("transfer beside other work (hidden)", "white", _HIDDEN_HATCH),
             ("transfer the step waits for (exposed)", "black", "")]
@@ -283,8 +282,7 @@ def draw_step_terms(estimates: Mapping[str, Any], *, scale: float = 1.0, title: 
     ax.set_xlim(0, longest / unit_scale * 1.15)
     times = f", each estimate x {scale:g}" if scale != 1 else ""
     ax.set_xlabel(f"step time ({unit}{times}), estimated at the chip's published peak rates", fontsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _bare(ax, ("top", "right"))
     fig.legend(handles=list(shown.values()), loc="lower center", ncol=2, fontsize=7, frameon=False)
     fig.suptitle(title or "what each estimated step is made of", fontsize=9)
     return _finish(fig, rect=(0, (0.2 * legend_rows + 0.05) / height, 1, 1))

@@ -31,8 +31,8 @@ def load(path: Path = STORE) -> dict[str, Any]:
     """The stored rankings: ``{"course": {key: record}, "published": {row name: entry}, "not_run": {...}}``;
     a FileNotFoundError naming ``make plans`` if the file is missing."""
     if not Path(path).exists():
-        raise FileNotFoundError(f"no stored plans at {path}: run `make plans` (full-size TPU compiles, an hour "
-                                "or more of CPU)")
+        raise FileNotFoundError(f"no stored plans at {path}: run `make plans` (full-size TPU compiles, about "
+                                "20 minutes of CPU)")
     data = json.loads(Path(path).read_text())
     missing = {"course", "published", "not_run"} - set(data)
     if missing:
