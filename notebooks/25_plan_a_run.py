@@ -319,12 +319,14 @@ for key, entry in entries.items():
 # recomputing the forward pass also recomputes scores over 4,096 x 4,096 positions, and the softmax moves
 # them through HBM again many times: at effort O0 the compiler keeps nothing in VMEM (section 2), so each
 # step of the softmax reads and writes HBM, and these stored times overstate that cost against the default
-# effort. The paper estimate counts those passes, so it puts `minimal` ahead of `full`. Where it still errs
-# is tensor parallelism on a v5p: it counts `1 x 32 x 4` a quarter too fast, so the search gave its first
-# three compiles to meshes with 4-way tensor parallelism (two ranked last, and the compiler refused the
-# third) and reached the winner with its eighth and last compile. With that plan the 70B on the v5p runs
-# about a tenth of the 8B's tokens a chip, near the ratio of their parameters (6 x parameters FLOPs a
-# token), and both v5p winners are bound by compute. The cell checks these statements on the stored figures.
+# effort. The paper estimate counts those passes, so it puts `minimal` ahead of `full`.
+#
+# Where it still errs is tensor parallelism on a v5p: it counts `1 x 32 x 4` a quarter too fast, so the
+# search gave its first three compiles to meshes with 4-way tensor parallelism (two ranked last, and the
+# compiler refused the third) and reached the winner with its eighth and last compile. With that plan the
+# 70B on the v5p runs about a tenth of the 8B's tokens a chip, near the ratio of their parameters (6 x
+# parameters FLOPs a token), and both v5p winners are bound by compute. The cell checks these statements on
+# the stored figures.
 
 # %%
 def top_of(entry):
